@@ -1,0 +1,320 @@
+// Python bindings (module gtopk_hvd._C). The Python layer (gtopk_hvd/ops.py) turns numpy arrays,
+// torch and TF tensors into the forms taken here and checks devices; this layer checks what
+// the kernels rely on (dtype, contiguity, lengths, sortedness) and releases the GIL to compute.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gtopk/cpu_ops.h"
+#ifdef GTOPK_WITH_CUDA
+#include "gtopk/cuda_ops.h"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+using gtopk::bfloat16_bits;
+using gtopk::float16_bits;
+
+// Calls body(T{}) with the C++ value type named by value_type; the array's itemsize must fit.
+template <typename Body>
+py::object with_value_type(const std::string& value_type, const py::array& x, bool arithmetic,
+                           Body&& body) {
+    auto expect_size = [&](size_t size) {
+        if (static_cast<size_t>(x.itemsize()) != size) {
+            throw py::type_error("value_type '" + value_type + "' does not match an array of " +
+                                 std::to_string(x.itemsize()) + "-byte items");
+        }
+    };
+    if (value_type == "float32") { expect_size(4); return body(float{}); }
+    if (value_type == "float64") { expect_size(8); return body(double{}); }
+    if (!arithmetic && value_type == "float16") { expect_size(2); return body(float16_bits{}); }
+    if (!arithmetic && value_type == "bfloat16") { expect_size(2); return body(bfloat16_bits{}); }
+    throw py::type_error("unsupported value dtype '" + value_type + "'; expected " +
+                         (arithmetic ? "float32 or float64"
+                                     : "float32, float64, float16 or bfloat16"));
+}
+
+void require_contiguous_1d(const py::array& a, const char* name) {
+    if (a.ndim() != 1) throw py::value_error(std::string(name) + " must be 1-D");
+    if (!(a.flags() & py::array::c_style)) {
+        throw py::value_error(std::string(name) + " must be contiguous");
+    }
+}
+
+void require_nonnegative(int64_t k) {
+    if (k < 0) throw py::value_error("k must be >= 0, got " + std::to_string(k));
+}
+
+template <typename Index> void require_sorted_unique(const py::array& index, const char* name) {
+    const Index* p = static_cast<const Index*>(index.data());
+    for (py::ssize_t j = 1; j < index.shape(0); ++j) {
+        if (!(p[j - 1] < p[j])) {
+            throw py::value_error(std::string(name) +
+                                  " must be strictly increasing (sorted, no duplicates); "
+                                  "position " + std::to_string(j) + " breaks it");
+        }
+    }
+}
+
+// numpy array of n items shaped like `like` (same dtype), or of Index.
+py::array empty_like_values(const py::array& like, int64_t n) {
+    return py::array(like.dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+}
+
+template <typename Index> bool index_fits(int64_t d) {
+    return d <= static_cast<int64_t>(std::numeric_limits<Index>::max()) + 1;
+}
+
+py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>& hint,
+                   const std::string& value_type) {
+    require_contiguous_1d(x, "x");
+    require_nonnegative(k);
+    if (hint && (hint->size() != 1 || hint->itemsize() != x.itemsize())) {
+        throw py::value_error("threshold_hint must be one value of x's dtype");
+    }
+    const int64_t d = x.shape(0);
+    const int64_t n = std::min(k, d);
+    return with_value_type(value_type, x, false, [&](auto tag) -> py::tuple {
+        using T = decltype(tag);
+        const T* data = static_cast<const T*>(x.data());
+        const T* hint_ptr = hint ? static_cast<const T*>(hint->data()) : nullptr;
+        py::array values = empty_like_values(x, n);
+        T* out_value = static_cast<T*>(values.mutable_data());
+        auto run = [&](auto index_tag) -> py::tuple {
+            using Index = decltype(index_tag);
+            py::array_t<Index> indices(n);
+            Index* out_index = indices.mutable_data();
+            {
+                py::gil_scoped_release release;
+                gtopk::cpu::topk_abs<T, Index>(data, d, k, hint_ptr, out_index, out_value);
+            }
+            return py::make_tuple(indices, values);
+        };
+        return index_fits<int32_t>(d) ? run(int32_t{}) : run(int64_t{});
+    });
+}
+
+py::tuple accumulate_select(const py::array& gradient, py::array& residual, int64_t k,
+                            const std::optional<py::array>& hint, const std::string& value_type) {
+    require_contiguous_1d(gradient, "gradient");
+    require_contiguous_1d(residual, "residual");
+    require_nonnegative(k);
+    if (gradient.shape(0) != residual.shape(0) || !gradient.dtype().is(residual.dtype())) {
+        throw py::value_error("gradient and residual must have the same length and dtype");
+    }
+    if (!residual.writeable()) throw py::value_error("residual must be writeable");
+    if (hint && (hint->size() != 1 || hint->itemsize() != gradient.itemsize())) {
+        throw py::value_error("threshold_hint must be one value of the gradient's dtype");
+    }
+    const int64_t d = gradient.shape(0);
+    const int64_t n = std::min(k, d);
+    return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
+        using T = decltype(tag);
+        const T* g = static_cast<const T*>(gradient.data());
+        T* r = static_cast<T*>(residual.mutable_data());
+        const T* hint_ptr = hint ? static_cast<const T*>(hint->data()) : nullptr;
+        py::array values = empty_like_values(gradient, n);
+        T* out_value = static_cast<T*>(values.mutable_data());
+        auto run = [&](auto index_tag) -> py::tuple {
+            using Index = decltype(index_tag);
+            py::array_t<Index> indices(n);
+            Index* out_index = indices.mutable_data();
+            {
+                py::gil_scoped_release release;
+                gtopk::cpu::accumulate_select<T, Index>(g, r, d, k, hint_ptr, out_index,
+                                                        out_value);
+            }
+            return py::make_tuple(indices, values);
+        };
+        return index_fits<int32_t>(d) ? run(int32_t{}) : run(int64_t{});
+    });
+}
+
+// Calls body(Index{}) for the index array's dtype (int32 or int64).
+template <typename Body> py::object with_index_type(const py::array& index, Body&& body) {
+    if (py::isinstance<py::array_t<int32_t>>(index) && index.itemsize() == 4) {
+        return body(int32_t{});
+    }
+    if (py::isinstance<py::array_t<int64_t>>(index) && index.itemsize() == 8) {
+        return body(int64_t{});
+    }
+    throw py::type_error("indices must be int32 or int64, got " +
+                         std::string(py::str(index.dtype())));
+}
+
+void require_pair(const py::array& index, const py::array& value, const char* name) {
+    require_contiguous_1d(index, name);
+    require_contiguous_1d(value, name);
+    if (index.shape(0) != value.shape(0)) {
+        throw py::value_error(std::string(name) + ": indices and values differ in length (" +
+                              std::to_string(index.shape(0)) + " vs " +
+                              std::to_string(value.shape(0)) + ")");
+    }
+}
+
+py::tuple merge_topk(const py::array& index_a, const py::array& value_a, const py::array& index_b,
+                     const py::array& value_b, int64_t k, const std::string& value_type) {
+    require_pair(index_a, value_a, "set a");
+    require_pair(index_b, value_b, "set b");
+    require_nonnegative(k);
+    if (!index_a.dtype().is(index_b.dtype()) || !value_a.dtype().is(value_b.dtype())) {
+        throw py::type_error("sets a and b must have the same index dtype and value dtype");
+    }
+    return with_index_type(index_a, [&](auto index_tag) -> py::tuple {
+        using Index = decltype(index_tag);
+        require_sorted_unique<Index>(index_a, "indices of set a");
+        require_sorted_unique<Index>(index_b, "indices of set b");
+        return with_value_type(value_type, value_a, true, [&](auto tag) -> py::tuple {
+            using T = decltype(tag);
+            const int64_t n_a = index_a.shape(0), n_b = index_b.shape(0);
+            const int64_t capacity = std::min(k, n_a + n_b);
+            py::array_t<Index> indices(capacity);
+            py::array values = empty_like_values(value_a, capacity);
+            int64_t n;
+            {
+                py::gil_scoped_release release;
+                n = gtopk::cpu::merge_topk<T, Index>(
+                    static_cast<const Index*>(index_a.data()), static_cast<const T*>(value_a.data()),
+                    n_a, static_cast<const Index*>(index_b.data()),
+                    static_cast<const T*>(value_b.data()), n_b, k, indices.mutable_data(),
+                    static_cast<T*>(values.mutable_data()));
+            }
+            if (n < capacity) {
+                indices.resize({static_cast<py::ssize_t>(n)});
+                values.resize({static_cast<py::ssize_t>(n)});
+            }
+            return py::make_tuple(indices, values);
+        });
+    });
+}
+
+void restore_residual(py::array& residual, const py::array& index, const py::array& value,
+                      const py::array_t<uint8_t>& restore, const std::string& value_type) {
+    require_contiguous_1d(residual, "residual");
+    require_pair(index, value, "restore set");
+    if (restore.ndim() != 1 || restore.shape(0) != index.shape(0)) {
+        throw py::value_error("restore mask must have one entry per index");
+    }
+    if (!residual.dtype().is(value.dtype())) {
+        throw py::type_error("residual and values must have the same dtype");
+    }
+    with_index_type(index, [&](auto index_tag) -> py::object {
+        using Index = decltype(index_tag);
+        const Index* idx = static_cast<const Index*>(index.data());
+        const int64_t d = residual.shape(0);
+        for (py::ssize_t j = 0; j < index.shape(0); ++j) {
+            if (idx[j] < 0 || idx[j] >= d) {
+                throw py::index_error("index " + std::to_string(idx[j]) +
+                                      " out of range for a residual of length " +
+                                      std::to_string(d));
+            }
+        }
+        return with_value_type(value_type, value, true, [&](auto tag) -> py::object {
+            using T = decltype(tag);
+            py::gil_scoped_release release;
+            gtopk::cpu::restore_residual<T, Index>(
+                static_cast<T*>(residual.mutable_data()), d, idx,
+                static_cast<const T*>(value.data()), restore.data(), index.shape(0));
+            return py::none();
+        });
+    });
+}
+
+py::array_t<uint8_t> mark_survivors(const py::array& local_index, const py::array& global_index) {
+    require_contiguous_1d(local_index, "local indices");
+    require_contiguous_1d(global_index, "global indices");
+    if (!local_index.dtype().is(global_index.dtype())) {
+        throw py::type_error("local and global indices must have the same dtype");
+    }
+    py::array_t<uint8_t> survived(local_index.shape(0));
+    with_index_type(local_index, [&](auto index_tag) -> py::object {
+        using Index = decltype(index_tag);
+        require_sorted_unique<Index>(local_index, "local indices");
+        require_sorted_unique<Index>(global_index, "global indices");
+        gtopk::cpu::mark_survivors<Index>(
+            static_cast<const Index*>(local_index.data()), local_index.shape(0),
+            static_cast<const Index*>(global_index.data()), global_index.shape(0),
+            survived.mutable_data());
+        return py::none();
+    });
+    return survived;
+}
+
+#ifdef GTOPK_WITH_CUDA
+// CUDA entry points take device pointers as integers; gtopk_hvd/ops.py allocates the outputs
+// and passes the current stream.
+void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+void bind_cuda(py::module_& m) {
+    using gtopk::cuda::IndexType;
+    using gtopk::cuda::ValueType;
+    m.def("cuda_topk_abs", [](int value_type, int index_type, uintptr_t x, int64_t d, int64_t k,
+                              uintptr_t out_index, uintptr_t out_value, uintptr_t stream) {
+        py::gil_scoped_release release;
+        return gtopk::cuda::topk_abs(static_cast<ValueType>(value_type),
+                                     static_cast<IndexType>(index_type), as_pointer(x), d, k,
+                                     as_pointer(out_index), as_pointer(out_value),
+                                     as_pointer(stream));
+    });
+    m.def("cuda_accumulate_select", [](int value_type, int index_type, uintptr_t gradient,
+                                       uintptr_t residual, int64_t d, int64_t k,
+                                       uintptr_t out_index, uintptr_t out_value, uintptr_t stream) {
+        py::gil_scoped_release release;
+        return gtopk::cuda::accumulate_select(
+            static_cast<ValueType>(value_type), static_cast<IndexType>(index_type),
+            as_pointer(gradient), as_pointer(residual), d, k, as_pointer(out_index),
+            as_pointer(out_value), as_pointer(stream));
+    });
+    m.def("cuda_merge_topk", [](int value_type, int index_type, uintptr_t index_a,
+                                uintptr_t value_a, int64_t n_a, uintptr_t index_b,
+                                uintptr_t value_b, int64_t n_b, int64_t k, uintptr_t out_index,
+                                uintptr_t out_value, uintptr_t stream) {
+        py::gil_scoped_release release;
+        return gtopk::cuda::merge_topk(static_cast<ValueType>(value_type),
+                                       static_cast<IndexType>(index_type), as_pointer(index_a),
+                                       as_pointer(value_a), n_a, as_pointer(index_b),
+                                       as_pointer(value_b), n_b, k, as_pointer(out_index),
+                                       as_pointer(out_value), as_pointer(stream));
+    });
+    m.def("cuda_restore_residual", [](int value_type, int index_type, uintptr_t residual,
+                                      uintptr_t index, uintptr_t value, uintptr_t restore,
+                                      int64_t n, uintptr_t stream) {
+        py::gil_scoped_release release;
+        gtopk::cuda::restore_residual(static_cast<ValueType>(value_type),
+                                      static_cast<IndexType>(index_type), as_pointer(residual),
+                                      as_pointer(index), as_pointer(value),
+                                      static_cast<const uint8_t*>(as_pointer(restore)), n,
+                                      as_pointer(stream));
+    });
+}
+#endif
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+    m.doc() = "gtopk_hvd C++/CUDA kernels: exact top-k by magnitude, sparse merge, residuals";
+    m.def("topk_abs", &topk_abs, py::arg("x"), py::arg("k"), py::arg("threshold_hint"),
+          py::arg("value_type"));
+    m.def("accumulate_select", &accumulate_select, py::arg("gradient"), py::arg("residual"),
+          py::arg("k"), py::arg("threshold_hint"), py::arg("value_type"));
+    m.def("merge_topk", &merge_topk, py::arg("index_a"), py::arg("value_a"), py::arg("index_b"),
+          py::arg("value_b"), py::arg("k"), py::arg("value_type"));
+    m.def("restore_residual", &restore_residual, py::arg("residual"), py::arg("index"),
+          py::arg("value"), py::arg("restore"), py::arg("value_type"));
+    m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));
+#ifdef GTOPK_WITH_CUDA
+    m.attr("built_with_cuda") = true;
+    bind_cuda(m);
+#else
+    m.attr("built_with_cuda") = false;
+#endif
+}

@@ -1,0 +1,265 @@
+// The exact top-k selection engine behind every CPU kernel.
+//
+// Plan for d values and n = min(k, d) outputs (order: magnitude_order.h):
+//   1. Guess a threshold key T at or below the n-th largest key: the caller's hint, else the
+//      (r+1)-th largest of s strided samples, r = m + 4 sqrt(m) + 4, m = n s / d, so that the
+//      expected candidate count is about (r+1) d / s, a little above n.
+//   2. One pass over the values, multi-threaded over contiguous chunks: keep (key, index, value)
+//      of every entry with key >= T. The chunks are in index order, so the candidates are too.
+//   3. If n <= c <= cap candidates survived: nth_element on the candidates picks the exact n-th
+//      entry; every candidate that does not come after it is output, in index order.
+//   4. Otherwise (hint or sample was wrong, or heavy ties): radix select over the whole input
+//      with 16-bit digits of the key finds the exact n-th key K; all entries with key > K and the
+//      first (n - #above) entries with key == K in index order are output.
+// Inputs up to kSmallInput are handled by step 3 alone (every entry is a candidate).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "gtopk/magnitude_order.h"
+
+namespace gtopk::cpu::detail {
+
+constexpr int64_t kBlock = 256;
+constexpr int64_t kSmallInput = int64_t{1} << 16;
+constexpr int64_t kSampleSize = int64_t{1} << 16;
+constexpr int64_t kParallelMin = int64_t{1} << 15;
+// Guessing a threshold pays off only when few entries are kept.
+constexpr int64_t kGuessMaxFraction = 16;
+
+template <typename T> using KeyOf = typename MagnitudeTraits<T>::Key;
+
+template <typename T, typename Index> struct Candidate {
+    KeyOf<T> key;
+    Index index;
+    T value;
+};
+
+// [begin, end) of thread `thread`'s chunk: contiguous, block-aligned, in thread order.
+inline std::pair<int64_t, int64_t> chunk_of(int64_t d, int thread, int n_threads) {
+    const int64_t blocks = (d + kBlock - 1) / kBlock;
+    const int64_t first = blocks * thread / n_threads;
+    const int64_t last = blocks * (thread + 1) / n_threads;
+    return {std::min(d, first * kBlock), std::min(d, last * kBlock)};
+}
+
+inline int threads_for(int64_t d) { return d >= kParallelMin ? omp_get_max_threads() : 1; }
+
+// A source of values read as they are.
+template <typename T> struct ReadSource {
+    static constexpr bool kHasSideEffects = false;
+    const T* data;
+    const T* block(int64_t begin, int64_t /*n*/) { return data + begin; }
+    T at(int64_t i) const { return data[i]; }
+    const T* values() const { return data; }
+};
+
+// Calls visit(block_begin, block_values, n) for every block of the source, in parallel over
+// chunks; visit returns false to stop its chunk early (sources without side effects only).
+template <typename Source, typename Visit>
+void for_each_block(Source& source, int64_t d, Visit&& visit) {
+    const int n_threads = threads_for(d);
+#pragma omp parallel num_threads(n_threads)
+    {
+        const auto [begin, end] = chunk_of(d, omp_get_thread_num(), n_threads);
+        for (int64_t b = begin; b < end; b += kBlock) {
+            const int64_t n = std::min(kBlock, end - b);
+            if (!visit(omp_get_thread_num(), b, source.block(b, n), n) &&
+                !Source::kHasSideEffects) {
+                break;
+            }
+        }
+    }
+}
+
+// Step 2: candidates with key >= threshold, in index order. False if more than cap survived.
+template <typename T, typename Index, typename Source>
+bool filter_pass(Source& source, int64_t d, KeyOf<T> threshold, int64_t cap,
+                 std::vector<Candidate<T, Index>>& candidates) {
+    const int n_threads = threads_for(d);
+    std::vector<std::vector<Candidate<T, Index>>> per_thread(n_threads);
+    std::vector<char> overflow(n_threads, 0);
+    for_each_block(source, d, [&](int thread, int64_t begin, const T* values, int64_t n) {
+        if (overflow[thread]) return false;
+        bool any = false;
+        for (int64_t j = 0; j < n; ++j) any |= magnitude_key(values[j]) >= threshold;
+        if (!any) return true;
+        auto& mine = per_thread[thread];
+        for (int64_t j = 0; j < n; ++j) {
+            const KeyOf<T> key = magnitude_key(values[j]);
+            if (key >= threshold) mine.push_back({key, static_cast<Index>(begin + j), values[j]});
+        }
+        if (static_cast<int64_t>(mine.size()) > cap) overflow[thread] = 1;
+        return !overflow[thread];
+    });
+    candidates.clear();
+    size_t total = 0;
+    for (int t = 0; t < n_threads; ++t) {
+        if (overflow[t]) return false;
+        total += per_thread[t].size();
+    }
+    if (static_cast<int64_t>(total) > cap) return false;
+    candidates.reserve(total);
+    for (auto& mine : per_thread) candidates.insert(candidates.end(), mine.begin(), mine.end());
+    return true;
+}
+
+// Step 3: the first n candidates in selection order, written in index order.
+template <typename T, typename Index, typename OutIndex>
+void finish_exact(const std::vector<Candidate<T, Index>>& candidates, int64_t n,
+                  OutIndex* out_index, T* out_value) {
+    using C = Candidate<T, Index>;
+    auto before = [](const C& a, const C& b) { return precedes(a.key, a.index, b.key, b.index); };
+    if (static_cast<int64_t>(candidates.size()) == n) {
+        for (int64_t j = 0; j < n; ++j) {
+            out_index[j] = static_cast<OutIndex>(candidates[j].index);
+            out_value[j] = candidates[j].value;
+        }
+        return;
+    }
+    std::vector<C> order(candidates);
+    std::nth_element(order.begin(), order.begin() + (n - 1), order.end(), before);
+    const C cut = order[n - 1];
+    int64_t written = 0;
+    for (const C& c : candidates) {
+        if (!before(cut, c)) {
+            out_index[written] = static_cast<OutIndex>(c.index);
+            out_value[written] = c.value;
+            ++written;
+        }
+    }
+}
+
+// Step 1 (no hint): the sampled threshold key and the candidate cap it implies.
+// False when sampling cannot help (n too large a fraction of d).
+template <typename T, typename Source>
+bool sampled_threshold(const Source& source, int64_t d, int64_t n, KeyOf<T>& threshold,
+                       int64_t& cap) {
+    const int64_t s = std::min(kSampleSize, d);
+    const int64_t stride = d / s;
+    const double expected = static_cast<double>(n) * s / d;
+    const int64_t rank = static_cast<int64_t>(std::ceil(expected + 4.0 * std::sqrt(expected) + 4.0));
+    if (rank >= s) return false;
+    std::vector<KeyOf<T>> sample(s);
+    for (int64_t j = 0; j < s; ++j) sample[j] = magnitude_key(source.at(j * stride + stride / 2));
+    std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<>());
+    threshold = sample[rank];
+    cap = 2 * (rank + 1) * stride + 1024;
+    return true;
+}
+
+// Step 4: exact selection by radix select over the key bits, two or more passes over d.
+template <typename T, typename Index, typename OutIndex>
+void radix_select(const T* values, int64_t d, int64_t n, OutIndex* out_index, T* out_value) {
+    using Key = KeyOf<T>;
+    constexpr int kDigitBits = 16;
+    constexpr int64_t kBins = int64_t{1} << kDigitBits;
+    constexpr int kKeyBits = 8 * sizeof(Key);
+    const int n_threads = threads_for(d);
+
+    Key prefix = 0, prefix_mask = 0;
+    int64_t rank = n;  // rank of the wanted key among the keys matching prefix, from the top
+    std::vector<std::vector<uint32_t>> histograms(n_threads, std::vector<uint32_t>(kBins));
+    for (int shift = kKeyBits - kDigitBits; shift >= 0; shift -= kDigitBits) {
+        ReadSource<T> source{values};
+        for (auto& h : histograms) std::fill(h.begin(), h.end(), 0u);
+        for_each_block(source, d, [&](int thread, int64_t, const T* block, int64_t m) {
+            uint32_t* h = histograms[thread].data();
+            for (int64_t j = 0; j < m; ++j) {
+                const Key key = magnitude_key(block[j]);
+                if ((key & prefix_mask) == prefix) ++h[(key >> shift) & (kBins - 1)];
+            }
+            return true;
+        });
+        int64_t bin = kBins - 1;
+        for (;; --bin) {
+            int64_t count = 0;
+            for (const auto& h : histograms) count += h[bin];
+            if (rank <= count) break;
+            rank -= count;
+        }
+        prefix |= static_cast<Key>(bin) << shift;
+        prefix_mask |= static_cast<Key>(kBins - 1) << shift;
+    }
+    const Key kth_key = prefix;
+    const int64_t ties_wanted = rank;  // entries with key == kth_key to output, lowest index first
+
+    std::vector<std::vector<Candidate<T, Index>>> per_thread(n_threads);
+    std::vector<int64_t> ties_seen(n_threads, 0);
+    ReadSource<T> source{values};
+    for_each_block(source, d, [&](int thread, int64_t begin, const T* block, int64_t m) {
+        auto& mine = per_thread[thread];
+        int64_t& ties = ties_seen[thread];
+        for (int64_t j = 0; j < m; ++j) {
+            const Key key = magnitude_key(block[j]);
+            if (key > kth_key || (key == kth_key && ties++ < ties_wanted)) {
+                mine.push_back({key, static_cast<Index>(begin + j), block[j]});
+            }
+        }
+        return true;
+    });
+    int64_t written = 0, ties_taken = 0;
+    for (const auto& mine : per_thread) {
+        for (const auto& c : mine) {
+            if (c.key == kth_key && ties_taken++ >= ties_wanted) continue;
+            out_index[written] = static_cast<OutIndex>(c.index);
+            out_value[written] = c.value;
+            ++written;
+        }
+    }
+}
+
+// Top-min(k, d) of the source's values into (out_index, out_value), index order.
+// The source's first pass runs over every position exactly once, whatever path is taken.
+template <typename T, typename Index, typename OutIndex, typename Source>
+int64_t select_topk(Source& source, int64_t d, int64_t k, const T* threshold_hint,
+                    OutIndex* out_index, T* out_value) {
+    using Key = KeyOf<T>;
+    const int64_t n = std::clamp<int64_t>(k, 0, d);
+    std::vector<Candidate<T, Index>> candidates;
+    const bool guessable = n > 0 && n * kGuessMaxFraction <= d && d > kSmallInput;
+    bool first_pass_done = false;
+
+    if (n > 0 && !guessable && (n == d || d <= kSmallInput)) {
+        filter_pass<T, Index>(source, d, Key{0}, d, candidates);
+        finish_exact(candidates, n, out_index, out_value);
+        return n;
+    }
+    if (guessable && threshold_hint != nullptr) {
+        first_pass_done = true;
+        if (filter_pass<T, Index>(source, d, magnitude_key(*threshold_hint), 4 * n + 1024,
+                                  candidates) &&
+            static_cast<int64_t>(candidates.size()) >= n) {
+            finish_exact(candidates, n, out_index, out_value);
+            return n;
+        }
+    }
+    ReadSource<T> reread{source.values()};
+    Key threshold;
+    int64_t cap;
+    if (guessable && (first_pass_done ? sampled_threshold<T>(reread, d, n, threshold, cap)
+                                      : sampled_threshold<T>(source, d, n, threshold, cap))) {
+        const bool fits = first_pass_done
+                              ? filter_pass<T, Index>(reread, d, threshold, cap, candidates)
+                              : filter_pass<T, Index>(source, d, threshold, cap, candidates);
+        first_pass_done = true;
+        if (fits && static_cast<int64_t>(candidates.size()) >= n) {
+            finish_exact(candidates, n, out_index, out_value);
+            return n;
+        }
+    }
+    if (!first_pass_done && Source::kHasSideEffects) {
+        for_each_block(source, d, [](int, int64_t, const T*, int64_t) { return true; });
+    }
+    if (n > 0) radix_select<T, Index>(source.values(), d, n, out_index, out_value);
+    return n;
+}
+
+}  // namespace gtopk::cpu::detail

@@ -1,0 +1,48 @@
+// CPU kernels of gtopk_hvd. Selection order and NaN rule: magnitude_order.h.
+//
+// Every function writes its result sorted by index, with unique indices, and returns the
+// number of entries written. Output buffers must hold min(k, number of candidates) entries.
+// Index is int32_t (d < 2^31) or int64_t.
+#pragma once
+
+#include <cstdint>
+
+#include "gtopk/magnitude_order.h"
+
+namespace gtopk::cpu {
+
+// Top-min(k, d) entries of x[0..d) by magnitude.
+// threshold_hint (nullable): a magnitude believed to be at or below the k-th largest |x|, e.g.
+// 0.8 x the smallest |value| the previous step selected. It only changes the speed: a wrong hint
+// costs one extra pass, never a different result.
+template <typename T, typename Index>
+int64_t topk_abs(const T* x, int64_t d, int64_t k, const T* threshold_hint, Index* out_index,
+                 T* out_value);
+
+// Error-feedback step fused into one pass over d:
+//   residual += gradient;  (out_index, out_value) = topk_abs(residual, k);  residual[out_index] = 0.
+template <typename T, typename Index>
+int64_t accumulate_select(const T* gradient, T* residual, int64_t d, int64_t k,
+                          const T* threshold_hint, Index* out_index, T* out_value);
+
+// Sparse merge with re-selection. a and b are index-sorted with unique indices.
+// union(a, b) with values summed where an index is in both, then its top-k.
+// Symmetric: merge(a, b) and merge(b, a) are bitwise equal (addition commutes; NaN sums are
+// canonicalised).
+template <typename T, typename Index>
+int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
+                   const T* value_b, int64_t n_b, int64_t k, Index* out_index, T* out_value);
+
+// residual[index[j]] += value[j] for every j with restore[j] != 0 (entries of the local
+// selection that did not survive the global reduction go back into the residual).
+template <typename T, typename Index>
+void restore_residual(T* residual, int64_t d, const Index* index, const T* value,
+                      const uint8_t* restore, int64_t n);
+
+// Marks, for each entry of the index-sorted local set, whether its index is in the index-sorted
+// global set: survived[j] = local_index[j] in global_index.
+template <typename Index>
+void mark_survivors(const Index* local_index, int64_t n_local, const Index* global_index,
+                    int64_t n_global, uint8_t* survived);
+
+}  // namespace gtopk::cpu

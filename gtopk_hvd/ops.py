@@ -1,0 +1,220 @@
+"""Kernels of gtopk_hvd on numpy arrays, torch tensors (CPU and CUDA) and TensorFlow tensors.
+
+Selection order (the same everywhere, CPU and CUDA): entry (i, v) comes before (j, w) iff
+|v| > |w|, or |v| == |w| and i < j. NaN counts as larger than every number (all NaNs equal), so
+a NaN is always selected and reaches the caller; -0.0 == 0.0. Top-k = the first k entries in that
+order. Every function returns its (indices, values) sorted by index, indices int32 when the
+dense length d < 2^31 and int64 beyond, values in the input's dtype, as the caller's array type.
+
+Inputs are read in place (no copy): they must be contiguous; any shape is flattened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gtopk_hvd import _C
+from gtopk_hvd._arrays import NumpyView, as_numpy, check_count, dtype_name, is_cuda, like
+
+__all__ = [
+    "topk_abs",
+    "accumulate_select",
+    "merge_topk",
+    "restore_residual",
+    "mark_survivors",
+    "cuda_built",
+]
+
+cuda_built: bool = bool(_C.built_with_cuda)
+
+_CUDA_VALUE_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
+_CUDA_INDEX_TYPES = {"int32": 0, "int64": 1}
+
+
+def _hint_array(threshold_hint: float | None, view: NumpyView) -> np.ndarray | None:
+    """The hint as one value of the input's dtype (16-bit types as their bit pattern)."""
+    if threshold_hint is None:
+        return None
+    if view.value_type == "bfloat16":
+        bits = np.array([abs(float(threshold_hint))], np.float32).view(np.uint32)
+        return (bits >> 16).astype(np.uint16)  # truncation rounds toward zero: stays a lower bound
+    return np.array([abs(float(threshold_hint))], dtype=view.array.dtype)
+
+
+def topk_abs(x: Any, k: int, threshold_hint: float | None = None) -> tuple[Any, Any]:
+    """The top-k entries of x by magnitude: (indices, values), sorted by index.
+
+    Returns min(k, x.size) entries. threshold_hint, a magnitude believed to be at or below the
+    k-th largest |x| (e.g. 0.8 x the smallest |value| selected at the previous step), only
+    changes the speed: one pass over x when it is right, one more when it is wrong.
+    """
+    k = check_count(k)
+    if is_cuda(x):
+        return _cuda_topk_abs(x, k)
+    view = as_numpy(x, "x")
+    indices, values = _C.topk_abs(view.array, k, _hint_array(threshold_hint, view),
+                                  view.value_type)
+    return like(indices, view), like(values, view)
+
+
+def accumulate_select(
+    gradient: Any, residual: Any, k: int, threshold_hint: float | None = None
+) -> tuple[Any, Any]:
+    """Error-feedback selection in one pass over d, updating `residual` in place:
+
+        residual += gradient
+        (indices, values) = topk_abs(residual, k)
+        residual[indices] = 0
+
+    float32 / float64; gradient and residual of the same length and dtype.
+    """
+    k = check_count(k)
+    if is_cuda(gradient) or is_cuda(residual):
+        return _cuda_accumulate_select(gradient, residual, k)
+    gradient_view = as_numpy(gradient, "gradient")
+    residual_view = as_numpy(residual, "residual", writeable=True)
+    indices, values = _C.accumulate_select(
+        gradient_view.array, residual_view.array, k,
+        _hint_array(threshold_hint, gradient_view), gradient_view.value_type)
+    return like(indices, gradient_view), like(values, gradient_view)
+
+
+def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int) -> tuple[Any, Any]:
+    """Merge two sparse sets and re-select: top-k of union(a, b) with values summed where an
+    index is in both. Inputs index-sorted with unique indices; float32 / float64 values.
+    Symmetric: merge_topk(a, b) equals merge_topk(b, a) bit for bit (a NaN sum is canonical).
+    """
+    k = check_count(k)
+    if is_cuda(value_a):
+        return _cuda_merge_topk(index_a, value_a, index_b, value_b, k)
+    ia, va = as_numpy(index_a, "index_a", values=False), as_numpy(value_a, "value_a")
+    ib, vb = as_numpy(index_b, "index_b", values=False), as_numpy(value_b, "value_b")
+    indices, values = _C.merge_topk(ia.array, va.array, ib.array, vb.array, k, va.value_type)
+    return like(indices, va), like(values, va)
+
+
+def restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> None:
+    """residual[indices[j]] += values[j] wherever restore[j] is true (in place)."""
+    if is_cuda(residual):
+        _cuda_restore_residual(residual, indices, values, restore)
+        return
+    residual_view = as_numpy(residual, "residual", writeable=True)
+    index_view = as_numpy(indices, "indices", values=False)
+    value_view = as_numpy(values, "values")
+    restore_mask = np.ascontiguousarray(_to_numpy_any(restore), dtype=np.uint8).reshape(-1)
+    _C.restore_residual(residual_view.array, index_view.array, value_view.array, restore_mask,
+                        value_view.value_type)
+
+
+def mark_survivors(local_indices: Any, global_indices: Any) -> np.ndarray:
+    """Boolean mask over the index-sorted local set: local_indices[j] is in global_indices."""
+    local = as_numpy(_to_cpu(local_indices), "local_indices", values=False)
+    global_ = as_numpy(_to_cpu(global_indices), "global_indices", values=False)
+    return _C.mark_survivors(local.array, global_.array).view(np.bool_)
+
+
+def _to_cpu(x: Any) -> Any:
+    return x.cpu() if is_cuda(x) else x
+
+
+def _to_numpy_any(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    return _to_cpu(x).numpy()
+
+
+# ---- CUDA (torch tensors on a GPU) ----------------------------------------------------------
+
+
+def _require_cuda_build() -> None:
+    if not cuda_built:
+        raise RuntimeError("gtopk_hvd was built without CUDA kernels (no nvcc when it was built); "
+                           "reinstall with a CUDA toolkit on PATH, or move the tensors to the CPU")
+
+
+def _cuda_check(tensor: Any, what: str, device: Any) -> None:
+    if not is_cuda(tensor) or tensor.device != device:
+        raise ValueError(f"{what} must be a CUDA tensor on {device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} must be contiguous; call .contiguous() first")
+
+
+def _cuda_outputs(like_values: Any, n: int, d: int) -> tuple[Any, Any, int, int]:
+    import torch
+
+    index_dtype = torch.int32 if d <= 2**31 else torch.int64
+    indices = torch.empty(n, dtype=index_dtype, device=like_values.device)
+    values = torch.empty(n, dtype=like_values.dtype, device=like_values.device)
+    value_type = _CUDA_VALUE_TYPES.get(dtype_name(like_values.dtype))
+    if value_type is None:
+        raise TypeError(f"unsupported dtype {like_values.dtype}")
+    return indices, values, value_type, _CUDA_INDEX_TYPES[dtype_name(index_dtype)]
+
+
+def _stream(device: Any) -> int:
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
+    _require_cuda_build()
+    _cuda_check(x, "x", x.device)
+    d = x.numel()
+    indices, values, value_type, index_type = _cuda_outputs(x, min(k, d), d)
+    _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
+                     values.data_ptr(), _stream(x.device))
+    return indices, values
+
+
+def _cuda_accumulate_select(gradient: Any, residual: Any, k: int) -> tuple[Any, Any]:
+    _require_cuda_build()
+    _cuda_check(gradient, "gradient", gradient.device)
+    _cuda_check(residual, "residual", gradient.device)
+    if gradient.numel() != residual.numel() or gradient.dtype != residual.dtype:
+        raise ValueError("gradient and residual must have the same length and dtype")
+    d = gradient.numel()
+    indices, values, value_type, index_type = _cuda_outputs(gradient, min(k, d), d)
+    _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(), residual.data_ptr(),
+                              d, k, indices.data_ptr(), values.data_ptr(),
+                              _stream(gradient.device))
+    return indices, values
+
+
+def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
+                     k: int) -> tuple[Any, Any]:
+    _require_cuda_build()
+    device = value_a.device
+    for tensor, what in ((index_a, "index_a"), (value_a, "value_a"), (index_b, "index_b"),
+                         (value_b, "value_b")):
+        _cuda_check(tensor, what, device)
+    if index_a.numel() != value_a.numel() or index_b.numel() != value_b.numel():
+        raise ValueError("each set needs as many indices as values")
+    if index_a.dtype != index_b.dtype or value_a.dtype != value_b.dtype:
+        raise TypeError("sets a and b must have the same index dtype and value dtype")
+    n_a, n_b = index_a.numel(), index_b.numel()
+    indices, values, value_type, _ = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b)
+    indices = indices.to(index_a.dtype)
+    n = _C.cuda_merge_topk(value_type, _CUDA_INDEX_TYPES[dtype_name(index_a.dtype)],
+                           index_a.data_ptr(), value_a.data_ptr(), n_a, index_b.data_ptr(),
+                           value_b.data_ptr(), n_b, k, indices.data_ptr(), values.data_ptr(),
+                           _stream(device))
+    return indices[:n], values[:n]
+
+
+def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> None:
+    import torch
+
+    _require_cuda_build()
+    device = residual.device
+    for tensor, what in ((residual, "residual"), (indices, "indices"), (values, "values")):
+        _cuda_check(tensor, what, device)
+    mask = torch.as_tensor(restore, device=device).to(torch.uint8).contiguous()
+    if mask.numel() != indices.numel() or values.numel() != indices.numel():
+        raise ValueError("indices, values and restore must have the same length")
+    _C.cuda_restore_residual(_CUDA_VALUE_TYPES[dtype_name(values.dtype)],
+                             _CUDA_INDEX_TYPES[dtype_name(indices.dtype)], residual.data_ptr(),
+                             indices.data_ptr(), values.data_ptr(), mask.data_ptr(),
+                             indices.numel(), _stream(device))

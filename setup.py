@@ -1,0 +1,51 @@
+"""Build gtopk_hvd: the Python package plus its C++/CUDA extension, compiled by CMake.
+
+`pip install .` and `pip install -e .` both run CMake on CMakeLists.txt. The CMake build folder
+is build/cmake-<python tag> so that a rebuild is incremental. Environment:
+  GTOPK_WITH_CUDA=0   skip the CUDA kernels even when nvcc is found
+  GTOPK_NATIVE=0      do not tune for the building CPU (-march=native)
+  GTOPK_BUILD_JOBS=N  parallel compile jobs (default: number of CPUs)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_dir = ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        configure = [
+            "cmake",
+            "-S", str(ROOT),
+            "-B", str(build_dir),
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={output_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DGTOPK_WITH_CUDA={'OFF' if os.environ.get('GTOPK_WITH_CUDA') == '0' else 'ON'}",
+            f"-DGTOPK_NATIVE={'OFF' if os.environ.get('GTOPK_NATIVE') == '0' else 'ON'}",
+        ]
+        jobs = os.environ.get("GTOPK_BUILD_JOBS", str(os.cpu_count() or 1))
+        subprocess.run(configure, check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True)
+
+
+setup(
+    ext_modules=[CMakeExtension("gtopk_hvd._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)
