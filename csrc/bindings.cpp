@@ -249,6 +249,15 @@ py::array_t<uint8_t> mark_survivors(const py::array& local_index, const py::arra
     return survived;
 }
 
+uint64_t read_pass(const py::array& x) {
+    require_contiguous_1d(x, "x");
+    const int64_t d = x.shape(0);
+    py::gil_scoped_release release;
+    if (x.itemsize() == 8) return gtopk::cpu::read_pass(static_cast<const double*>(x.data()), d);
+    if (x.itemsize() == 4) return gtopk::cpu::read_pass(static_cast<const float*>(x.data()), d);
+    throw std::invalid_argument("read_pass takes float32 or float64");
+}
+
 #ifdef GTOPK_WITH_CUDA
 // CUDA entry points take device pointers as integers; gtopk_hvd/ops.py allocates the outputs
 // and passes the current stream.
@@ -310,6 +319,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("value_b"), py::arg("k"), py::arg("value_type"));
     m.def("restore_residual", &restore_residual, py::arg("residual"), py::arg("index"),
           py::arg("value"), py::arg("restore"), py::arg("value_type"));
+    m.def("read_pass", &read_pass, py::arg("x"),
+          "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));
 #ifdef GTOPK_WITH_CUDA
     m.attr("built_with_cuda") = true;

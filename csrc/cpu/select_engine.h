@@ -2,12 +2,14 @@
 //
 // Plan for d values and n = min(k, d) outputs (order: magnitude_order.h):
 //   1. Guess a threshold key T at or below the n-th largest key: the caller's hint, else the
-//      (r+1)-th largest of s strided samples, r = m + 4 sqrt(m) + 4, m = n s / d, so that the
-//      expected candidate count is about (r+1) d / s, a little above n.
+//      (r+1)-th largest of s samples (s/16 runs of 16 values, one cache line each, evenly spread),
+//      r = m + 3 sqrt(m) + 2, m = n s / d: T is below the n-th key unless the sample holds more
+//      than r of the top n (a 3-sigma event), and about (r+1) d / s entries pass it.
 //   2. One pass over the values, multi-threaded over contiguous chunks: keep (key, index, value)
 //      of every entry with key >= T. The chunks are in index order, so the candidates are too.
-//   3. If n <= c <= cap candidates survived: nth_element on the candidates picks the exact n-th
-//      entry; every candidate that does not come after it is output, in index order.
+//   3. If n <= c <= cap candidates survived: nth_element on their keys finds the n-th key K and
+//      how many entries equal to K the top n holds; the candidates above K, and that many equal
+//      to K in index order, are output.
 //   4. Otherwise (hint or sample was wrong, or heavy ties): radix select over the whole input
 //      with 16-bit digits of the key finds the exact n-th key K; all entries with key > K and the
 //      first (n - #above) entries with key == K in index order are output.
@@ -15,6 +17,9 @@
 #pragma once
 
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -28,6 +33,7 @@
 namespace gtopk::cpu::detail {
 
 constexpr int64_t kBlock = 256;
+constexpr int kGroup = 16;  // one 64-byte line of float32: the unit rescanned on a hit
 constexpr int64_t kSmallInput = int64_t{1} << 16;
 constexpr int64_t kSampleSize = int64_t{1} << 16;
 constexpr int64_t kParallelMin = int64_t{1} << 15;
@@ -42,6 +48,13 @@ template <typename T, typename Index> struct Candidate {
     T value;
 };
 
+// One thread's candidates, on cache lines of its own (no false sharing between threads).
+template <typename T, typename Index> struct alignas(64) ThreadCandidates {
+    std::vector<Candidate<T, Index>> items;
+    int64_t ties = 0;  // radix_select: entries equal to the k-th key seen so far
+    bool overflow = false;
+};
+
 // [begin, end) of thread `thread`'s chunk: contiguous, block-aligned, in thread order.
 inline std::pair<int64_t, int64_t> chunk_of(int64_t d, int thread, int n_threads) {
     const int64_t blocks = (d + kBlock - 1) / kBlock;
@@ -51,6 +64,36 @@ inline std::pair<int64_t, int64_t> chunk_of(int64_t d, int thread, int n_threads
 }
 
 inline int threads_for(int64_t d) { return d >= kParallelMin ? omp_get_max_threads() : 1; }
+
+// The largest magnitude key in values[0..n): a max over the sign-masked bits, which vectorises,
+// then the NaN canonicalisation (min commutes with max).
+template <typename T> KeyOf<T> block_max_key(const T* values, int64_t n) {
+    using Traits = MagnitudeTraits<T>;
+    using Key = KeyOf<T>;
+    typedef Key __attribute__((may_alias)) AliasedKey;
+    const AliasedKey* bits = reinterpret_cast<const AliasedKey*>(values);
+    Key largest = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        const Key key = bits[j] & Traits::kMagnitudeMask;
+        largest = key > largest ? key : largest;
+    }
+    return largest < Traits::kCanonicalNan ? largest : Traits::kCanonicalNan;
+}
+
+// Bit j set iff magnitude_key(values[j]) >= threshold, for one group of kGroup values.
+// (Raw sign-masked bits suffice: a NaN's raw key is >= the canonical one, and threshold is a
+// canonical key, so the comparison agrees with magnitude_key's.)
+template <typename T> uint32_t group_hit_mask(const T* values, KeyOf<T> threshold) {
+    uint32_t mask = 0;
+    for (int j = 0; j < kGroup; ++j) mask |= uint32_t{magnitude_key(values[j]) >= threshold} << j;
+    return mask;
+}
+#if defined(__AVX512F__)
+template <> inline uint32_t group_hit_mask<float>(const float* values, uint32_t threshold) {
+    const __m512i bits = _mm512_and_si512(_mm512_loadu_si512(values), _mm512_set1_epi32(0x7FFFFFFF));
+    return _mm512_cmpge_epu32_mask(bits, _mm512_set1_epi32(static_cast<int>(threshold)));
+}
+#endif
 
 // A source of values read as they are.
 template <typename T> struct ReadSource {
@@ -84,30 +127,37 @@ template <typename T, typename Index, typename Source>
 bool filter_pass(Source& source, int64_t d, KeyOf<T> threshold, int64_t cap,
                  std::vector<Candidate<T, Index>>& candidates) {
     const int n_threads = threads_for(d);
-    std::vector<std::vector<Candidate<T, Index>>> per_thread(n_threads);
-    std::vector<char> overflow(n_threads, 0);
+    std::vector<ThreadCandidates<T, Index>> per_thread(n_threads);
+    for (auto& mine : per_thread) mine.items.reserve(std::min(cap, d) / (2 * n_threads) + kBlock);
     for_each_block(source, d, [&](int thread, int64_t begin, const T* values, int64_t n) {
-        if (overflow[thread]) return false;
-        bool any = false;
-        for (int64_t j = 0; j < n; ++j) any |= magnitude_key(values[j]) >= threshold;
-        if (!any) return true;
         auto& mine = per_thread[thread];
-        for (int64_t j = 0; j < n; ++j) {
+        if (mine.overflow) return false;
+        if (block_max_key(values, n) < threshold) return true;
+        auto keep = [&](int64_t j) {
             const KeyOf<T> key = magnitude_key(values[j]);
-            if (key >= threshold) mine.push_back({key, static_cast<Index>(begin + j), values[j]});
+            if (key >= threshold) mine.items.push_back({key, static_cast<Index>(begin + j), values[j]});
+        };
+        int64_t group = 0;
+        for (; group + kGroup <= n; group += kGroup) {
+            for (uint32_t hits = group_hit_mask(values + group, threshold); hits; hits &= hits - 1) {
+                keep(group + __builtin_ctz(hits));
+            }
         }
-        if (static_cast<int64_t>(mine.size()) > cap) overflow[thread] = 1;
-        return !overflow[thread];
+        for (int64_t j = group; j < n; ++j) keep(j);
+        mine.overflow = static_cast<int64_t>(mine.items.size()) > cap;
+        return !mine.overflow;
     });
-    candidates.clear();
     size_t total = 0;
-    for (int t = 0; t < n_threads; ++t) {
-        if (overflow[t]) return false;
-        total += per_thread[t].size();
+    for (const auto& mine : per_thread) {
+        if (mine.overflow) return false;
+        total += mine.items.size();
     }
+    candidates.clear();
     if (static_cast<int64_t>(total) > cap) return false;
     candidates.reserve(total);
-    for (auto& mine : per_thread) candidates.insert(candidates.end(), mine.begin(), mine.end());
+    for (const auto& mine : per_thread) {
+        candidates.insert(candidates.end(), mine.items.begin(), mine.items.end());
+    }
     return true;
 }
 
@@ -116,7 +166,6 @@ template <typename T, typename Index, typename OutIndex>
 void finish_exact(const std::vector<Candidate<T, Index>>& candidates, int64_t n,
                   OutIndex* out_index, T* out_value) {
     using C = Candidate<T, Index>;
-    auto before = [](const C& a, const C& b) { return precedes(a.key, a.index, b.key, b.index); };
     if (static_cast<int64_t>(candidates.size()) == n) {
         for (int64_t j = 0; j < n; ++j) {
             out_index[j] = static_cast<OutIndex>(candidates[j].index);
@@ -124,12 +173,15 @@ void finish_exact(const std::vector<Candidate<T, Index>>& candidates, int64_t n,
         }
         return;
     }
-    std::vector<C> order(candidates);
-    std::nth_element(order.begin(), order.begin() + (n - 1), order.end(), before);
-    const C cut = order[n - 1];
-    int64_t written = 0;
+    // The n-th largest key K, and how many entries with key == K are among the first n.
+    std::vector<KeyOf<T>> keys(candidates.size());
+    for (size_t j = 0; j < candidates.size(); ++j) keys[j] = candidates[j].key;
+    std::nth_element(keys.begin(), keys.begin() + (n - 1), keys.end(), std::greater<>());
+    const KeyOf<T> kth_key = keys[n - 1];
+    const int64_t ties_wanted = 1 + std::count(keys.begin(), keys.begin() + (n - 1), kth_key);
+    int64_t written = 0, ties_taken = 0;
     for (const C& c : candidates) {
-        if (!before(cut, c)) {
+        if (c.key > kth_key || (c.key == kth_key && ties_taken++ < ties_wanted)) {
             out_index[written] = static_cast<OutIndex>(c.index);
             out_value[written] = c.value;
             ++written;
@@ -142,16 +194,21 @@ void finish_exact(const std::vector<Candidate<T, Index>>& candidates, int64_t n,
 template <typename T, typename Source>
 bool sampled_threshold(const Source& source, int64_t d, int64_t n, KeyOf<T>& threshold,
                        int64_t& cap) {
-    const int64_t s = std::min(kSampleSize, d);
-    const int64_t stride = d / s;
+    const int64_t runs = std::min(kSampleSize / kGroup, d / kGroup);
+    const int64_t s = runs * kGroup;
+    const int64_t stride = d / runs;  // >= kGroup
     const double expected = static_cast<double>(n) * s / d;
-    const int64_t rank = static_cast<int64_t>(std::ceil(expected + 4.0 * std::sqrt(expected) + 4.0));
+    const int64_t rank = static_cast<int64_t>(std::ceil(expected + 3.0 * std::sqrt(expected) + 2.0));
     if (rank >= s) return false;
     std::vector<KeyOf<T>> sample(s);
-    for (int64_t j = 0; j < s; ++j) sample[j] = magnitude_key(source.at(j * stride + stride / 2));
+    for (int64_t run = 0; run < runs; ++run) {
+        for (int64_t j = 0; j < kGroup; ++j) {
+            sample[run * kGroup + j] = magnitude_key(source.at(run * stride + j));
+        }
+    }
     std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<>());
     threshold = sample[rank];
-    cap = 2 * (rank + 1) * stride + 1024;
+    cap = 2 * (rank + 1) * d / s + 1024;
     return true;
 }
 
@@ -191,23 +248,21 @@ void radix_select(const T* values, int64_t d, int64_t n, OutIndex* out_index, T*
     const Key kth_key = prefix;
     const int64_t ties_wanted = rank;  // entries with key == kth_key to output, lowest index first
 
-    std::vector<std::vector<Candidate<T, Index>>> per_thread(n_threads);
-    std::vector<int64_t> ties_seen(n_threads, 0);
+    std::vector<ThreadCandidates<T, Index>> per_thread(n_threads);
     ReadSource<T> source{values};
     for_each_block(source, d, [&](int thread, int64_t begin, const T* block, int64_t m) {
         auto& mine = per_thread[thread];
-        int64_t& ties = ties_seen[thread];
         for (int64_t j = 0; j < m; ++j) {
             const Key key = magnitude_key(block[j]);
-            if (key > kth_key || (key == kth_key && ties++ < ties_wanted)) {
-                mine.push_back({key, static_cast<Index>(begin + j), block[j]});
+            if (key > kth_key || (key == kth_key && mine.ties++ < ties_wanted)) {
+                mine.items.push_back({key, static_cast<Index>(begin + j), block[j]});
             }
         }
         return true;
     });
     int64_t written = 0, ties_taken = 0;
     for (const auto& mine : per_thread) {
-        for (const auto& c : mine) {
+        for (const auto& c : mine.items) {
             if (c.key == kth_key && ties_taken++ >= ties_wanted) continue;
             out_index[written] = static_cast<OutIndex>(c.index);
             out_value[written] = c.value;

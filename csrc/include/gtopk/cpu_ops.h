@@ -45,4 +45,7 @@ template <typename Index>
 void mark_survivors(const Index* local_index, int64_t n_local, const Index* global_index,
                     int64_t n_global, uint8_t* survived);
 
+// Benchmark floor: reads x once with all threads; returns the largest magnitude key.
+template <typename T> uint64_t read_pass(const T* x, int64_t d);
+
 }  // namespace gtopk::cpu

@@ -1,0 +1,260 @@
+// gtopk::cuda::merge_topk and restore_residual.
+//
+// merge_topk: the inputs are O(k) entries, so it never reads a dense array of size d.
+//   1. Merge by rank: a[i] lands at i + #(b < a[i]), b[j] at j + #(a <= b[j]) of the merged
+//      sequence (index order, a before b on equal indices); a[i] carries the sum when b holds its
+//      index (NaN sums canonicalised to one quiet NaN, so merge(a, b) == merge(b, a) bit for
+//      bit), and the matching b entry is dropped.
+//   2. cub::DeviceScan::InclusiveSum over the kept flags gives each kept entry its position in
+//      the union, which stays index-sorted; the union size comes back to the host (the one
+//      synchronisation point besides the final one).
+//   3. Top-min(k, union) of the union by the engine of select_engine.cuh (positions in the
+//      union order ties exactly as indices do), then positions are mapped back to indices.
+// restore_residual: one elementwise scatter-add over the n entries (indices are unique).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+#include <cub/device/device_scan.cuh>
+
+#include "cuda_check.cuh"
+#include "gtopk/cuda_ops.h"
+#include "select_engine.cuh"
+
+namespace gtopk::cuda {
+namespace {
+
+using detail::kThreads;
+
+template <typename T> struct QuietNan;
+template <> struct QuietNan<float> {
+    static __device__ float value() { return __int_as_float(0x7FC00000); }
+};
+template <> struct QuietNan<double> {
+    static __device__ double value() { return __longlong_as_double(0x7FF8000000000000LL); }
+};
+
+// a + b with every NaN result made the same quiet NaN (the CPU kernels' std::quiet_NaN bits).
+template <typename T> __device__ T symmetric_sum(T a, T b) {
+    const T sum = a + b;
+    return isnan(sum) ? QuietNan<T>::value() : sum;
+}
+
+// Number of entries of sorted[0, n) that are < key (or <= key with or_equal).
+template <typename Index>
+__device__ int64_t count_before(const Index* sorted, int64_t n, Index key, bool or_equal) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        const bool before = or_equal ? sorted[mid] <= key : sorted[mid] < key;
+        if (before) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Places every entry of a and of b at its position of the merged sequence; keep[p] = 0 for the
+// b entries whose index a also holds (a's entry carries the sum).
+template <typename T, typename Index>
+__global__ void merge_by_rank_kernel(const Index* index_a, const T* value_a, int64_t n_a,
+                                     const Index* index_b, const T* value_b, int64_t n_b,
+                                     Index* merged_index, T* merged_value, int64_t* keep) {
+    const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (t < n_a) {
+        const Index index = index_a[t];
+        const int64_t before = count_before(index_b, n_b, index, false);
+        const bool shared = before < n_b && index_b[before] == index;
+        const int64_t p = t + before;
+        merged_index[p] = index;
+        merged_value[p] = shared ? symmetric_sum(value_a[t], value_b[before]) : value_a[t];
+        keep[p] = 1;
+    } else if (t < n_a + n_b) {
+        const int64_t j = t - n_a;
+        const Index index = index_b[j];
+        const int64_t before = count_before(index_a, n_a, index, true);
+        const bool shared = before > 0 && index_a[before - 1] == index;
+        const int64_t p = j + before;
+        merged_index[p] = index;
+        merged_value[p] = value_b[j];
+        keep[p] = shared ? 0 : 1;
+    }
+}
+
+// union[position[p] - 1] = merged[p] for every kept p (position: inclusive sum of keep).
+template <typename T, typename Index>
+__global__ void compact_kernel(const Index* merged_index, const T* merged_value,
+                               const int64_t* keep, const int64_t* position, int64_t n,
+                               Index* union_index, T* union_value) {
+    const int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (p < n && keep[p]) {
+        union_index[position[p] - 1] = merged_index[p];
+        union_value[position[p] - 1] = merged_value[p];
+    }
+}
+
+template <typename Index>
+__global__ void gather_index_kernel(const Index* union_index, const Index* position, int64_t n,
+                                    Index* out_index) {
+    const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (j < n) out_index[j] = union_index[position[j]];
+}
+
+template <typename T, typename Index>
+__global__ void restore_kernel(T* residual, const Index* index, const T* value,
+                               const uint8_t* restore, int64_t n) {
+    const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (j < n && restore[j]) residual[index[j]] += value[j];
+}
+
+int grid_for(int64_t n) { return static_cast<int>(detail::blocks_for(n, kThreads)); }
+
+template <typename T, typename Index>
+int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
+                         const void* index_b, const void* value_b, int64_t n_b, int64_t k,
+                         void* out_index, void* out_value, cudaStream_t stream) {
+    n_a = std::max<int64_t>(n_a, 0);
+    n_b = std::max<int64_t>(n_b, 0);
+    const int64_t n_merged = n_a + n_b;
+    if (k <= 0 || n_merged == 0) {
+        GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return 0;
+    }
+
+    size_t scan_bytes = 0;
+    GTOPK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+                                                   static_cast<const int64_t*>(nullptr),
+                                                   static_cast<int64_t*>(nullptr), n_merged,
+                                                   stream));
+    detail::Scratch scratch(stream);
+    const size_t at_merged_index = scratch.reserve<Index>(n_merged);
+    const size_t at_merged_value = scratch.reserve<T>(n_merged);
+    const size_t at_keep = scratch.reserve<int64_t>(n_merged);
+    const size_t at_position = scratch.reserve<int64_t>(n_merged);
+    const size_t at_union_index = scratch.reserve<Index>(n_merged);
+    const size_t at_union_value = scratch.reserve<T>(n_merged);
+    const size_t at_selected = scratch.reserve<Index>(std::min(k, n_merged));
+    const size_t at_scan = scratch.reserve<char>(scan_bytes);
+    scratch.allocate();
+    Index* merged_index = scratch.at<Index>(at_merged_index);
+    T* merged_value = scratch.at<T>(at_merged_value);
+    int64_t* keep = scratch.at<int64_t>(at_keep);
+    int64_t* position = scratch.at<int64_t>(at_position);
+    Index* union_index = scratch.at<Index>(at_union_index);
+    T* union_value = scratch.at<T>(at_union_value);
+    Index* selected = scratch.at<Index>(at_selected);
+
+    merge_by_rank_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
+        static_cast<const Index*>(index_a), static_cast<const T*>(value_a), n_a,
+        static_cast<const Index*>(index_b), static_cast<const T*>(value_b), n_b, merged_index,
+        merged_value, keep);
+    GTOPK_CUDA_CHECK_LAUNCH("merge_by_rank_kernel");
+    GTOPK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.at<char>(at_scan), scan_bytes, keep,
+                                                   position, n_merged, stream));
+    compact_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
+        merged_index, merged_value, keep, position, n_merged, union_index, union_value);
+    GTOPK_CUDA_CHECK_LAUNCH("compact_kernel");
+    int64_t n_union = 0;
+    GTOPK_CUDA_CHECK(cudaMemcpyAsync(&n_union, position + (n_merged - 1), sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, stream));
+    GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    Index* index_out = static_cast<Index*>(out_index);
+    T* value_out = static_cast<T*>(out_value);
+    const int64_t n = std::min(k, n_union);
+    if (n == n_union) {
+        GTOPK_CUDA_CHECK(cudaMemcpyAsync(index_out, union_index, n * sizeof(Index),
+                                         cudaMemcpyDeviceToDevice, stream));
+        GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, n * sizeof(T),
+                                         cudaMemcpyDeviceToDevice, stream));
+    } else {
+        detail::select_topk<T, Index>(detail::ReadValues<T>{union_value}, union_value, n_union,
+                                      n, selected, value_out, nullptr, stream);
+        gather_index_kernel<Index><<<grid_for(n), kThreads, 0, stream>>>(union_index, selected, n,
+                                                                         index_out);
+        GTOPK_CUDA_CHECK_LAUNCH("gather_index_kernel");
+    }
+    GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return n;
+}
+
+template <typename T>
+int64_t merge_topk_for_value(IndexType index_type, const void* index_a, const void* value_a,
+                             int64_t n_a, const void* index_b, const void* value_b, int64_t n_b,
+                             int64_t k, void* out_index, void* out_value, cudaStream_t stream) {
+    switch (index_type) {
+        case IndexType::kInt32:
+            return merge_topk_typed<T, int32_t>(index_a, value_a, n_a, index_b, value_b, n_b, k,
+                                                out_index, out_value, stream);
+        case IndexType::kInt64:
+            return merge_topk_typed<T, int64_t>(index_a, value_a, n_a, index_b, value_b, n_b, k,
+                                                out_index, out_value, stream);
+    }
+    throw std::invalid_argument("gtopk::cuda::merge_topk: unsupported index type");
+}
+
+template <typename T>
+void restore_residual_for_value(IndexType index_type, void* residual, const void* index,
+                                const void* value, const uint8_t* restore, int64_t n,
+                                cudaStream_t stream) {
+    T* r = static_cast<T*>(residual);
+    const T* v = static_cast<const T*>(value);
+    switch (index_type) {
+        case IndexType::kInt32:
+            restore_kernel<T, int32_t><<<grid_for(n), kThreads, 0, stream>>>(
+                r, static_cast<const int32_t*>(index), v, restore, n);
+            GTOPK_CUDA_CHECK_LAUNCH("restore_kernel");
+            return;
+        case IndexType::kInt64:
+            restore_kernel<T, int64_t><<<grid_for(n), kThreads, 0, stream>>>(
+                r, static_cast<const int64_t*>(index), v, restore, n);
+            GTOPK_CUDA_CHECK_LAUNCH("restore_kernel");
+            return;
+    }
+    throw std::invalid_argument("gtopk::cuda::restore_residual: unsupported index type");
+}
+
+}  // namespace
+
+int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index_a,
+                   const void* value_a, int64_t n_a, const void* index_b, const void* value_b,
+                   int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    switch (value_type) {
+        case ValueType::kFloat32:
+            return merge_topk_for_value<float>(index_type, index_a, value_a, n_a, index_b,
+                                               value_b, n_b, k, out_index, out_value, s);
+        case ValueType::kFloat64:
+            return merge_topk_for_value<double>(index_type, index_a, value_a, n_a, index_b,
+                                                value_b, n_b, k, out_index, out_value, s);
+        default:
+            break;
+    }
+    throw std::invalid_argument(
+        "gtopk::cuda::merge_topk: only float32 and float64 values are supported");
+}
+
+void restore_residual(ValueType value_type, IndexType index_type, void* residual,
+                      const void* index, const void* value, const uint8_t* restore, int64_t n,
+                      void* stream) {
+    if (value_type != ValueType::kFloat32 && value_type != ValueType::kFloat64) {
+        throw std::invalid_argument(
+            "gtopk::cuda::restore_residual: only float32 and float64 values are supported");
+    }
+    if (index_type != IndexType::kInt32 && index_type != IndexType::kInt64) {
+        throw std::invalid_argument("gtopk::cuda::restore_residual: unsupported index type");
+    }
+    if (n <= 0) return;
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (value_type == ValueType::kFloat32) {
+        restore_residual_for_value<float>(index_type, residual, index, value, restore, n, s);
+    } else {
+        restore_residual_for_value<double>(index_type, residual, index, value, restore, n, s);
+    }
+}
+
+}  // namespace gtopk::cuda

@@ -1,0 +1,611 @@
+// The exact top-k selection engine behind every CUDA kernel of gtopk_hvd (used by topk_abs.cu
+// and merge_topk.cu). Order and NaN rule: gtopk/magnitude_order.h.
+//
+// Entries are ranked by the composite (magnitude key, inverted index), inverted index =
+// (d - 1) - index, so that every entry has a distinct rank and "larger composite" means "comes
+// first". The engine radix-selects the n-th largest composite, digit by digit from the top
+// (first digit 12 or 13 bits of the key, then 11-bit digits of the key, then of the inverted
+// index), keeping on the device a prefix, the rank still wanted inside it, and a done flag: once
+// every entry matching the prefix is wanted, the selection is "every entry at or above the
+// prefix" and the remaining digits are skipped. All decisions stay on the device, so nothing
+// synchronises; the host enqueues a fixed sequence of kernels that return at once when the
+// device state says they have nothing to do.
+//
+// Passes over the d input values, for n = min(k, d) with 0 < n < d:
+//   0. (n <= d/16, d > 2^16) sample 2^16 strided keys, and from their first-digit histogram
+//      guess a first-digit bin g a little below the n-th largest key.
+//   1. Pass 1 over d: first-digit histogram (shared memory per block), and append every entry
+//      with first digit >= g to a candidate buffer of capacity ~2n (one global atomic per tile
+//      of 4096 entries). accumulate_select's residual += gradient is fused into this pass.
+//   The first digit's bin b is chosen on the device. If b >= g and the buffer did not overflow,
+//   every entry that can still be selected is in the buffer and d is never read again: the
+//   remaining digits are histogrammed over the buffer, O(n). Otherwise, the next pass over d
+//   appends the entries at or above the prefix to the buffer as soon as they fit, while it
+//   histograms the next digit; heavy ties (e.g. all zeros) need more passes over d.
+//   Last: entries at or above the final prefix (exactly n) are staged, and sorted by index
+//   with cub::DeviceRadixSort into the caller's output.
+// Typical data: 1 read of d (plus the O(n) work); a wrong guess costs 1 more read.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <stdexcept>
+#include <type_traits>
+
+#include "cuda_check.cuh"
+#include "gtopk/cuda_ops.h"
+#include "gtopk/magnitude_order.h"
+
+namespace gtopk::cuda::detail {
+
+using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
+
+constexpr int kThreads = 256;
+constexpr int kItems = 16;
+constexpr int64_t kTile = int64_t{kThreads} * kItems;
+constexpr int kDigitBits = 11;
+constexpr int kMaxLevels = 16;
+constexpr int64_t kSmallInput = int64_t{1} << 16;
+constexpr int64_t kSampleSize = int64_t{1} << 16;
+constexpr int64_t kGuessMaxFraction = 16;
+constexpr int64_t kCapacitySlack = int64_t{1} << 16;
+
+template <typename T> using KeyOf = typename MagnitudeTraits<T>::Key;
+
+// Bits a key can use (all keys are below 2^kKeyBits) and the width of the first digit.
+template <typename T> struct KeyLayout;
+template <> struct KeyLayout<float> { static constexpr int kKeyBits = 31, kFirstDigit = 12; };
+template <> struct KeyLayout<double> { static constexpr int kKeyBits = 63, kFirstDigit = 13; };
+template <> struct KeyLayout<float16_bits> { static constexpr int kKeyBits = 15, kFirstDigit = 12; };
+template <> struct KeyLayout<bfloat16_bits> { static constexpr int kKeyBits = 15, kFirstDigit = 12; };
+template <typename T> constexpr int kMaxBins = 1 << KeyLayout<T>::kFirstDigit;
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers
+
+inline void require_index_fits(IndexType index_type, int64_t d) {
+    if (index_type == IndexType::kInt32 && d - 1 > INT32_MAX) {
+        throw std::invalid_argument("gtopk: int32 indices cannot address more than 2^31 entries");
+    }
+}
+
+inline int64_t blocks_for(int64_t count, int64_t per_block) {
+    return std::max<int64_t>(1, (count + per_block - 1) / per_block);
+}
+
+// Grid of a tile-looping kernel: every SM full, never more blocks than tiles, and never more
+// than 2^30 entries per block (its shared-memory counters are 32-bit).
+template <typename Kernel>
+int tile_grid(Kernel kernel, int64_t count) {
+    int device = 0, sms = 0, per_sm = 0;
+    GTOPK_CUDA_CHECK(cudaGetDevice(&device));
+    GTOPK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    GTOPK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+    const int64_t wanted = std::max(resident, blocks_for(count, int64_t{1} << 30));
+    return static_cast<int>(std::min(wanted, blocks_for(count, kTile)));
+}
+
+// Scratch memory of one call: reserve the pieces, allocate once with cudaMallocAsync on the
+// stream, freed with cudaFreeAsync on the same stream when the object goes out of scope.
+class Scratch {
+public:
+    explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch() {
+        if (base_ != nullptr) cudaFreeAsync(base_, stream_);
+    }
+    template <typename U> size_t reserve(size_t count) {
+        size_ = (size_ + 255) / 256 * 256;
+        const size_t offset = size_;
+        size_ += count * sizeof(U);
+        return offset;
+    }
+    void allocate() {
+        if (size_ > 0) GTOPK_CUDA_CHECK(cudaMallocAsync(&base_, size_, stream_));
+    }
+    template <typename U> U* at(size_t offset) const {
+        return reinterpret_cast<U*>(static_cast<char*>(base_) + offset);
+    }
+
+private:
+    cudaStream_t stream_;
+    void* base_ = nullptr;
+    size_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The digit schedule and the device state
+
+struct Level {
+    int on_key;  // digit of the key (1) or of the inverted index (0)
+    int shift;
+    int bits;
+};
+
+struct Schedule {
+    Level level[kMaxLevels];
+    int count;
+};
+
+template <typename T> Schedule make_schedule(int64_t d) {
+    Schedule schedule{};
+    auto add = [&schedule](int on_key, int top, int width) {
+        schedule.level[schedule.count++] = Level{on_key, top - width, width};
+    };
+    int top = KeyLayout<T>::kKeyBits;
+    add(1, top, KeyLayout<T>::kFirstDigit);
+    top -= KeyLayout<T>::kFirstDigit;
+    for (; top > 0; top -= std::min(top, kDigitBits)) add(1, top, std::min(top, kDigitBits));
+    int index_bits = 0;
+    while (index_bits < 63 && (static_cast<uint64_t>(d - 1) >> index_bits) != 0) ++index_bits;
+    for (top = index_bits; top > 0; top -= std::min(top, kDigitBits)) {
+        add(0, top, std::min(top, kDigitBits));
+    }
+    return schedule;
+}
+
+enum Source : int { kFromInput = 0, kFromBuffer = 1 };
+
+struct SelectState {
+    u64 key_prefix, key_mask;  // key bits fixed so far
+    u64 inv_prefix, inv_mask;  // inverted-index bits fixed so far
+    u64 wanted;                // n
+    u64 rank;                  // entries still wanted among those matching the prefix
+    u64 buffer_count;          // entries appended to the buffer (may exceed its capacity)
+    u64 staged_count;          // entries appended to the staging area
+    int source;                // where every entry at or above the prefix can be found
+    int collect;               // the next pass over the input fills the buffer
+    int done;                  // every entry matching the prefix is wanted
+    int guess_bin;             // pass 1 buffers first digits >= guess_bin; -1: no guess
+};
+
+// +1: the entry comes before every entry matching the prefix, 0: it matches, -1: after.
+__device__ __forceinline__ int locate(const SelectState& s, u64 key, u64 inv) {
+    const u64 k = key & s.key_mask;
+    if (k != s.key_prefix) return k > s.key_prefix ? 1 : -1;
+    const u64 v = inv & s.inv_mask;
+    if (v != s.inv_prefix) return v > s.inv_prefix ? 1 : -1;
+    return 0;
+}
+
+__device__ __forceinline__ unsigned digit_of(const Level& level, u64 key, u64 inv) {
+    const u64 v = level.on_key ? key : inv;
+    return static_cast<unsigned>((v >> level.shift) & ((u64{1} << level.bits) - 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value sources
+
+template <typename T> struct ReadValues {
+    const T* x;
+    __device__ T load(int64_t i) const { return x[i]; }
+    __device__ T peek(int64_t i) const { return x[i]; }
+};
+
+// residual += gradient as pass 1 reads it.
+template <typename T> struct AccumulateValues {
+    const T* gradient;
+    T* residual;
+    __device__ T load(int64_t i) const {
+        const T v = residual[i] + gradient[i];
+        residual[i] = v;
+        return v;
+    }
+    __device__ T peek(int64_t i) const { return residual[i] + gradient[i]; }
+};
+
+template <typename T, typename Values> struct InputEntries {
+    Values values;
+    __device__ void load(int64_t i, u64& index, T& value) const {
+        index = static_cast<u64>(i);
+        value = values.load(i);
+    }
+};
+
+template <typename T, typename Index> struct BufferEntries {
+    const Index* index;
+    const T* value;
+    __device__ void load(int64_t i, u64& out_index, T& out_value) const {
+        out_index = static_cast<u64>(index[i]);
+        out_value = value[i];
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Block-level building blocks
+
+// Calls visit(index, value, valid) once per tile of kTile entries, for the block's tiles of
+// [0, count). Every thread of the block makes the same calls, so visit may synchronise.
+template <typename T, typename Entries, typename Visit>
+__device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t count, Visit&& visit) {
+    const int64_t tiles = (count + kTile - 1) / kTile;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int64_t first = tile * kTile + threadIdx.x;
+        u64 index[kItems];
+        T value[kItems];
+        bool valid[kItems];
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const int64_t i = first + int64_t{j} * kThreads;
+            valid[j] = i < count;
+            index[j] = 0;
+            value[j] = T{};
+            if (valid[j]) entries.load(i, index[j], value[j]);
+        }
+        visit(index, value, valid);
+    }
+}
+
+// Appends the flagged entries of a tile at out[counter...]: one global atomic per tile; slots at
+// or past capacity are counted but not written. Call with every thread of the block.
+template <typename T, typename Index>
+__device__ void append_flagged(const bool (&flag)[kItems], const u64 (&index)[kItems],
+                               const T (&value)[kItems], u64* counter, u64 capacity,
+                               Index* out_index, T* out_value) {
+    using BlockScan = cub::BlockScan<unsigned, kThreads>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ u64 tile_base;
+    unsigned count = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) count += flag[j] ? 1u : 0u;
+    if (!__syncthreads_or(count != 0)) return;
+    unsigned offset = 0, total = 0;
+    BlockScan(scan_storage).ExclusiveSum(count, offset, total);
+    if (threadIdx.x == 0) tile_base = atomicAdd(counter, static_cast<u64>(total));
+    __syncthreads();
+    u64 slot = tile_base + offset;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+        if (flag[j]) {
+            if (slot < capacity) {
+                out_index[slot] = static_cast<Index>(index[j]);
+                out_value[slot] = value[j];
+            }
+            ++slot;
+        }
+    }
+}
+
+__device__ __forceinline__ void clear_shared(unsigned* histogram, int bins) {
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[b] = 0;
+    __syncthreads();
+}
+
+__device__ __forceinline__ void flush_shared(const unsigned* histogram, int bins, u64* global) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        if (histogram[b] != 0) atomicAdd(&global[b], static_cast<u64>(histogram[b]));
+    }
+}
+
+struct BinChoice {
+    int bin;
+    u64 above;   // entries in bins above it
+    u64 in_bin;  // entries in it
+};
+
+// The bin holding the rank-th largest entry (rank >= 1, from the top) of a histogram.
+// Call with one block of kThreads threads; the result is valid in every thread.
+__device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
+    using BlockScan = cub::BlockScan<u64, kThreads>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ BinChoice choice;
+    // Thread t owns the bins at positions [t * per, (t + 1) * per) counted from the top.
+    const int per = (bins + kThreads - 1) / kThreads;
+    const int begin = min(bins, static_cast<int>(threadIdx.x) * per);
+    const int end = min(bins, begin + per);
+    u64 sum = 0;
+    for (int p = begin; p < end; ++p) sum += histogram[bins - 1 - p];
+    u64 before = 0;
+    BlockScan(scan_storage).ExclusiveSum(sum, before);
+    if (threadIdx.x == 0) choice = BinChoice{-1, 0, 0};
+    __syncthreads();
+    if (before < rank && rank <= before + sum) {
+        for (int p = begin; p < end; ++p) {
+            const u64 count = histogram[bins - 1 - p];
+            if (before + count >= rank) {
+                choice = BinChoice{bins - 1 - p, before, count};
+                break;
+            }
+            before += count;
+        }
+    }
+    __syncthreads();
+    return choice;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+__global__ void init_state_kernel(SelectState* state, u64 wanted) {
+    SelectState s{};
+    s.wanted = wanted;
+    s.rank = wanted;
+    s.source = kFromInput;
+    s.guess_bin = -1;
+    *state = s;
+}
+
+template <typename T, typename Values>
+__global__ void __launch_bounds__(kThreads) sample_first_digit_kernel(
+        Values values, int64_t stride, int64_t samples, Level first, u64* histogram) {
+    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < samples;
+         j += int64_t{gridDim.x} * blockDim.x) {
+        const u64 key = magnitude_key(values.peek(j * stride + stride / 2));
+        atomicAdd(&histogram[digit_of(first, key, 0)], u64{1});
+    }
+}
+
+// Guesses the first-digit bin of the n-th largest key from the sample: the bin holding the
+// sample_rank-th largest sample, kept only if the entries it lets into the buffer should fit.
+__global__ void __launch_bounds__(kThreads) choose_guess_kernel(
+        const u64* sample_histogram, int bins, u64 sample_rank, u64 stride, u64 capacity,
+        SelectState* state) {
+    const BinChoice c = find_bin(sample_histogram, bins, sample_rank);
+    if (threadIdx.x == 0 && c.bin >= 0 && (c.above + c.in_bin) * stride <= capacity) {
+        state->guess_bin = c.bin;
+    }
+}
+
+// Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
+// to the buffer.
+template <typename T, typename Index, typename Values>
+__global__ void __launch_bounds__(kThreads) first_pass_kernel(
+        Values values, int64_t d, Level first, const SelectState* state, u64* histogram,
+        Index* buffer_index, T* buffer_value, u64 capacity, u64* buffer_count) {
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    const int bins = 1 << first.bits;
+    clear_shared(shared_histogram, bins);
+    const int guess_bin = state->guess_bin;
+    const InputEntries<T, Values> entries{values};
+    for_each_tile<T>(entries, d, [&](const u64 (&index)[kItems], const T (&value)[kItems],
+                                     const bool (&valid)[kItems]) {
+        bool flag[kItems];
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const unsigned digit = digit_of(first, magnitude_key(value[j]), 0);
+            if (valid[j]) atomicAdd(&shared_histogram[digit], 1u);
+            flag[j] = valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
+        }
+        if (guess_bin >= 0) {
+            append_flagged(flag, index, value, buffer_count, capacity, buffer_index, buffer_value);
+        }
+    });
+    flush_shared(shared_histogram, bins, histogram);
+}
+
+// Passes 2..: histogram of the level's digit over the entries matching the prefix, read from
+// wherever they are; a pass over the input with `collect` set also fills the buffer.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) refine_pass_kernel(
+        const T* input, int64_t d, Level level, u64 last, SelectState* state, u64* histogram,
+        Index* buffer_index, T* buffer_value, u64 capacity) {
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    const SelectState s = *state;
+    if (s.done && (s.source == kFromBuffer || !s.collect)) return;
+    const int bins = 1 << level.bits;
+    clear_shared(shared_histogram, bins);
+    auto count_matching = [&](const u64 (&index)[kItems], const T (&value)[kItems],
+                              const bool (&valid)[kItems], bool (&at_or_above)[kItems]) {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            const u64 key = magnitude_key(value[j]);
+            const u64 inv = last - index[j];
+            const int where = valid[j] ? locate(s, key, inv) : -1;
+            if (where == 0 && !s.done) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            at_or_above[j] = where >= 0;
+        }
+    };
+    if (s.source == kFromBuffer) {
+        const BufferEntries<T, Index> entries{buffer_index, buffer_value};
+        const int64_t count = static_cast<int64_t>(min(s.buffer_count, capacity));
+        for_each_tile<T>(entries, count, [&](const u64 (&index)[kItems], const T (&value)[kItems],
+                                             const bool (&valid)[kItems]) {
+            bool at_or_above[kItems];
+            count_matching(index, value, valid, at_or_above);
+        });
+    } else {
+        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
+        for_each_tile<T>(entries, d, [&](const u64 (&index)[kItems], const T (&value)[kItems],
+                                         const bool (&valid)[kItems]) {
+            bool at_or_above[kItems];
+            count_matching(index, value, valid, at_or_above);
+            if (s.collect) {
+                append_flagged(at_or_above, index, value, &state->buffer_count, capacity,
+                               buffer_index, buffer_value);
+            }
+        });
+    }
+    flush_shared(shared_histogram, bins, histogram);
+}
+
+// After the level's histogram: narrows the prefix to the bin holding the wanted rank, decides
+// where the next pass reads from, and clears the histogram for the next level.
+__global__ void __launch_bounds__(kThreads) choose_bin_kernel(
+        Level level, int is_first, u64* histogram, SelectState* state, u64 capacity) {
+    __shared__ SelectState s;
+    if (threadIdx.x == 0) {
+        s = *state;
+        if (s.collect) {  // the pass that just ran filled the buffer
+            s.source = kFromBuffer;
+            s.collect = 0;
+        }
+    }
+    __syncthreads();
+    const int bins = 1 << level.bits;
+    if (!s.done) {
+        const BinChoice c = find_bin(histogram, bins, s.rank);
+        if (threadIdx.x == 0 && c.bin >= 0) {
+            const u64 bin_mask = ((u64{1} << level.bits) - 1) << level.shift;
+            const u64 bin_bits = static_cast<u64>(c.bin) << level.shift;
+            if (level.on_key) {
+                s.key_prefix |= bin_bits;
+                s.key_mask |= bin_mask;
+            } else {
+                s.inv_prefix |= bin_bits;
+                s.inv_mask |= bin_mask;
+            }
+            s.rank -= c.above;
+            s.done = s.rank == c.in_bin;
+            if (is_first && s.guess_bin >= 0 && c.bin >= s.guess_bin &&
+                s.buffer_count <= capacity) {
+                s.source = kFromBuffer;
+            }
+            if (s.source == kFromInput && (s.wanted - s.rank) + c.in_bin <= capacity) {
+                s.collect = 1;
+                s.buffer_count = 0;
+            }
+        }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[b] = 0;
+    if (threadIdx.x == 0) *state = s;
+}
+
+// Appends the selected entries (at or above the final prefix: exactly n) to the staging area.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) stage_selected_kernel(
+        const T* input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
+        const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value) {
+    const SelectState s = *state;
+    auto stage = [&](const u64 (&index)[kItems], const T (&value)[kItems],
+                     const bool (&valid)[kItems]) {
+        bool selected[kItems];
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+            selected[j] = valid[j] && locate(s, magnitude_key(value[j]), last - index[j]) >= 0;
+        }
+        append_flagged(selected, index, value, &state->staged_count, s.wanted, stage_index,
+                       stage_value);
+    };
+    if (s.source == kFromBuffer) {
+        const BufferEntries<T, Index> entries{buffer_index, buffer_value};
+        for_each_tile<T>(entries, static_cast<int64_t>(min(s.buffer_count, capacity)), stage);
+    } else {
+        for_each_tile<T>(InputEntries<T, ReadValues<T>>{ReadValues<T>{input}}, d, stage);
+    }
+}
+
+template <typename T, typename Index>
+__global__ void zero_at_kernel(T* residual, const Index* index, int64_t n) {
+    const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (j < n) residual[index[j]] = T{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host driver
+
+template <typename T> using BitsOf = KeyOf<T>;  // unsigned integer of T's width
+template <typename Index> using UnsignedOf = std::make_unsigned_t<Index>;
+
+// Top-n of the d values into (out_index, out_value), sorted by index; 0 < n < d.
+// Pass 1 reads through `values` (which may update `input` as it reads); later passes read
+// `input`. If residual_to_zero is set, residual_to_zero[selected] = 0 afterwards.
+template <typename T, typename Index, typename Values>
+void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out_index,
+                 T* out_value, T* residual_to_zero, cudaStream_t stream) {
+    const Schedule schedule = make_schedule<T>(d);
+    const u64 last = static_cast<u64>(d - 1);
+
+    bool guess = n * kGuessMaxFraction <= d && d > kSmallInput;
+    const int64_t samples = std::min(kSampleSize, d);
+    const int64_t stride = d / samples;
+    const double expected = static_cast<double>(n) * samples / d;
+    const int64_t sample_rank =
+        1 + static_cast<int64_t>(std::ceil(expected + 4.0 * std::sqrt(expected) + 4.0));
+    guess = guess && sample_rank <= samples;
+    const int64_t capacity =
+        std::min(d, std::max(2 * n, guess ? 2 * sample_rank * stride : 0) + kCapacitySlack);
+
+    int end_bit = 1;
+    while (end_bit < 64 && (last >> end_bit) != 0) ++end_bit;
+    using UIndex = UnsignedOf<Index>;
+    using Bits = BitsOf<T>;
+    size_t sort_bytes = 0;
+    GTOPK_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<const UIndex*>(nullptr), static_cast<UIndex*>(nullptr),
+        static_cast<const Bits*>(nullptr), static_cast<Bits*>(nullptr), n, 0, end_bit, stream));
+
+    Scratch scratch(stream);
+    const size_t at_state = scratch.reserve<SelectState>(1);
+    const size_t at_histogram = scratch.reserve<u64>(kMaxBins<T>);
+    const size_t at_sample_histogram = scratch.reserve<u64>(kMaxBins<T>);
+    const size_t at_buffer_index = scratch.reserve<Index>(capacity);
+    const size_t at_buffer_value = scratch.reserve<T>(capacity);
+    const size_t at_stage_index = scratch.reserve<Index>(n);
+    const size_t at_stage_value = scratch.reserve<T>(n);
+    const size_t at_sort = scratch.reserve<char>(sort_bytes);
+    scratch.allocate();
+    SelectState* state = scratch.at<SelectState>(at_state);
+    u64* histogram = scratch.at<u64>(at_histogram);
+    u64* sample_histogram = scratch.at<u64>(at_sample_histogram);
+    Index* buffer_index = scratch.at<Index>(at_buffer_index);
+    T* buffer_value = scratch.at<T>(at_buffer_value);
+    Index* stage_index = scratch.at<Index>(at_stage_index);
+    T* stage_value = scratch.at<T>(at_stage_value);
+
+    GTOPK_CUDA_CHECK(cudaMemsetAsync(histogram, 0, kMaxBins<T> * sizeof(u64), stream));
+    GTOPK_CUDA_CHECK(cudaMemsetAsync(sample_histogram, 0, kMaxBins<T> * sizeof(u64), stream));
+    init_state_kernel<<<1, 1, 0, stream>>>(state, static_cast<u64>(n));
+    GTOPK_CUDA_CHECK_LAUNCH("init_state_kernel");
+
+    const Level first = schedule.level[0];
+    if (guess) {
+        sample_first_digit_kernel<T, Values>
+            <<<static_cast<int>(blocks_for(samples, kThreads)), kThreads, 0, stream>>>(
+                values, stride, samples, first, sample_histogram);
+        GTOPK_CUDA_CHECK_LAUNCH("sample_first_digit_kernel");
+        choose_guess_kernel<<<1, kThreads, 0, stream>>>(
+            sample_histogram, 1 << first.bits, static_cast<u64>(sample_rank),
+            static_cast<u64>(stride), static_cast<u64>(capacity), state);
+        GTOPK_CUDA_CHECK_LAUNCH("choose_guess_kernel");
+    }
+
+    const auto first_kernel = first_pass_kernel<T, Index, Values>;
+    first_kernel<<<tile_grid(first_kernel, d), kThreads, 0, stream>>>(
+        values, d, first, state, histogram, buffer_index, buffer_value,
+        static_cast<u64>(capacity), &state->buffer_count);
+    GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
+    choose_bin_kernel<<<1, kThreads, 0, stream>>>(first, 1, histogram, state,
+                                                  static_cast<u64>(capacity));
+    GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
+
+    const auto refine_kernel = refine_pass_kernel<T, Index>;
+    const int refine_grid = tile_grid(refine_kernel, d);
+    for (int l = 1; l < schedule.count; ++l) {
+        refine_kernel<<<refine_grid, kThreads, 0, stream>>>(input, d, schedule.level[l], last,
+                                                            state, histogram, buffer_index,
+                                                            buffer_value, static_cast<u64>(capacity));
+        GTOPK_CUDA_CHECK_LAUNCH("refine_pass_kernel");
+        choose_bin_kernel<<<1, kThreads, 0, stream>>>(schedule.level[l], 0, histogram, state,
+                                                      static_cast<u64>(capacity));
+        GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
+    }
+
+    const auto stage_kernel = stage_selected_kernel<T, Index>;
+    stage_kernel<<<tile_grid(stage_kernel, d), kThreads, 0, stream>>>(
+        input, d, last, state, buffer_index, buffer_value, static_cast<u64>(capacity),
+        stage_index, stage_value);
+    GTOPK_CUDA_CHECK_LAUNCH("stage_selected_kernel");
+
+    if (residual_to_zero != nullptr) {
+        zero_at_kernel<T, Index><<<static_cast<int>(blocks_for(n, kThreads)), kThreads, 0, stream>>>(
+            residual_to_zero, stage_index, n);
+        GTOPK_CUDA_CHECK_LAUNCH("zero_at_kernel");
+    }
+
+    GTOPK_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        scratch.at<char>(at_sort), sort_bytes, reinterpret_cast<const UIndex*>(stage_index),
+        reinterpret_cast<UIndex*>(out_index), reinterpret_cast<const Bits*>(stage_value),
+        reinterpret_cast<Bits*>(out_value), n, 0, end_bit, stream));
+}
+
+}  // namespace gtopk::cuda::detail
