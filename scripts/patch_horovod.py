@@ -32,7 +32,8 @@ def apply_fixes(source_dir: Path) -> None:
         if text.count(new) == 1 and old not in text:
             continue  # already patched
         if text.count(old) != 1:
-            sys.exit(f"patch_horovod: expected exactly one '{old}' in {path}, found {text.count(old)}")
+            sys.exit(f"patch_horovod: expected exactly one '{old}' in {path}, "
+                     f"found {text.count(old)}")
         path.write_text(text.replace(old, new))
         print(f"patch_horovod: patched {relative_path}")
 

@@ -47,8 +47,10 @@ namespace gtopk::cuda::detail {
 using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
 
 constexpr int kThreads = 256;
-constexpr int kItems = 16;
-constexpr int64_t kTile = int64_t{kThreads} * kItems;
+// Entries per thread per tile: 64 bytes of 4-byte values, 64 of 8-byte ones (register budget).
+template <typename T> constexpr int kItems = sizeof(T) >= 8 ? 8 : 16;
+constexpr int kMinBlocksPerSm = 4;  // register cap of the passes over d: 64 per thread
+template <typename T> constexpr int64_t kTile = int64_t{kThreads} * kItems<T>;
 constexpr int kDigitBits = 11;
 constexpr int kMaxLevels = 16;
 constexpr int64_t kSmallInput = int64_t{1} << 16;
@@ -81,7 +83,7 @@ inline int64_t blocks_for(int64_t count, int64_t per_block) {
 
 // Grid of a tile-looping kernel: every SM full, never more blocks than tiles, and never more
 // than 2^30 entries per block (its shared-memory counters are 32-bit).
-template <typename Kernel>
+template <typename T, typename Kernel>
 int tile_grid(Kernel kernel, int64_t count) {
     int device = 0, sms = 0, per_sm = 0;
     GTOPK_CUDA_CHECK(cudaGetDevice(&device));
@@ -89,7 +91,7 @@ int tile_grid(Kernel kernel, int64_t count) {
     GTOPK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
     const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
     const int64_t wanted = std::max(resident, blocks_for(count, int64_t{1} << 30));
-    return static_cast<int>(std::min(wanted, blocks_for(count, kTile)));
+    return static_cast<int>(std::min(wanted, blocks_for(count, kTile<T>)));
 }
 
 // Scratch memory of one call: reserve the pieces, allocate once with cudaMallocAsync on the
@@ -202,60 +204,62 @@ template <typename T> struct AccumulateValues {
     __device__ T peek(int64_t i) const { return residual[i] + gradient[i]; }
 };
 
+// An entry source: value(i) and index(i) of the i-th entry.
 template <typename T, typename Values> struct InputEntries {
     Values values;
-    __device__ void load(int64_t i, u64& index, T& value) const {
-        index = static_cast<u64>(i);
-        value = values.load(i);
-    }
+    __device__ T value(int64_t i) const { return values.load(i); }
+    __device__ u64 index(int64_t i) const { return static_cast<u64>(i); }
 };
 
 template <typename T, typename Index> struct BufferEntries {
-    const Index* index;
-    const T* value;
-    __device__ void load(int64_t i, u64& out_index, T& out_value) const {
-        out_index = static_cast<u64>(index[i]);
-        out_value = value[i];
-    }
+    const Index* indices;
+    const T* values;
+    __device__ T value(int64_t i) const { return values[i]; }
+    __device__ u64 index(int64_t i) const { return static_cast<u64>(indices[i]); }
 };
 
 // ---------------------------------------------------------------------------------------------
 // Block-level building blocks
 
-// Calls visit(index, value, valid) once per tile of kTile entries, for the block's tiles of
-// [0, count). Every thread of the block makes the same calls, so visit may synchronise.
+// One thread's items of a tile: item j is entry first + j * kThreads.
+template <typename T> struct TileItems {
+    int64_t first;
+    T value[kItems<T>];
+    bool valid[kItems<T>];
+    __device__ int64_t position(int j) const { return first + int64_t{j} * kThreads; }
+};
+
+// Calls visit(items) once per tile of kTile entries, for the block's tiles of [0, count).
+// Every thread of the block makes the same calls, so visit may synchronise. All loads of a tile
+// are issued before any is used.
 template <typename T, typename Entries, typename Visit>
 __device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t count, Visit&& visit) {
-    const int64_t tiles = (count + kTile - 1) / kTile;
+    const int64_t tiles = (count + kTile<T> - 1) / kTile<T>;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int64_t first = tile * kTile + threadIdx.x;
-        u64 index[kItems];
-        T value[kItems];
-        bool valid[kItems];
+        TileItems<T> items;
+        items.first = tile * kTile<T> + threadIdx.x;
 #pragma unroll
-        for (int j = 0; j < kItems; ++j) {
-            const int64_t i = first + int64_t{j} * kThreads;
-            valid[j] = i < count;
-            index[j] = 0;
-            value[j] = T{};
-            if (valid[j]) entries.load(i, index[j], value[j]);
+        for (int j = 0; j < kItems<T>; ++j) {
+            const int64_t i = items.position(j);
+            items.valid[j] = i < count;
+            items.value[j] = items.valid[j] ? entries.value(i) : T{};
         }
-        visit(index, value, valid);
+        visit(items);
     }
 }
 
-// Appends the flagged entries of a tile at out[counter...]: one global atomic per tile; slots at
+// Appends the flagged items of a tile at out[counter...]: one global atomic per tile; slots at
 // or past capacity are counted but not written. Call with every thread of the block.
-template <typename T, typename Index>
-__device__ void append_flagged(const bool (&flag)[kItems], const u64 (&index)[kItems],
-                               const T (&value)[kItems], u64* counter, u64 capacity,
+template <typename T, typename Entries, typename Index>
+__device__ void append_flagged(const bool (&flag)[kItems<T>], const TileItems<T>& items,
+                               const Entries& entries, u64* counter, u64 capacity,
                                Index* out_index, T* out_value) {
     using BlockScan = cub::BlockScan<unsigned, kThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
     __shared__ u64 tile_base;
     unsigned count = 0;
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) count += flag[j] ? 1u : 0u;
+    for (int j = 0; j < kItems<T>; ++j) count += flag[j] ? 1u : 0u;
     if (!__syncthreads_or(count != 0)) return;
     unsigned offset = 0, total = 0;
     BlockScan(scan_storage).ExclusiveSum(count, offset, total);
@@ -263,11 +267,11 @@ __device__ void append_flagged(const bool (&flag)[kItems], const u64 (&index)[kI
     __syncthreads();
     u64 slot = tile_base + offset;
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
+    for (int j = 0; j < kItems<T>; ++j) {
         if (flag[j]) {
             if (slot < capacity) {
-                out_index[slot] = static_cast<Index>(index[j]);
-                out_value[slot] = value[j];
+                out_index[slot] = static_cast<Index>(entries.index(items.position(j)));
+                out_value[slot] = items.value[j];
             }
             ++slot;
         }
@@ -358,7 +362,7 @@ __global__ void __launch_bounds__(kThreads) choose_guess_kernel(
 // Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
 // to the buffer.
 template <typename T, typename Index, typename Values>
-__global__ void __launch_bounds__(kThreads) first_pass_kernel(
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
         Values values, int64_t d, Level first, const SelectState* state, u64* histogram,
         Index* buffer_index, T* buffer_value, u64 capacity, u64* buffer_count) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
@@ -366,26 +370,51 @@ __global__ void __launch_bounds__(kThreads) first_pass_kernel(
     clear_shared(shared_histogram, bins);
     const int guess_bin = state->guess_bin;
     const InputEntries<T, Values> entries{values};
-    for_each_tile<T>(entries, d, [&](const u64 (&index)[kItems], const T (&value)[kItems],
-                                     const bool (&valid)[kItems]) {
-        bool flag[kItems];
+    for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
+        bool flag[kItems<T>];
 #pragma unroll
-        for (int j = 0; j < kItems; ++j) {
-            const unsigned digit = digit_of(first, magnitude_key(value[j]), 0);
-            if (valid[j]) atomicAdd(&shared_histogram[digit], 1u);
-            flag[j] = valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
+        for (int j = 0; j < kItems<T>; ++j) {
+            const unsigned digit = digit_of(first, magnitude_key(items.value[j]), 0);
+            if (items.valid[j]) atomicAdd(&shared_histogram[digit], 1u);
+            flag[j] = items.valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
         }
         if (guess_bin >= 0) {
-            append_flagged(flag, index, value, buffer_count, capacity, buffer_index, buffer_value);
+            append_flagged(flag, items, entries, buffer_count, capacity, buffer_index,
+                           buffer_value);
         }
     });
     flush_shared(shared_histogram, bins, histogram);
 }
 
+// The body of a refine pass over one entry source: histogram of the level's digit over the
+// entries matching the prefix (unless done); with collect, entries at or above the prefix are
+// appended to the buffer.
+template <typename T, typename Index, typename Entries>
+__device__ void refine_tiles(const Entries& entries, int64_t count, const SelectState& s,
+                             const Level& level, u64 last, unsigned* shared_histogram,
+                             bool collect, u64* buffer_count, u64 capacity, Index* buffer_index,
+                             T* buffer_value) {
+    for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
+        bool at_or_above[kItems<T>];
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            const u64 key = magnitude_key(items.value[j]);
+            const u64 inv = last - entries.index(items.position(j));
+            const int where = items.valid[j] ? locate(s, key, inv) : -1;
+            if (where == 0 && !s.done) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            at_or_above[j] = where >= 0;
+        }
+        if (collect) {
+            append_flagged(at_or_above, items, entries, buffer_count, capacity, buffer_index,
+                           buffer_value);
+        }
+    });
+}
+
 // Passes 2..: histogram of the level's digit over the entries matching the prefix, read from
 // wherever they are; a pass over the input with `collect` set also fills the buffer.
 template <typename T, typename Index>
-__global__ void __launch_bounds__(kThreads) refine_pass_kernel(
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
         const T* input, int64_t d, Level level, u64 last, SelectState* state, u64* histogram,
         Index* buffer_index, T* buffer_value, u64 capacity) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
@@ -393,36 +422,15 @@ __global__ void __launch_bounds__(kThreads) refine_pass_kernel(
     if (s.done && (s.source == kFromBuffer || !s.collect)) return;
     const int bins = 1 << level.bits;
     clear_shared(shared_histogram, bins);
-    auto count_matching = [&](const u64 (&index)[kItems], const T (&value)[kItems],
-                              const bool (&valid)[kItems], bool (&at_or_above)[kItems]) {
-#pragma unroll
-        for (int j = 0; j < kItems; ++j) {
-            const u64 key = magnitude_key(value[j]);
-            const u64 inv = last - index[j];
-            const int where = valid[j] ? locate(s, key, inv) : -1;
-            if (where == 0 && !s.done) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
-            at_or_above[j] = where >= 0;
-        }
-    };
     if (s.source == kFromBuffer) {
         const BufferEntries<T, Index> entries{buffer_index, buffer_value};
-        const int64_t count = static_cast<int64_t>(min(s.buffer_count, capacity));
-        for_each_tile<T>(entries, count, [&](const u64 (&index)[kItems], const T (&value)[kItems],
-                                             const bool (&valid)[kItems]) {
-            bool at_or_above[kItems];
-            count_matching(index, value, valid, at_or_above);
-        });
+        const auto count = static_cast<int64_t>(min(s.buffer_count, capacity));
+        refine_tiles(entries, count, s, level, last, shared_histogram, false, nullptr, 0,
+                     buffer_index, buffer_value);
     } else {
         const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
-        for_each_tile<T>(entries, d, [&](const u64 (&index)[kItems], const T (&value)[kItems],
-                                         const bool (&valid)[kItems]) {
-            bool at_or_above[kItems];
-            count_matching(index, value, valid, at_or_above);
-            if (s.collect) {
-                append_flagged(at_or_above, index, value, &state->buffer_count, capacity,
-                               buffer_index, buffer_value);
-            }
-        });
+        refine_tiles(entries, d, s, level, last, shared_histogram, s.collect != 0,
+                     &state->buffer_count, capacity, buffer_index, buffer_value);
     }
     flush_shared(shared_histogram, bins, histogram);
 }
@@ -470,27 +478,35 @@ __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
     if (threadIdx.x == 0) *state = s;
 }
 
+template <typename T, typename Index, typename Entries>
+__device__ void stage_tiles(const Entries& entries, int64_t count, const SelectState& s, u64 last,
+                            u64* staged_count, Index* stage_index, T* stage_value) {
+    for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
+        bool selected[kItems<T>];
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            selected[j] = items.valid[j] &&
+                          locate(s, magnitude_key(items.value[j]),
+                                 last - entries.index(items.position(j))) >= 0;
+        }
+        append_flagged(selected, items, entries, staged_count, s.wanted, stage_index,
+                       stage_value);
+    });
+}
+
 // Appends the selected entries (at or above the final prefix: exactly n) to the staging area.
 template <typename T, typename Index>
-__global__ void __launch_bounds__(kThreads) stage_selected_kernel(
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stage_selected_kernel(
         const T* input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
         const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value) {
     const SelectState s = *state;
-    auto stage = [&](const u64 (&index)[kItems], const T (&value)[kItems],
-                     const bool (&valid)[kItems]) {
-        bool selected[kItems];
-#pragma unroll
-        for (int j = 0; j < kItems; ++j) {
-            selected[j] = valid[j] && locate(s, magnitude_key(value[j]), last - index[j]) >= 0;
-        }
-        append_flagged(selected, index, value, &state->staged_count, s.wanted, stage_index,
-                       stage_value);
-    };
     if (s.source == kFromBuffer) {
         const BufferEntries<T, Index> entries{buffer_index, buffer_value};
-        for_each_tile<T>(entries, static_cast<int64_t>(min(s.buffer_count, capacity)), stage);
+        stage_tiles(entries, static_cast<int64_t>(min(s.buffer_count, capacity)), s, last,
+                    &state->staged_count, stage_index, stage_value);
     } else {
-        for_each_tile<T>(InputEntries<T, ReadValues<T>>{ReadValues<T>{input}}, d, stage);
+        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
+        stage_tiles(entries, d, s, last, &state->staged_count, stage_index, stage_value);
     }
 }
 
@@ -570,7 +586,7 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     }
 
     const auto first_kernel = first_pass_kernel<T, Index, Values>;
-    first_kernel<<<tile_grid(first_kernel, d), kThreads, 0, stream>>>(
+    first_kernel<<<tile_grid<T>(first_kernel, d), kThreads, 0, stream>>>(
         values, d, first, state, histogram, buffer_index, buffer_value,
         static_cast<u64>(capacity), &state->buffer_count);
     GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
@@ -579,7 +595,7 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
 
     const auto refine_kernel = refine_pass_kernel<T, Index>;
-    const int refine_grid = tile_grid(refine_kernel, d);
+    const int refine_grid = tile_grid<T>(refine_kernel, d);
     for (int l = 1; l < schedule.count; ++l) {
         refine_kernel<<<refine_grid, kThreads, 0, stream>>>(input, d, schedule.level[l], last,
                                                             state, histogram, buffer_index,
@@ -591,7 +607,7 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     }
 
     const auto stage_kernel = stage_selected_kernel<T, Index>;
-    stage_kernel<<<tile_grid(stage_kernel, d), kThreads, 0, stream>>>(
+    stage_kernel<<<tile_grid<T>(stage_kernel, d), kThreads, 0, stream>>>(
         input, d, last, state, buffer_index, buffer_value, static_cast<u64>(capacity),
         stage_index, stage_value);
     GTOPK_CUDA_CHECK_LAUNCH("stage_selected_kernel");

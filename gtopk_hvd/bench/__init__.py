@@ -1,1 +1,1 @@
-"""Benchmarks printed as tables of ratios measured in one run (see `python -m gtopk_hvd.bench -h`)."""
+"""Benchmarks that print ratios measured in one run: `python -m gtopk_hvd.bench -h`."""

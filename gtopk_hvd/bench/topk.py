@@ -34,11 +34,12 @@ def cpu_rows(d: int, densities: list[float], repeats: int, torch_repeats: int) -
     rows = []
     for density in densities:
         k = max(1, int(d * density))
-        ours = median_seconds(lambda: ops.topk_abs(x, k), repeats)
+        ours = median_seconds(lambda k=k: ops.topk_abs(x, k), repeats)
         _, values = ops.topk_abs(x, k)
         hint = 0.95 * float(np.abs(values).min())  # the last k-th magnitude, less a margin
-        ours_hint = median_seconds(lambda: ops.topk_abs(x, k, threshold_hint=hint), repeats)
-        reference = median_seconds(lambda: torch.topk(x_torch.abs(), k, sorted=False),
+        ours_hint = median_seconds(lambda k=k, hint=hint: ops.topk_abs(x, k, threshold_hint=hint),
+                                 repeats)
+        reference = median_seconds(lambda k=k: torch.topk(x_torch.abs(), k, sorted=False),
                                    torch_repeats, warmup=0)
         rows.append(dict(device="cpu", d=d, k=k, ours=ours, ours_hint=ours_hint, floor=floor,
                          torch=reference))
@@ -54,8 +55,8 @@ def cuda_rows(d: int, densities: list[float], repeats: int) -> list[dict]:
     rows = []
     for density in densities:
         k = max(1, int(d * density))
-        ours = median_seconds(lambda: ops.topk_abs(x, k), repeats, synchronize=sync)
-        reference = median_seconds(lambda: torch.topk(x.abs(), k, sorted=False), repeats,
+        ours = median_seconds(lambda k=k: ops.topk_abs(x, k), repeats, synchronize=sync)
+        reference = median_seconds(lambda k=k: torch.topk(x.abs(), k, sorted=False), repeats,
                                    synchronize=sync)
         rows.append(dict(device="cuda", d=d, k=k, ours=ours, ours_hint=float("nan"), floor=floor,
                          torch=reference))

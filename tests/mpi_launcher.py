@@ -1,0 +1,49 @@
+"""Runs a script under real OpenMPI (`mpirun -np N`) with a hard time limit, for the tests.
+
+Each MPI program in tests/mpi/ checks its own results on every rank and exits non-zero on any
+failure; mpirun then exits non-zero too. On timeout the whole process group (mpirun and every
+rank) is killed and the test fails with the output so far.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+MPI_PROGRAMS = TESTS_DIR / "mpi"
+
+
+def mpirun_command(n_workers: int, program: list[str]) -> list[str]:
+    return [
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n_workers),
+        # More ranks than cores here: one OpenMP thread per rank, or ranks wait on each other.
+        "-x", "OMP_NUM_THREADS=1", "-x", "TF_CPP_MIN_LOG_LEVEL=3", "-x", "PYTHONPATH",
+        *program,
+    ]
+
+
+def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300) -> str:
+    """Runs tests/mpi/<script> (or <script> relative to the repository root) on n_workers
+    ranks; returns its output, or fails the test."""
+    path = MPI_PROGRAMS / script if (MPI_PROGRAMS / script).exists() else REPO_ROOT / script
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    command = mpirun_command(n_workers, [sys.executable, str(path), *args])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"{script} on {n_workers} workers did not finish in {timeout_s} s; "
+                             f"killed. Output:\n{output[-6000:]}") from None
+    if process.returncode != 0:
+        raise AssertionError(f"{script} on {n_workers} workers exited with "
+                             f"{process.returncode}. Output:\n{output[-6000:]}")
+    return output

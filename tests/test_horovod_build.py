@@ -1,0 +1,25 @@
+"""The Horovod in the virtual env is the one we built: frameworks, controller, allreduce."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mpi_launcher import run_mpi
+
+
+def test_check_build_lists_tensorflow_pytorch_and_mpi() -> None:
+    horovodrun = Path(sys.executable).with_name("horovodrun")
+    result = subprocess.run([str(horovodrun), "--check-build"], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line.strip() for line in result.stdout.splitlines()}
+    for feature in ("[X] TensorFlow", "[X] PyTorch", "[X] MPI"):
+        assert feature in lines, f"{feature!r} missing from:\n{result.stdout}"
+
+
+def test_horovod_allreduce_torch_and_tensorflow_on_4_workers() -> None:
+    output = run_mpi("mpi_horovod_allreduce.py", 4)
+    assert "horovod allreduce ok on 4 workers" in output
