@@ -49,7 +49,7 @@ using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
 constexpr int kThreads = 256;
 // Entries per thread per tile: 64 bytes of 4-byte values, 64 of 8-byte ones (register budget).
 template <typename T> constexpr int kItems = sizeof(T) >= 8 ? 8 : 16;
-constexpr int kMinBlocksPerSm = 4;  // register cap of the passes over d: 64 per thread
+constexpr int kMinBlocksPerSm = 3;  // register cap of the passes over d: 80 per thread
 template <typename T> constexpr int64_t kTile = int64_t{kThreads} * kItems<T>;
 constexpr int kDigitBits = 11;
 constexpr int kMaxLevels = 16;
@@ -163,6 +163,7 @@ struct SelectState {
     u64 rank;                  // entries still wanted among those matching the prefix
     u64 buffer_count;          // entries appended to the buffer (may exceed its capacity)
     u64 staged_count;          // entries appended to the staging area
+    u64 zero_count;            // entries with key 0 (pass 1)
     int source;                // where every entry at or above the prefix can be found
     int collect;               // the next pass over the input fills the buffer
     int done;                  // every entry matching the prefix is wanted
@@ -176,6 +177,12 @@ __device__ __forceinline__ int locate(const SelectState& s, u64 key, u64 inv) {
     const u64 v = inv & s.inv_mask;
     if (v != s.inv_prefix) return v > s.inv_prefix ? 1 : -1;
     return 0;
+}
+
+// True when the prefix already fixes every bit of the level's digit.
+__device__ __forceinline__ bool level_fixed(const SelectState& s, const Level& level) {
+    const u64 mask = ((u64{1} << level.bits) - 1) << level.shift;
+    return ((level.on_key ? s.key_mask : s.inv_mask) & mask) == mask;
 }
 
 __device__ __forceinline__ unsigned digit_of(const Level& level, u64 key, u64 inv) {
@@ -360,22 +367,33 @@ __global__ void __launch_bounds__(kThreads) choose_guess_kernel(
 }
 
 // Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
-// to the buffer.
+// to the buffer. Zero keys are counted in registers (sparse inputs would otherwise serialise on
+// one shared counter) and their total is kept: a bin of nothing but zeros needs no more key digits.
 template <typename T, typename Index, typename Values>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
         Values values, int64_t d, Level first, const SelectState* state, u64* histogram,
-        Index* buffer_index, T* buffer_value, u64 capacity, u64* buffer_count) {
+        Index* buffer_index, T* buffer_value, u64 capacity, u64* buffer_count, u64* zero_count) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
+    __shared__ unsigned shared_zeros;
     const int bins = 1 << first.bits;
+    if (threadIdx.x == 0) shared_zeros = 0;
     clear_shared(shared_histogram, bins);
     const int guess_bin = state->guess_bin;
     const InputEntries<T, Values> entries{values};
+    unsigned zeros = 0;
     for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
         bool flag[kItems<T>];
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
-            const unsigned digit = digit_of(first, magnitude_key(items.value[j]), 0);
-            if (items.valid[j]) atomicAdd(&shared_histogram[digit], 1u);
+            const u64 key = magnitude_key(items.value[j]);
+            const unsigned digit = digit_of(first, key, 0);
+            if (items.valid[j]) {
+                if (key == 0) {
+                    ++zeros;
+                } else {
+                    atomicAdd(&shared_histogram[digit], 1u);
+                }
+            }
             flag[j] = items.valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
         }
         if (guess_bin >= 0) {
@@ -383,16 +401,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
                            buffer_value);
         }
     });
+    if (zeros != 0) {
+        atomicAdd(&shared_histogram[0], zeros);
+        atomicAdd(&shared_zeros, zeros);
+    }
     flush_shared(shared_histogram, bins, histogram);
+    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(zero_count, u64{shared_zeros});
 }
 
 // The body of a refine pass over one entry source: histogram of the level's digit over the
-// entries matching the prefix (unless done); with collect, entries at or above the prefix are
+// entries matching the prefix (if wanted); with collect, entries at or above the prefix are
 // appended to the buffer.
 template <typename T, typename Index, typename Entries>
 __device__ void refine_tiles(const Entries& entries, int64_t count, const SelectState& s,
-                             const Level& level, u64 last, unsigned* shared_histogram,
-                             bool collect, u64* buffer_count, u64 capacity, Index* buffer_index,
+                             const Level& level, u64 last, bool histogram_wanted,
+                             unsigned* shared_histogram, bool collect, u64* buffer_count, u64 capacity, Index* buffer_index,
                              T* buffer_value) {
     for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
         bool at_or_above[kItems<T>];
@@ -401,7 +424,7 @@ __device__ void refine_tiles(const Entries& entries, int64_t count, const Select
             const u64 key = magnitude_key(items.value[j]);
             const u64 inv = last - entries.index(items.position(j));
             const int where = items.valid[j] ? locate(s, key, inv) : -1;
-            if (where == 0 && !s.done) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            if (where == 0 && histogram_wanted) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
             at_or_above[j] = where >= 0;
         }
         if (collect) {
@@ -419,17 +442,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
         Index* buffer_index, T* buffer_value, u64 capacity) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
     const SelectState s = *state;
-    if (s.done && (s.source == kFromBuffer || !s.collect)) return;
+    const bool histogram_wanted = !s.done && !level_fixed(s, level);
+    const bool collect = s.source == kFromInput && s.collect;
+    if (!histogram_wanted && !collect) return;
     const int bins = 1 << level.bits;
     clear_shared(shared_histogram, bins);
     if (s.source == kFromBuffer) {
         const BufferEntries<T, Index> entries{buffer_index, buffer_value};
         const auto count = static_cast<int64_t>(min(s.buffer_count, capacity));
-        refine_tiles(entries, count, s, level, last, shared_histogram, false, nullptr, 0,
-                     buffer_index, buffer_value);
+        refine_tiles(entries, count, s, level, last, histogram_wanted, shared_histogram, false,
+                     nullptr, 0, buffer_index, buffer_value);
     } else {
         const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
-        refine_tiles(entries, d, s, level, last, shared_histogram, s.collect != 0,
+        refine_tiles(entries, d, s, level, last, histogram_wanted, shared_histogram, collect,
                      &state->buffer_count, capacity, buffer_index, buffer_value);
     }
     flush_shared(shared_histogram, bins, histogram);
@@ -438,7 +463,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
 // After the level's histogram: narrows the prefix to the bin holding the wanted rank, decides
 // where the next pass reads from, and clears the histogram for the next level.
 __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
-        Level level, int is_first, u64* histogram, SelectState* state, u64 capacity) {
+        Level level, int is_first, u64 all_key_bits, u64* histogram, SelectState* state,
+        u64 capacity) {
     __shared__ SelectState s;
     if (threadIdx.x == 0) {
         s = *state;
@@ -449,7 +475,7 @@ __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
     }
     __syncthreads();
     const int bins = 1 << level.bits;
-    if (!s.done) {
+    if (!s.done && !level_fixed(s, level)) {
         const BinChoice c = find_bin(histogram, bins, s.rank);
         if (threadIdx.x == 0 && c.bin >= 0) {
             const u64 bin_mask = ((u64{1} << level.bits) - 1) << level.shift;
@@ -461,6 +487,7 @@ __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
                 s.inv_prefix |= bin_bits;
                 s.inv_mask |= bin_mask;
             }
+            if (is_first && c.bin == 0 && c.in_bin == s.zero_count) s.key_mask = all_key_bits;
             s.rank -= c.above;
             s.done = s.rank == c.in_bin;
             if (is_first && s.guess_bin >= 0 && c.bin >= s.guess_bin &&
@@ -588,9 +615,10 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     const auto first_kernel = first_pass_kernel<T, Index, Values>;
     first_kernel<<<tile_grid<T>(first_kernel, d), kThreads, 0, stream>>>(
         values, d, first, state, histogram, buffer_index, buffer_value,
-        static_cast<u64>(capacity), &state->buffer_count);
+        static_cast<u64>(capacity), &state->buffer_count, &state->zero_count);
     GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
-    choose_bin_kernel<<<1, kThreads, 0, stream>>>(first, 1, histogram, state,
+    const u64 all_key_bits = (u64{1} << KeyLayout<T>::kKeyBits) - 1;
+    choose_bin_kernel<<<1, kThreads, 0, stream>>>(first, 1, all_key_bits, histogram, state,
                                                   static_cast<u64>(capacity));
     GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
 
@@ -601,7 +629,8 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
                                                             state, histogram, buffer_index,
                                                             buffer_value, static_cast<u64>(capacity));
         GTOPK_CUDA_CHECK_LAUNCH("refine_pass_kernel");
-        choose_bin_kernel<<<1, kThreads, 0, stream>>>(schedule.level[l], 0, histogram, state,
+        choose_bin_kernel<<<1, kThreads, 0, stream>>>(schedule.level[l], 0, all_key_bits,
+                                                      histogram, state,
                                                       static_cast<u64>(capacity));
         GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
     }

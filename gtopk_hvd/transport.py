@@ -1,0 +1,109 @@
+"""The transport the reductions need, and its implementation over MPI (mpi4py).
+
+A `Transport` is a group of `size` workers that can exchange byte buffers point to point, gather
+equal-sized arrays, all-reduce dense float32 arrays and abort the job. `MPITransport` runs on a
+duplicate of COMM_WORLD, so its messages never mix with Horovod's or the user's.
+
+mpi4py must be imported before `hvd.init()` (importing gtopk_hvd.transport does it). Under
+`horovodrun --gloo` there is no MPI world: every process sees a world of size 1 while Horovod has
+several workers; `check_matches_horovod` turns that into an error that names the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+import numpy as np
+from mpi4py import MPI
+
+
+class Transport(Protocol):
+    rank: int
+    size: int
+
+    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int, receive: np.ndarray,
+                 source: int, tag: int) -> int:
+        """Sends send[:send_bytes] to dest while receiving into `receive` from source;
+        returns the number of bytes received. dest or source may be None (send or receive only).
+        """
+        ...
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        """Stacks every worker's equal-shaped array: result[r] is worker r's."""
+        ...
+
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Concatenates every worker's 1-D array in rank order; counts[r] = worker r's length."""
+        ...
+
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        """In place: array = sum over workers (float32 or float64)."""
+        ...
+
+    def abort(self, message: str) -> None:
+        """Ends every worker of the job with `message` printed; does not return."""
+        ...
+
+
+class MPITransport:
+    """Transport over an MPI communicator (default: a duplicate of COMM_WORLD)."""
+
+    def __init__(self, comm: Any = None) -> None:
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._status = MPI.Status()
+
+    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
+                 receive: np.ndarray, source: int | None, tag: int) -> int:
+        if dest is None:
+            self.comm.Recv([receive, MPI.BYTE], source=source, tag=tag, status=self._status)
+        elif source is None:
+            self.comm.Send([send, send_bytes, MPI.BYTE], dest=dest, tag=tag)
+            return 0
+        else:
+            self.comm.Sendrecv([send, send_bytes, MPI.BYTE], dest, tag, [receive, MPI.BYTE],
+                               source, tag, status=self._status)
+        return self._status.Get_count(MPI.BYTE)
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        gathered = np.empty((self.size, *local.shape), dtype=local.dtype)
+        self.comm.Allgather(np.ascontiguousarray(local), gathered)
+        return gathered
+
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        gathered = np.empty(int(counts.sum()), dtype=local.dtype)
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self.comm.Allgatherv(np.ascontiguousarray(local),
+                             [gathered, counts.tolist(), displacements.tolist(),
+                              MPI._typedict[local.dtype.char]])
+        return gathered
+
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+
+    def abort(self, message: str) -> None:
+        print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
+        self.comm.Abort(1)
+
+
+def check_matches_horovod(transport: Transport, hvd_rank: int, hvd_size: int) -> None:
+    """Raises if the MPI world is not Horovod's (e.g. launched with `horovodrun --gloo`)."""
+    if transport.size != hvd_size or transport.rank != hvd_rank:
+        raise RuntimeError(
+            f"gtopk_hvd needs an MPI world that matches Horovod's: MPI sees rank "
+            f"{transport.rank} of {transport.size}, Horovod rank {hvd_rank} of {hvd_size}. "
+            "Launch with mpirun (or `horovodrun --mpi`), not `horovodrun --gloo`, and make "
+            "sure Horovod and mpi4py use the same MPI library.")
+
+
+_default: MPITransport | None = None
+
+
+def default_transport() -> MPITransport:
+    """One MPITransport over COMM_WORLD per process, made on first use."""
+    global _default
+    if _default is None:
+        _default = MPITransport()
+    return _default
