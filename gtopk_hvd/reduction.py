@@ -228,8 +228,8 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray, comm: Any = None) ->
     """Top-k S-SGD baseline: every worker gathers every local set and sums them.
 
     The result is the union of all sets (up to P k entries), index-sorted, each value the sum
-    of the workers' values in rank order. Byte counters are those of a ring all-gather: this worker receives every other
-    worker's set and forwards all but one.
+    of the workers' values in rank order. Byte counters are those of a ring all-gather: this
+    worker receives every other worker's set and forwards all but one.
     """
     transport = as_transport(comm)
     indices = np.ascontiguousarray(indices)
@@ -251,7 +251,8 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray, comm: Any = None) ->
     others = counts.sum() - indices.size
     stats.bytes_received = int(entry * others + 8 * (transport.size - 1))
     forwarded = counts.sum() - counts[(transport.rank + 1) % transport.size]
-    stats.bytes_sent = int(entry * forwarded + 8 * (transport.size - 1)) if transport.size > 1 else 0
+    if transport.size > 1:
+        stats.bytes_sent = int(entry * forwarded + 8 * (transport.size - 1))
     stats.messages_sent = 3 * (transport.size - 1)
     return SparseResult(union, summed, np.ones(indices.size, bool), stats)
 
