@@ -21,5 +21,6 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 
 // Checks the launch of the kernel just enqueued (configuration errors surface here; faults in
 // the kernel itself surface at the next synchronising call).
-#define GTOPK_CUDA_CHECK_LAUNCH(kernel_name) \
-    ::gtopk::cuda::detail::check_cuda(cudaGetLastError(), "launch of " kernel_name, __FILE__, __LINE__)
+#define GTOPK_CUDA_CHECK_LAUNCH(kernel_name)                                                \
+    ::gtopk::cuda::detail::check_cuda(cudaGetLastError(), "launch of " kernel_name, __FILE__, \
+                                      __LINE__)

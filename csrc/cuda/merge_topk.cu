@@ -126,10 +126,11 @@ int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
     }
 
     size_t scan_bytes = 0;
-    GTOPK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
-                                                   static_cast<const int64_t*>(nullptr),
-                                                   static_cast<int64_t*>(nullptr), n_merged,
-                                                   stream));
+    detail::check_cuda(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+                                                     static_cast<const int64_t*>(nullptr),
+                                                     static_cast<int64_t*>(nullptr), n_merged,
+                                                     stream),
+                       "cub::DeviceScan::InclusiveSum (size query)", __FILE__, __LINE__);
     detail::Scratch scratch(stream);
     const size_t at_merged_index = scratch.reserve<Index>(n_merged);
     const size_t at_merged_value = scratch.reserve<T>(n_merged);
@@ -153,8 +154,9 @@ int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
         static_cast<const Index*>(index_b), static_cast<const T*>(value_b), n_b, merged_index,
         merged_value, keep);
     GTOPK_CUDA_CHECK_LAUNCH("merge_by_rank_kernel");
-    GTOPK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.at<char>(at_scan), scan_bytes, keep,
-                                                   position, n_merged, stream));
+    detail::check_cuda(cub::DeviceScan::InclusiveSum(scratch.at<char>(at_scan), scan_bytes, keep,
+                                                     position, n_merged, stream),
+                       "cub::DeviceScan::InclusiveSum", __FILE__, __LINE__);
     compact_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
         merged_index, merged_value, keep, position, n_merged, union_index, union_value);
     GTOPK_CUDA_CHECK_LAUNCH("compact_kernel");

@@ -16,12 +16,14 @@
 //      guess a first-digit bin g a little below the n-th largest key.
 //   1. Pass 1 over d: first-digit histogram (shared memory per block), and append every entry
 //      with first digit >= g to a candidate buffer of capacity ~2n (one global atomic per tile
-//      of 4096 entries). accumulate_select's residual += gradient is fused into this pass.
+//      of 256 x 16 entries). accumulate_select's residual += gradient is fused into this pass.
 //   The first digit's bin b is chosen on the device. If b >= g and the buffer did not overflow,
 //   every entry that can still be selected is in the buffer and d is never read again: the
 //   remaining digits are histogrammed over the buffer, O(n). Otherwise, the next pass over d
 //   appends the entries at or above the prefix to the buffer as soon as they fit, while it
-//   histograms the next digit; heavy ties (e.g. all zeros) need more passes over d.
+//   histograms the next digit. Heavy ties need more passes over d, one per key digit that does
+//   not separate them, except exact zeros (counted in pass 1), which skip the key digits: an
+//   all-zero input costs 3 passes.
 //   Last: entries at or above the final prefix (exactly n) are staged, and sorted by index
 //   with cub::DeviceRadixSort into the caller's output.
 // Typical data: 1 read of d (plus the O(n) work); a wrong guess costs 1 more read.
@@ -62,10 +64,13 @@ template <typename T> using KeyOf = typename MagnitudeTraits<T>::Key;
 
 // Bits a key can use (all keys are below 2^kKeyBits) and the width of the first digit.
 template <typename T> struct KeyLayout;
-template <> struct KeyLayout<float> { static constexpr int kKeyBits = 31, kFirstDigit = 12; };
-template <> struct KeyLayout<double> { static constexpr int kKeyBits = 63, kFirstDigit = 13; };
-template <> struct KeyLayout<float16_bits> { static constexpr int kKeyBits = 15, kFirstDigit = 12; };
-template <> struct KeyLayout<bfloat16_bits> { static constexpr int kKeyBits = 15, kFirstDigit = 12; };
+template <int KeyBits, int FirstDigit> struct KeyLayoutOf {
+    static constexpr int kKeyBits = KeyBits, kFirstDigit = FirstDigit;
+};
+template <> struct KeyLayout<float> : KeyLayoutOf<31, 12> {};
+template <> struct KeyLayout<double> : KeyLayoutOf<63, 13> {};
+template <> struct KeyLayout<float16_bits> : KeyLayoutOf<15, 12> {};
+template <> struct KeyLayout<bfloat16_bits> : KeyLayoutOf<15, 12> {};
 template <typename T> constexpr int kMaxBins = 1 << KeyLayout<T>::kFirstDigit;
 
 // ---------------------------------------------------------------------------------------------
@@ -240,7 +245,8 @@ template <typename T> struct TileItems {
 // Every thread of the block makes the same calls, so visit may synchronise. All loads of a tile
 // are issued before any is used.
 template <typename T, typename Entries, typename Visit>
-__device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t count, Visit&& visit) {
+__device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t count,
+                                              Visit&& visit) {
     const int64_t tiles = (count + kTile<T> - 1) / kTile<T>;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         TileItems<T> items;
@@ -305,7 +311,7 @@ struct BinChoice {
 
 // The bin holding the rank-th largest entry (rank >= 1, from the top) of a histogram.
 // Call with one block of kThreads threads; the result is valid in every thread.
-__device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
+static __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
     using BlockScan = cub::BlockScan<u64, kThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
     __shared__ BinChoice choice;
@@ -336,7 +342,7 @@ __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
-__global__ void init_state_kernel(SelectState* state, u64 wanted) {
+static __global__ void init_state_kernel(SelectState* state, u64 wanted) {
     SelectState s{};
     s.wanted = wanted;
     s.rank = wanted;
@@ -357,7 +363,7 @@ __global__ void __launch_bounds__(kThreads) sample_first_digit_kernel(
 
 // Guesses the first-digit bin of the n-th largest key from the sample: the bin holding the
 // sample_rank-th largest sample, kept only if the entries it lets into the buffer should fit.
-__global__ void __launch_bounds__(kThreads) choose_guess_kernel(
+static __global__ void __launch_bounds__(kThreads) choose_guess_kernel(
         const u64* sample_histogram, int bins, u64 sample_rank, u64 stride, u64 capacity,
         SelectState* state) {
     const BinChoice c = find_bin(sample_histogram, bins, sample_rank);
@@ -415,16 +421,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
 template <typename T, typename Index, typename Entries>
 __device__ void refine_tiles(const Entries& entries, int64_t count, const SelectState& s,
                              const Level& level, u64 last, bool histogram_wanted,
-                             unsigned* shared_histogram, bool collect, u64* buffer_count, u64 capacity, Index* buffer_index,
-                             T* buffer_value) {
+                             unsigned* shared_histogram, bool collect, u64* buffer_count,
+                             u64 capacity, Index* buffer_index, T* buffer_value) {
     for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
         bool at_or_above[kItems<T>];
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
+            at_or_above[j] = false;
+            if (!items.valid[j]) continue;
             const u64 key = magnitude_key(items.value[j]);
             const u64 inv = last - entries.index(items.position(j));
-            const int where = items.valid[j] ? locate(s, key, inv) : -1;
-            if (where == 0 && histogram_wanted) atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            const int where = locate(s, key, inv);
+            if (where == 0 && histogram_wanted) {
+                atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            }
             at_or_above[j] = where >= 0;
         }
         if (collect) {
@@ -462,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
 
 // After the level's histogram: narrows the prefix to the bin holding the wanted rank, decides
 // where the next pass reads from, and clears the histogram for the next level.
-__global__ void __launch_bounds__(kThreads) choose_bin_kernel(
+static __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
         Level level, int is_first, u64 all_key_bits, u64* histogram, SelectState* state,
         u64 capacity) {
     __shared__ SelectState s;
@@ -573,9 +583,11 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     using UIndex = UnsignedOf<Index>;
     using Bits = BitsOf<T>;
     size_t sort_bytes = 0;
-    GTOPK_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-        nullptr, sort_bytes, static_cast<const UIndex*>(nullptr), static_cast<UIndex*>(nullptr),
-        static_cast<const Bits*>(nullptr), static_cast<Bits*>(nullptr), n, 0, end_bit, stream));
+    check_cuda(cub::DeviceRadixSort::SortPairs(
+                   nullptr, sort_bytes, static_cast<const UIndex*>(nullptr),
+                   static_cast<UIndex*>(nullptr), static_cast<const Bits*>(nullptr),
+                   static_cast<Bits*>(nullptr), n, 0, end_bit, stream),
+               "cub::DeviceRadixSort::SortPairs (size query)", __FILE__, __LINE__);
 
     Scratch scratch(stream);
     const size_t at_state = scratch.reserve<SelectState>(1);
@@ -625,9 +637,9 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     const auto refine_kernel = refine_pass_kernel<T, Index>;
     const int refine_grid = tile_grid<T>(refine_kernel, d);
     for (int l = 1; l < schedule.count; ++l) {
-        refine_kernel<<<refine_grid, kThreads, 0, stream>>>(input, d, schedule.level[l], last,
-                                                            state, histogram, buffer_index,
-                                                            buffer_value, static_cast<u64>(capacity));
+        refine_kernel<<<refine_grid, kThreads, 0, stream>>>(
+            input, d, schedule.level[l], last, state, histogram, buffer_index, buffer_value,
+            static_cast<u64>(capacity));
         GTOPK_CUDA_CHECK_LAUNCH("refine_pass_kernel");
         choose_bin_kernel<<<1, kThreads, 0, stream>>>(schedule.level[l], 0, all_key_bits,
                                                       histogram, state,
@@ -642,15 +654,17 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
     GTOPK_CUDA_CHECK_LAUNCH("stage_selected_kernel");
 
     if (residual_to_zero != nullptr) {
-        zero_at_kernel<T, Index><<<static_cast<int>(blocks_for(n, kThreads)), kThreads, 0, stream>>>(
-            residual_to_zero, stage_index, n);
+        const int grid = static_cast<int>(blocks_for(n, kThreads));
+        zero_at_kernel<T, Index><<<grid, kThreads, 0, stream>>>(residual_to_zero, stage_index, n);
         GTOPK_CUDA_CHECK_LAUNCH("zero_at_kernel");
     }
 
-    GTOPK_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-        scratch.at<char>(at_sort), sort_bytes, reinterpret_cast<const UIndex*>(stage_index),
-        reinterpret_cast<UIndex*>(out_index), reinterpret_cast<const Bits*>(stage_value),
-        reinterpret_cast<Bits*>(out_value), n, 0, end_bit, stream));
+    check_cuda(cub::DeviceRadixSort::SortPairs(
+                   scratch.at<char>(at_sort), sort_bytes,
+                   reinterpret_cast<const UIndex*>(stage_index),
+                   reinterpret_cast<UIndex*>(out_index), reinterpret_cast<const Bits*>(stage_value),
+                   reinterpret_cast<Bits*>(out_value), n, 0, end_bit, stream),
+               "cub::DeviceRadixSort::SortPairs", __FILE__, __LINE__);
 }
 
 }  // namespace gtopk::cuda::detail

@@ -71,8 +71,8 @@ int64_t topk_abs_typed(const void* x, int64_t d, int64_t k, void* out_index, voi
     Index* index_out = static_cast<Index*>(out_index);
     T* value_out = static_cast<T*>(out_value);
     if (n == d) {
-        take_all_kernel<T, Index><<<elementwise_grid(d), kThreads, 0, stream>>>(values, d, index_out,
-                                                                            value_out);
+        take_all_kernel<T, Index>
+            <<<elementwise_grid(d), kThreads, 0, stream>>>(values, d, index_out, value_out);
         GTOPK_CUDA_CHECK_LAUNCH("take_all_kernel");
         return n;
     }

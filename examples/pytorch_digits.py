@@ -1,0 +1,233 @@
+"""Horovod PyTorch training of a small CNN on scikit-learn's digits, with gTop-k as one option.
+
+A plain Horovod script (hvd.init, a DistributedSampler shard per worker, broadcast of parameters
+and optimizer state, hvd.DistributedOptimizer) in which one call, `distributed_optimizer`, picks
+the distributed optimizer: Horovod's own for --compression none/fp16, gtopk_hvd's for topk/gtopk.
+The data (1797 8x8 images, 10 classes) ships with scikit-learn, so nothing is downloaded.
+
+    mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \\
+        .venv/bin/python examples/pytorch_digits.py --compression gtopk --density 0.01
+
+Rank 0 ends with one machine-readable line,
+
+    RESULT compression=.. density=.. workers=.. epochs=.. test_accuracy=.. test_loss=..
+        bytes_per_step=.. params=..
+
+(on one line), and every rank prints `CHECKSUM rank=<r> <sha256 of its parameters>` so that the
+replicas can be checked to be bitwise identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from typing import Any, Optional
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI  # noqa: F401  (loaded before hvd.init(), see README)
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm
+
+COMPRESSIONS = ("none", "fp16", "topk", "gtopk")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compression", choices=COMPRESSIONS, default="gtopk",
+                        help="gradient compression (none/fp16: Horovod's; topk/gtopk: gtopk_hvd's)")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="fraction k/d of gradient entries sent (topk, gtopk)")
+    parser.add_argument("--epochs", type=int, default=30, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size per worker")
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="learning rate per worker (scaled by the number of workers)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the model and the sampler")
+    parser.add_argument("--backward-passes-per-step", type=int, default=1,
+                        help="micro-batches per batch, gradients accumulated before each step")
+    parser.add_argument("--checkpoint", metavar="PATH", default=None,
+                        help="save model and optimizer state here at the end (rank 0)")
+    parser.add_argument("--resume", metavar="PATH", default=None,
+                        help="load model and optimizer state from here before training")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.backward_passes_per_step < 1:
+        parser.error("--backward-passes-per-step must be at least 1")
+    if not 0.0 < args.density <= 1.0:
+        parser.error("--density must be in (0, 1]")
+    return args
+
+
+def load_data() -> tuple[TensorDataset, TensorDataset]:
+    """The digits, pixels scaled to [0, 1], split 80/20 the same way on every worker."""
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    labels = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=0.2, random_state=0, stratify=labels)
+    return (TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
+            TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test)))
+
+
+def build_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
+def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
+                          model: nn.Module) -> torch.optim.Optimizer:
+    """The one place that differs from a plain Horovod script."""
+    if args.compression in ("none", "fp16"):
+        compression = getattr(hvd.Compression, args.compression)
+        return hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression,
+            backward_passes_per_step=args.backward_passes_per_step)
+    import gtopk_hvd.torch as gtopk  # only needed for the sparsified optimizers
+
+    factory = gtopk.Compression.gtopk if args.compression == "gtopk" else gtopk.Compression.topk
+    return gtopk.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        compression=factory(density=args.density),
+        backward_passes_per_step=args.backward_passes_per_step)
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+               labels: torch.Tensor, passes: int) -> float:
+    """One optimizer step over a batch split into `passes` micro-batches; returns the loss."""
+    optimizer.zero_grad()
+    total = 0.0
+    for micro_images, micro_labels in zip(images.chunk(passes), labels.chunk(passes)):
+        loss = F.cross_entropy(model(micro_images), micro_labels) / passes
+        loss.backward()
+        total += loss.item()
+    optimizer.step()
+    return total
+
+
+def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
+                passes: int, progress: tqdm) -> float:
+    """One pass over this worker's shard; returns the mean training loss."""
+    model.train()
+    losses = []
+    for images, labels in loader:
+        losses.append(train_step(model, optimizer, images, labels, passes))
+        progress.update(1)
+        progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+    return float(np.mean(losses)) if losses else float("nan")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, test_set: TensorDataset) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy over the whole test set (same on every replica)."""
+    model.eval()
+    images, labels = test_set.tensors
+    logits = model(images)
+    loss = F.cross_entropy(logits, labels).item()
+    accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
+    return accuracy, loss
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def communication(args: argparse.Namespace, optimizer: Any, params: int) -> tuple[int, float]:
+    """Bytes each worker sent in the last step, and the density sent.
+
+    gtopk_hvd's optimizers report both in `last_stats`; Horovod's dense all-reduce (a ring)
+    sends 2 (P - 1) / P values of 4 bytes (none) or 2 bytes (fp16) per parameter.
+    """
+    if args.compression not in ("none", "fp16"):
+        stats = getattr(optimizer, "last_stats", None)
+        if stats is None:
+            return 0, args.density
+        return int(stats.bytes_sent), float(stats.density)
+    workers = hvd.size()
+    value_bytes = 4 if args.compression == "none" else 2
+    return int(2 * (workers - 1) / workers * value_bytes * params), 1.0
+
+
+def checksum(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def emit(line: str) -> None:
+    """Print a whole line in one write, so that lines from several ranks never run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    rank, workers = hvd.rank(), hvd.size()
+
+    train_set, test_set = load_data()
+    sampler = DistributedSampler(train_set, num_replicas=workers, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    model = build_model(args.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
+                                momentum=args.momentum)
+    if args.resume:
+        load_checkpoint(args.resume, model, optimizer)
+    optimizer = distributed_optimizer(args, optimizer, model)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    show = rank == 0 and not args.quiet
+    with tqdm(total=args.epochs * len(loader), disable=not show, desc="train") as progress:
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)
+            train_loss = train_epoch(model, optimizer, loader, args.backward_passes_per_step,
+                                     progress)
+            if show:
+                accuracy, test_loss = evaluate(model, test_set)
+                progress.write(f"epoch {epoch + 1}/{args.epochs} train_loss={train_loss:.4f} "
+                               f"test_loss={test_loss:.4f} test_accuracy={accuracy:.4f}")
+
+    hvd.barrier()  # rank 0's progress bar is closed before any rank prints its results
+    accuracy, test_loss = evaluate(model, test_set)
+    params = parameter_count(model)
+    sent, density = communication(args, optimizer, params)
+    if rank == 0:
+        if args.checkpoint:
+            save_checkpoint(args.checkpoint, model, optimizer)
+        emit(f"RESULT compression={args.compression} density={density:g} "
+             f"workers={workers} epochs={args.epochs} test_accuracy={accuracy:.4f} "
+             f"test_loss={test_loss:.4f} bytes_per_step={sent} params={params}")
+    emit(f"CHECKSUM rank={rank} {checksum(model)}")
+
+
+if __name__ == "__main__":
+    main()

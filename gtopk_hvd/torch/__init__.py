@@ -1,0 +1,14 @@
+"""gtopk_hvd.torch: drop-in `DistributedOptimizer` and `Compression` for Horovod PyTorch scripts.
+
+    import gtopk_hvd.torch as gtopk          # before hvd.init(): it loads mpi4py first
+    import horovod.torch as hvd
+    hvd.init()
+    ...
+    optimizer = gtopk.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                           compression=gtopk.Compression.gtopk(density=0.001))
+"""
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.torch.optimizer import DistributedOptimizer
+
+__all__ = ["Compression", "DistributedOptimizer"]

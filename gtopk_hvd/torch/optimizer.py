@@ -1,0 +1,194 @@
+"""DistributedOptimizer for PyTorch: Horovod's arguments, gTop-k or Top-k sparsified gradients.
+
+Like horovod.torch.DistributedOptimizer, the returned object is an instance of a subclass of the
+wrapped optimizer's class that shares its param_groups. Dense choices (Compression.none / fp16)
+are handed to Horovod's own DistributedOptimizer unchanged.
+
+Sparse choices: gradients accumulate in `p.grad` over `backward_passes_per_step` backward passes;
+`synchronize()` (called by `step()` unless inside `skip_synchronize()`) fuses every parameter's
+gradient into one flat float32 buffer in parameter order, runs `sparse_step` (selection with
+error feedback, the sparse all-reduce, the residual fix) and writes the resulting sparse update
+back into every `p.grad` (zeros outside the selected entries), on every worker alike, so the
+wrapped optimizer then makes identical updates everywhere.
+
+`hvd.broadcast_optimizer_state` creates a new optimizer's state by calling `step()` once with
+zero gradients; here that is one sparse step with zero gradients: it changes no parameter and no
+residual, and counts as a step of the density warm-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
+from gtopk_hvd.sparse_state import SparseState, check_same_on_all_workers, sparse_step
+from gtopk_hvd.transport import check_matches_horovod, default_transport
+
+
+class _SparseDistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                 compression: SparseCompression, backward_passes_per_step: int, average: bool,
+                 gradient_predivide_factor: float) -> None:
+        super(self.__class__, self).__init__(params)
+        import horovod.torch as hvd
+
+        parameters = [p for group in self.param_groups for p in group["params"]]
+        names = _parameter_names(parameters, named_parameters)
+        self._parameters = [p for p in parameters if p.requires_grad]
+        self._names = [names[p] for p in self._parameters]
+        for parameter, name in zip(self._parameters, self._names):
+            if not parameter.is_floating_point():
+                raise ValueError(f"parameter {name!r} has dtype {parameter.dtype}; gradients "
+                                 "can only be compressed for floating-point parameters")
+        transport = default_transport()
+        check_matches_horovod(transport, hvd.rank(), hvd.size())
+        self.backward_passes_per_step = backward_passes_per_step
+        self._sparse = SparseState(compression, [p.numel() for p in self._parameters], transport,
+                                   average=average, predivide=gradient_predivide_factor)
+        self._flat = torch.zeros(self._sparse.d, dtype=torch.float32)
+        self._signature = ";".join(
+            f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in zip(self._names, self._parameters)
+        ) + f"|{compression}|bpps={backward_passes_per_step}|average={average}"
+        self._checked_workers_agree = False
+        self._synchronized = False
+        self._should_synchronize = True
+        self.last_stats = None
+
+    def synchronize(self) -> None:
+        """Sparse all-reduce of the accumulated gradients; writes the update into p.grad."""
+        if not self._checked_workers_agree:
+            check_same_on_all_workers(self._sparse.transport,
+                                      "parameter names, shapes, dtypes and compression",
+                                      self._signature)
+            self._checked_workers_agree = True
+        flat, offsets = self._flat, self._sparse.offsets
+        for parameter, begin, end in zip(self._parameters, offsets[:-1], offsets[1:]):
+            if parameter.grad is None:  # frozen this step or unused: contributes zeros
+                flat[begin:end].zero_()
+            else:
+                flat[begin:end].copy_(parameter.grad.detach().reshape(-1))
+        indices, values = sparse_step(self._sparse, flat.numpy())
+        flat.zero_()
+        flat[torch.from_numpy(indices.astype(np.int64))] = torch.from_numpy(values)
+        for parameter, begin, end in zip(self._parameters, offsets[:-1], offsets[1:]):
+            update = flat[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
+            if parameter.grad is None:
+                parameter.grad = update.clone()
+            else:
+                parameter.grad.copy_(update)
+        self.last_stats = self._sparse.last_stats
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """For `synchronize(); clip gradients; with skip_synchronize(): step()`."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state plus this worker's residual (and velocity): each worker
+        saves its own, since residuals differ between workers."""
+        state = super(self.__class__, self).state_dict()
+        state["gtopk"] = {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                          for key, value in self._sparse.state_dict().items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        sparse = state_dict.pop("gtopk", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if sparse is not None:
+            self._sparse.load_state_dict({
+                key: value.numpy() if isinstance(value, torch.Tensor) else value
+                for key, value in sparse.items()})
+
+
+def _parameter_names(parameters: list[torch.Tensor],
+                     named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+                     ) -> dict[torch.Tensor, str]:
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}" for i, p in enumerate(parameters)}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "usually model.named_parameters()")
+    names = [name for name, _ in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique: {duplicates}")
+    by_parameter = {p: name for name, p in named}
+    unnamed = [i for i, p in enumerate(parameters) if p not in by_parameter]
+    if unnamed:
+        raise ValueError(f"named_parameters was given but the optimizer's parameters at "
+                         f"positions {unnamed} are not in it")
+    return by_parameter
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+) -> torch.optim.Optimizer:
+    """horovod.torch.DistributedOptimizer with gtopk_hvd's Compression choices.
+
+    compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
+    docstring); Compression.none / .fp16: Horovod's own dense allreduce. The other arguments are
+    Horovod's. With a sparse compression, num_groups / groups and process sets other than the
+    global one raise NotImplementedError (all gradients are fused into one selection); op may be
+    Average or Sum.
+    """
+    import horovod.torch as hvd
+
+    if op is None:
+        op = hvd.Average
+    if process_set is None:
+        process_set = hvd.global_process_set
+    if isinstance(compression, DenseCompression):
+        return hvd.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters,
+            compression=hvd.Compression.fp16 if compression.name == "fp16"
+            else hvd.Compression.none,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
+    if not isinstance(compression, SparseCompression):
+        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.torch.Compression."
+                         "none, .fp16, .topk(density) or .gtopk(density)")
+    if op not in (hvd.Average, hvd.Sum):
+        raise NotImplementedError("sparse compression supports op=hvd.Average or hvd.Sum")
+    if num_groups or groups is not None:
+        raise NotImplementedError("num_groups / groups: sparse compression fuses every gradient "
+                                  "into one selection (use selection='bucket' for per-parameter "
+                                  "shares)")
+    if process_set is not hvd.global_process_set:
+        raise NotImplementedError("sparse compression runs on the global process set only")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
+                         f"got {backward_passes_per_step!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_SparseDistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op == hvd.Average, gradient_predivide_factor)

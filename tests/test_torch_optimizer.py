@@ -1,0 +1,12 @@
+"""gtopk_hvd.torch.DistributedOptimizer under mpirun with real Horovod (tests/mpi/...)."""
+
+from __future__ import annotations
+
+import pytest
+from mpi_launcher import run_mpi
+
+
+@pytest.mark.parametrize("workers", [4, 3])
+def test_torch_optimizer_under_mpirun(workers: int) -> None:
+    output = run_mpi("mpi_torch_optimizer.py", workers, timeout_s=600)
+    assert f"torch optimizer ok on {workers} workers" in output
