@@ -12,6 +12,12 @@ One step on worker p, gradient g (flat float32, d values), k = ceil(density * d)
 
 The first three lines are one fused pass over d (`ops.accumulate_select`). Everything here works
 on numpy arrays; the adapters pass zero-copy views of their framework's tensors.
+
+Non-finite gradients: NaN and +-Inf rank above every number in the selection order, so a worker
+with one always selects it, and it survives every merge (NaN + x = NaN, Inf + x = Inf or NaN).
+The global set, identical on all workers, thus holds a non-finite value iff some worker had one,
+and every worker raises the same FloatingPointError at the same step: no extra message, no hang,
+no divergence. The residual then holds the non-finite values too: restore it from a checkpoint.
 """
 
 from __future__ import annotations
@@ -128,6 +134,10 @@ def sparse_step(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, n
     select_seconds = time.perf_counter() - start
 
     result = _reduce(state, local_indices, local_values)
+    if not np.isfinite(result.values).all():
+        raise FloatingPointError(
+            f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {state.step_count} on "
+            "at least one worker; every worker raises here")
     ops.restore_residual(state.residual, local_indices, local_values, ~result.survived)
     if state.velocity is not None:
         state.velocity[local_indices] = 0.0

@@ -145,6 +145,28 @@ def check_disagreeing_ranks_fail_everywhere() -> None:
         raise AssertionError("ranks with different models were not detected")
 
 
+def check_nan_on_one_rank_raises_on_all() -> None:
+    model = make_model()
+    optimizer = gtopk.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        compression=gtopk.Compression.gtopk(density=0.01))
+    train(model, optimizer, range(3))
+    x, y = batch(3, hvd.rank())
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    if hvd.rank() == hvd.size() - 1:
+        next(model.parameters()).grad[0, 0] = float("nan")
+    before = parameter_bytes(model)
+    try:
+        optimizer.step()
+    except FloatingPointError as error:
+        assert "non-finite" in str(error) and "step 3" in str(error), error
+    else:
+        raise AssertionError("a NaN gradient on one worker did not raise on every worker")
+    assert parameter_bytes(model) == before, "a step with a NaN gradient changed parameters"
+    assert_same_on_all_ranks(model, "after the NaN step")
+
+
 def check_bad_arguments() -> None:
     for bad in (0.0, 1.5, -0.1, "0.1"):
         try:
@@ -171,6 +193,7 @@ def main() -> None:
     check_density_one_equals_dense_average()
     check_checkpoint_resume_is_exact()
     check_backward_passes_per_step()
+    check_nan_on_one_rank_raises_on_all()
     check_disagreeing_ranks_fail_everywhere()
     if hvd.rank() == 0:
         print(f"torch optimizer ok on {hvd.size()} workers", flush=True)
