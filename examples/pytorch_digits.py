@@ -54,9 +54,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--backward-passes-per-step", type=int, default=1,
                         help="micro-batches per batch, gradients accumulated before each step")
     parser.add_argument("--checkpoint", metavar="PATH", default=None,
-                        help="save model and optimizer state here at the end (rank 0)")
+                        help="save model and optimizer state at the end, one file per worker: "
+                             "PATH.rank<r> (sparse compression keeps a residual per worker)")
     parser.add_argument("--resume", metavar="PATH", default=None,
-                        help="load model and optimizer state from here before training")
+                        help="resume from the files --checkpoint PATH wrote (same worker count)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.backward_passes_per_step < 1:
@@ -106,14 +107,19 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
         backward_passes_per_step=args.backward_passes_per_step)
 
 
+def worker_file(path: str) -> str:
+    return f"{path}.rank{hvd.rank()}"
+
+
 def load_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    state = torch.load(path, map_location="cpu")
+    state = torch.load(worker_file(path), map_location="cpu")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+               worker_file(path))
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
@@ -199,9 +205,9 @@ def main() -> None:
     model = build_model(args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
                                 momentum=args.momentum)
-    if args.resume:
-        load_checkpoint(args.resume, model, optimizer)
     optimizer = distributed_optimizer(args, optimizer, model)
+    if args.resume:  # after wrapping: the sparse optimizer's state holds this worker's residual
+        load_checkpoint(args.resume, model, optimizer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -220,9 +226,9 @@ def main() -> None:
     accuracy, test_loss = evaluate(model, test_set)
     params = parameter_count(model)
     sent, density = communication(args, optimizer, params)
+    if args.checkpoint:
+        save_checkpoint(args.checkpoint, model, optimizer)
     if rank == 0:
-        if args.checkpoint:
-            save_checkpoint(args.checkpoint, model, optimizer)
         emit(f"RESULT compression={args.compression} density={density:g} "
              f"workers={workers} epochs={args.epochs} test_accuracy={accuracy:.4f} "
              f"test_loss={test_loss:.4f} bytes_per_step={sent} params={params}")

@@ -13,3 +13,24 @@ def test_extension_smoke_agrees_on_every_worker(workers: int) -> None:
     output = run_mpi("examples/extension_smoke.py", workers, "--size", "300000")
     match = re.search(r"workers=(\d+) d=300,000 k=300 .* merged=300 entries, identical", output)
     assert match and int(match.group(1)) == workers, output
+
+
+def parse_digits_run(output: str, workers: int) -> dict[str, str]:
+    result = re.search(r"RESULT (.*)", output)
+    assert result, output[-3000:]
+    fields = dict(item.split("=", 1) for item in result.group(1).split())
+    checksums = re.findall(r"CHECKSUM rank=(\d+) ([0-9a-f]{64})", output)
+    assert sorted(int(rank) for rank, _ in checksums) == list(range(workers)), output[-3000:]
+    assert len({digest for _, digest in checksums}) == 1, f"replicas differ: {checksums}"
+    return fields
+
+
+@pytest.mark.parametrize("workers", [4, 3])
+def test_pytorch_digits_gtopk_reaches_95_percent(workers: int) -> None:
+    output = run_mpi("examples/pytorch_digits.py", workers, "--compression", "gtopk",
+                     "--density", "0.01", "--quiet", timeout_s=900)
+    fields = parse_digits_run(output, workers)
+    assert float(fields["test_accuracy"]) >= 0.95, fields
+    k = -(-int(fields["params"]) // 100)  # ceil(0.01 * d)
+    if workers == 4:  # log2(4) rounds of k entries, 8 bytes each
+        assert int(fields["bytes_per_step"]) == 2 * 8 * k, fields
