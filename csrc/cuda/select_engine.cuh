@@ -354,11 +354,15 @@ static __global__ void init_state_kernel(SelectState* state, u64 wanted) {
 template <typename T, typename Values>
 __global__ void __launch_bounds__(kThreads) sample_first_digit_kernel(
         Values values, int64_t stride, int64_t samples, Level first, u64* histogram) {
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    const int bins = 1 << first.bits;
+    clear_shared(shared_histogram, bins);
     for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < samples;
          j += int64_t{gridDim.x} * blockDim.x) {
         const u64 key = magnitude_key(values.peek(j * stride + stride / 2));
-        atomicAdd(&histogram[digit_of(first, key, 0)], u64{1});
+        atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
     }
+    flush_shared(shared_histogram, bins, histogram);
 }
 
 // Guesses the first-digit bin of the n-th largest key from the sample: the bin holding the
@@ -614,9 +618,9 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
 
     const Level first = schedule.level[0];
     if (guess) {
-        sample_first_digit_kernel<T, Values>
-            <<<static_cast<int>(blocks_for(samples, kThreads)), kThreads, 0, stream>>>(
-                values, stride, samples, first, sample_histogram);
+        constexpr int kSampleBlocks = 32;
+        sample_first_digit_kernel<T, Values><<<kSampleBlocks, kThreads, 0, stream>>>(
+            values, stride, samples, first, sample_histogram);
         GTOPK_CUDA_CHECK_LAUNCH("sample_first_digit_kernel");
         choose_guess_kernel<<<1, kThreads, 0, stream>>>(
             sample_histogram, 1 << first.bits, static_cast<u64>(sample_rank),
