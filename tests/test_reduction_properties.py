@@ -1,0 +1,59 @@
+"""Property tests of the gTop-k schedule, in one process (workers are threads), against the
+numpy replay of tests/reference.py: any P, any set sizes, ties, wire dtypes."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import gtopk_schedule_reference
+from thread_transport import ThreadGroup
+
+from gtopk_hvd.reduction import GTopkReducer
+
+ROUNDING = {
+    "float32": lambda v: v,
+    "float16": lambda v: v.astype(np.float16).astype(np.float32),
+    "bfloat16": lambda v: v.astype(ml_dtypes.bfloat16).astype(np.float32),
+}
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple:
+    workers = draw(st.integers(1, 12))
+    k = draw(st.integers(1, 24))
+    d = draw(st.integers(1, 80))
+    wire = draw(st.sampled_from(sorted(ROUNDING)))
+    levels = draw(st.sampled_from([None, (-1.0, 1.0), (0.0,)]))  # None: continuous values
+    sets = []
+    for _ in range(workers):
+        index = np.array(sorted(draw(st.sets(st.integers(0, d - 1), max_size=min(k, d)))),
+                         dtype=np.int32)
+        seed = draw(st.integers(0, 2**32 - 1))
+        rng = np.random.default_rng(seed)
+        if levels is None:
+            value = rng.standard_normal(index.size) * 10.0 ** rng.uniform(-4, 4, index.size)
+        else:
+            value = rng.choice(levels, size=index.size)
+        sets.append((index, value.astype(np.float32)))
+    return workers, k, wire, sets
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_schedule_equals_replay_for_any_worker_count(scenario: tuple) -> None:
+    workers, k, wire, sets = scenario
+    def reduce(transport: object) -> object:
+        return GTopkReducer(k, np.int32, wire, transport).allreduce(*sets[transport.rank])
+
+    results = ThreadGroup(workers).run(reduce)
+    entry_bytes = 4 + (4 if wire == "float32" else 2)
+    expected, sent, received = gtopk_schedule_reference(sets, k, entry_bytes, ROUNDING[wire])
+    for rank, result in enumerate(results):
+        np.testing.assert_array_equal(result.indices, expected[rank][0])
+        assert result.values.tobytes() == expected[rank][1].tobytes()
+        assert result.values.tobytes() == results[0].values.tobytes()
+        np.testing.assert_array_equal(result.survived, np.isin(sets[rank][0], result.indices))
+        assert (result.stats.bytes_sent, result.stats.bytes_received) == (sent[rank],
+                                                                          received[rank])

@@ -1,0 +1,69 @@
+"""A Transport whose workers are threads of one process (for property tests of the schedules).
+
+Real MPI is what the mpirun tests use; this lets hypothesis explore many worker counts and set
+shapes in one process. Links are queues keyed by (source, destination, tag).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+
+class ThreadGroup:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._links: defaultdict[tuple, queue.Queue] = defaultdict(queue.Queue)
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(size)
+        self._slots: list = [None] * size
+
+    def link(self, source: int, dest: int, tag: int) -> queue.Queue:
+        with self._lock:
+            return self._links[(source, dest, tag)]
+
+    def exchange(self, rank: int, item: object) -> list:
+        """Every worker's item, in rank order (a barrier on both sides)."""
+        self._slots[rank] = item
+        self._barrier.wait(timeout=30)
+        items = list(self._slots)
+        self._barrier.wait(timeout=30)
+        return items
+
+    def run(self, work: Callable[[ThreadTransport], object]) -> list:
+        """work(transport) on every worker at once; the results in rank order."""
+        with ThreadPoolExecutor(self.size) as pool:
+            futures = [pool.submit(work, ThreadTransport(self, rank)) for rank in range(self.size)]
+            return [future.result(timeout=60) for future in futures]
+
+
+class ThreadTransport:
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group, self.rank, self.size = group, rank, group.size
+
+    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None, receive: np.ndarray,
+                 source: int | None, tag: int) -> int:
+        if dest is not None:
+            self.group.link(self.rank, dest, tag).put(send[:send_bytes].tobytes())
+        if source is None:
+            return 0
+        message = self.group.link(source, self.rank, tag).get(timeout=30)
+        receive[:len(message)] = np.frombuffer(message, dtype=np.uint8)
+        return len(message)
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        return np.stack(self.group.exchange(self.rank, np.array(local, copy=True)))
+
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return np.concatenate(self.group.exchange(self.rank, np.array(local, copy=True)))
+
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        array[:] = np.sum(self.group.exchange(self.rank, array.copy()), axis=0)
+
+    def abort(self, message: str) -> None:
+        raise RuntimeError(message)
