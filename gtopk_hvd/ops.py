@@ -159,13 +159,21 @@ def _stream(device: Any) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _on_device(device: Any) -> Any:
+    """Makes `device` current for a kernel call: the kernels size their grids for it."""
+    import torch
+
+    return torch.cuda.device(device)
+
+
 def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
     _require_cuda_build()
     _cuda_check(x, "x", x.device)
     d = x.numel()
     indices, values, value_type, index_type = _cuda_outputs(x, min(k, d), d)
-    _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
-                     values.data_ptr(), _stream(x.device))
+    with _on_device(x.device):
+        _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
+                         values.data_ptr(), _stream(x.device))
     return indices, values
 
 
@@ -177,9 +185,10 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int) -> tuple[Any, 
         raise ValueError("gradient and residual must have the same length and dtype")
     d = gradient.numel()
     indices, values, value_type, index_type = _cuda_outputs(gradient, min(k, d), d)
-    _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(), residual.data_ptr(),
-                              d, k, indices.data_ptr(), values.data_ptr(),
-                              _stream(gradient.device))
+    with _on_device(gradient.device):
+        _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(),
+                                  residual.data_ptr(), d, k, indices.data_ptr(),
+                                  values.data_ptr(), _stream(gradient.device))
     return indices, values
 
 
@@ -197,10 +206,11 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
     n_a, n_b = index_a.numel(), index_b.numel()
     indices, values, value_type, _ = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b)
     indices = indices.to(index_a.dtype)
-    n = _C.cuda_merge_topk(value_type, _CUDA_INDEX_TYPES[dtype_name(index_a.dtype)],
-                           index_a.data_ptr(), value_a.data_ptr(), n_a, index_b.data_ptr(),
-                           value_b.data_ptr(), n_b, k, indices.data_ptr(), values.data_ptr(),
-                           _stream(device))
+    with _on_device(device):
+        n = _C.cuda_merge_topk(value_type, _CUDA_INDEX_TYPES[dtype_name(index_a.dtype)],
+                               index_a.data_ptr(), value_a.data_ptr(), n_a, index_b.data_ptr(),
+                               value_b.data_ptr(), n_b, k, indices.data_ptr(),
+                               values.data_ptr(), _stream(device))
     return indices[:n], values[:n]
 
 
@@ -214,7 +224,8 @@ def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: An
     mask = torch.as_tensor(restore, device=device).to(torch.uint8).contiguous()
     if mask.numel() != indices.numel() or values.numel() != indices.numel():
         raise ValueError("indices, values and restore must have the same length")
-    _C.cuda_restore_residual(_CUDA_VALUE_TYPES[dtype_name(values.dtype)],
-                             _CUDA_INDEX_TYPES[dtype_name(indices.dtype)], residual.data_ptr(),
-                             indices.data_ptr(), values.data_ptr(), mask.data_ptr(),
-                             indices.numel(), _stream(device))
+    with _on_device(device):
+        _C.cuda_restore_residual(_CUDA_VALUE_TYPES[dtype_name(values.dtype)],
+                                 _CUDA_INDEX_TYPES[dtype_name(indices.dtype)],
+                                 residual.data_ptr(), indices.data_ptr(), values.data_ptr(),
+                                 mask.data_ptr(), indices.numel(), _stream(device))
