@@ -7,11 +7,17 @@ duplicate of COMM_WORLD, so its messages never mix with Horovod's or the user's.
 mpi4py must be imported before `hvd.init()` (importing gtopk_hvd.transport does it). Under
 `horovodrun --gloo` there is no MPI world: every process sees a world of size 1 while Horovod has
 several workers; `check_matches_horovod` turns that into an error that names the fix.
+
+A worker that dies of an uncaught exception would leave the others waiting in MPI forever. Once
+a transport with more than one worker exists, an uncaught exception on any worker prints its
+traceback and aborts the whole MPI job (what `python -m mpi4py` does), so the job ends at once
+with the error shown.
 """
 
 from __future__ import annotations
 
 import sys
+from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
@@ -106,4 +112,25 @@ def default_transport() -> MPITransport:
     global _default
     if _default is None:
         _default = MPITransport()
+        if _default.size > 1:
+            abort_job_on_uncaught_exception()
     return _default
+
+
+def abort_job_on_uncaught_exception() -> None:
+    """Chains sys.excepthook: print the traceback, then MPI_Abort the whole job."""
+    previous_hook = sys.excepthook
+    if getattr(previous_hook, "_gtopk_aborts_job", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException,
+             trace: TracebackType | None) -> None:
+        previous_hook(kind, error, trace)
+        rank = MPI.COMM_WORLD.Get_rank()
+        print(f"gtopk_hvd [rank {rank}]: uncaught {kind.__name__}; aborting the MPI job so the "
+              "other workers do not wait forever", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    hook._gtopk_aborts_job = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
