@@ -207,21 +207,40 @@ class GTopkReducer:
 _reducers: dict[tuple, GTopkReducer] = {}
 
 
-def gtopk_allreduce(indices: np.ndarray, values: np.ndarray, k: int, comm: Any = None,
+def gtopk_allreduce(indices: Any, values: Any, k: int, comm: Any = None,
                     wire_dtype: str = "float32") -> SparseResult:
     """gTop-k all-reduce of this worker's index-sorted set of at most k entries.
 
     Every worker returns the identical global set of at most k entries with summed values,
     plus the mask of its local entries that survived. comm: None (COMM_WORLD), an mpi4py
     communicator or a Transport. Reducers (and their buffers) are cached per (comm, k, dtypes).
+    indices / values may be numpy arrays or torch tensors; for tensors on a GPU only the k-entry
+    sets cross to the host, and the global set comes back as tensors on the same device.
     """
+    host_indices, host_values, device = _to_host(indices), _to_host(values), _device_of(values)
     transport = as_transport(comm)
-    key = (id(transport), int(k), np.dtype(np.asarray(indices).dtype).str, wire_dtype)
+    key = (id(transport), int(k), np.dtype(host_indices.dtype).str, wire_dtype)
     reducer = _reducers.get(key)
     if reducer is None:
-        reducer = _reducers[key] = GTopkReducer(k, np.asarray(indices).dtype, wire_dtype,
-                                                transport)
-    return reducer.allreduce(indices, values)
+        reducer = _reducers[key] = GTopkReducer(k, host_indices.dtype, wire_dtype, transport)
+    result = reducer.allreduce(host_indices, host_values)
+    if device is not None:
+        import torch
+
+        result.indices = torch.from_numpy(result.indices).to(device)
+        result.values = torch.from_numpy(result.values).to(device)
+    return result
+
+
+def _device_of(x: Any) -> Any:
+    """The torch device of a tensor, None for anything else."""
+    return x.device if type(x).__module__.startswith("torch") else None
+
+
+def _to_host(x: Any) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
 
 
 def topk_allgather(indices: np.ndarray, values: np.ndarray, comm: Any = None) -> SparseResult:
