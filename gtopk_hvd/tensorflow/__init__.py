@@ -1,0 +1,21 @@
+"""gtopk_hvd.tensorflow: drop-in `DistributedGradientTape` and `Compression` for Horovod
+TensorFlow 2 scripts (and `gtopk_hvd.tensorflow.keras` for Keras).
+
+    import gtopk_hvd.tensorflow as gtopk     # before hvd.init(): it loads mpi4py first
+    import horovod.tensorflow as hvd
+    hvd.init()
+    ...
+    state = gtopk.GTopkState()               # this worker's residual; checkpoint it to resume
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = gtopk.DistributedGradientTape(tape, compression=gtopk.Compression.gtopk(0.001),
+                                         gtopk_state=state)
+    gradients = tape.gradient(loss, model.trainable_variables)
+"""
+
+import gtopk_hvd.transport  # noqa: F401  (mpi4py before hvd.init())
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.tensorflow.state import GTopkState
+from gtopk_hvd.tensorflow.tape import DistributedGradientTape
+
+__all__ = ["Compression", "DistributedGradientTape", "GTopkState"]

@@ -1,0 +1,140 @@
+"""The sparse all-reduce of a list of TensorFlow gradients, eager or inside tf.function.
+
+    flat = concat(reshape(float32(g_i), [-1]) for every source i)      (None: n_i zeros;
+                                                                        IndexedSlices: densified)
+    update = GTopkState.step(flat)        (numpy: selection, reduction, residual; see sparse_state)
+    result_i = cast(reshape(update[o_i : o_i + n_i], shape_i), dtype_i)   (None where g_i was)
+
+Eagerly the numpy step runs directly. Inside a tf.function it runs in `tf.py_function`: the
+graph stops there, the fused gradient (d float32 values) is copied to the host and read as numpy,
+the update (d values) comes back as a new tensor, and the graph goes on. That costs one host
+round trip per step, keeps the step out of XLA (`jit_compile=True` cannot compile it and is
+refused with a clear error) and out of graph optimisations across it; the selection and the
+communication themselves cost the same as eagerly. Errors the step raises (FloatingPointError
+for a NaN/Inf gradient on any worker, ValueError when workers disagree on the sources) reach the
+caller of a tf.function as a `tf.errors.OpError` carrying the same message.
+
+Embedding gradients (`tf.IndexedSlices`) are densified with `tf.convert_to_tensor`, since the
+selection works on the fused dense vector: the rows an embedding did not touch are zeros there,
+but residuals of earlier steps may still select them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from gtopk_hvd.compression import SparseCompression
+from gtopk_hvd.tensorflow.state import GTopkState
+
+_UNIQUE_SUFFIX = re.compile(r"_\d+(?=/|$)")
+
+
+def source_name(source: Any, position: int) -> str:
+    """A name that is the same on every worker: a Keras 3 variable's path or a tf.Variable's
+    name without the numbers Keras and TensorFlow append to make names unique in a process
+    ("sequential_3/dense_7/kernel" -> "sequential/dense/kernel", "dense/kernel:0" ->
+    "dense/kernel"), since those count every layer made before, which may differ between
+    workers; a watched tensor is named by its position."""
+    for attribute in ("path", "name"):
+        try:
+            name = getattr(source, attribute, None)
+        except (AttributeError, ValueError):  # eager tensors have no name
+            name = None
+        if isinstance(name, str) and name:
+            return _UNIQUE_SUFFIX.sub("", name.split(":")[0])
+    return f"source.{position}"
+
+
+def describe_sources(sources: Sequence[Any]) -> tuple[list[int], list[tf.TensorShape],
+                                                        list[tf.DType], str]:
+    """Sizes, shapes and dtypes of the sources, and their signature for the workers' check.
+
+    Raises ValueError for a source that is not floating point or has no static shape.
+    """
+    sizes, shapes, dtypes, described = [], [], [], []
+    for position, source in enumerate(sources):
+        name = source_name(source, position)
+        dtype = tf.as_dtype(source.dtype)
+        shape = tf.TensorShape(source.shape)
+        if not dtype.is_floating:
+            raise ValueError(f"source {name!r} has dtype {dtype.name}; gradients can only be "
+                             "compressed for floating-point sources")
+        if not shape.is_fully_defined():
+            raise ValueError(f"source {name!r} has shape {shape}; the sparse all-reduce needs "
+                             "sources of static shape")
+        sizes.append(int(shape.num_elements()))
+        shapes.append(shape)
+        dtypes.append(dtype)
+        described.append(f"{name}:{shape.as_list()}:{dtype.name}")
+    return sizes, shapes, dtypes, ";".join(described)
+
+
+def _fuse(gradients: Sequence[Any], sizes: Sequence[int]) -> tf.Tensor:
+    parts = []
+    for gradient, size in zip(gradients, sizes):
+        if gradient is None:  # unused source: zeros, so every worker fuses the same layout
+            parts.append(tf.zeros([size], dtype=tf.float32))
+            continue
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        parts.append(tf.reshape(tf.cast(gradient, tf.float32), [-1]))
+    return tf.concat(parts, axis=0)
+
+
+def _refuse_xla() -> None:
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - private module moved: skip the check
+        return
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError("gtopk_hvd's sparse compression runs on the host through "
+                         "tf.py_function, which XLA cannot compile: use jit_compile=False "
+                         "(tf.function(jit_compile=False), model.compile(jit_compile=False))")
+
+
+def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Sequence[Any],
+                     compression: SparseCompression, average: bool = True,
+                     predivide: float = 1.0, passes: int = 1, average_passes: bool = False
+                     ) -> tuple[list[Any], Any]:
+    """The sparse all-reduce of `gradients` (one per source, None allowed): module docstring.
+
+    Returns (reduced gradients, applied): tensors shaped and typed like the sources (None where
+    the gradient was None), and whether this call completed a step. With passes > 1, the first
+    passes - 1 calls of every `passes` only accumulate locally, return zeros and applied False.
+    `applied` is a Python bool eagerly, and inside a tf.function a scalar bool tensor (the
+    constant True when passes == 1).
+    """
+    gradients, sources = list(gradients), list(sources)
+    if len(gradients) != len(sources):
+        raise ValueError(f"{len(gradients)} gradients for {len(sources)} sources")
+    sizes, shapes, dtypes, signature = describe_sources(sources)
+    state.bind(compression, sizes, signature, average, predivide)
+    d = sum(sizes)
+
+    def numpy_step(flat: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        update = state.step(flat.numpy(), passes, average_passes)
+        if update is None:
+            return np.zeros(d, dtype=np.float32), np.array(False)
+        return update, np.array(True)
+
+    flat = _fuse(gradients, sizes)
+    if tf.executing_eagerly():
+        update, applied = numpy_step(flat)
+        update, applied = tf.convert_to_tensor(update), bool(applied)
+    else:
+        _refuse_xla()
+        update, applied = tf.py_function(numpy_step, [flat], [tf.float32, tf.bool],
+                                         name="gtopk_sparse_allreduce")
+        update.set_shape([d])
+        applied.set_shape([])
+        if passes == 1:
+            applied = True
+    pieces = tf.split(update, sizes) if len(sizes) > 1 else [update]
+    reduced = [None if gradient is None else tf.cast(tf.reshape(piece, shape), dtype)
+               for gradient, piece, shape, dtype in zip(gradients, pieces, shapes, dtypes)]
+    return reduced, applied

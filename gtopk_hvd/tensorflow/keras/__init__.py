@@ -1,0 +1,24 @@
+"""gtopk_hvd.tensorflow.keras: drop-in `DistributedOptimizer`, `Compression` and a broadcast
+callback for Horovod Keras scripts, on Keras 3 (TensorFlow's default) and tf-keras.
+
+    import gtopk_hvd.tensorflow.keras as gtopk   # before hvd.init(): it loads mpi4py first
+    import horovod.tensorflow as hvd
+    hvd.init()
+    ...
+    optimizer = gtopk.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()),
+                                           compression=gtopk.Compression.gtopk(0.001))
+    model.compile(optimizer=optimizer, loss=...)
+    model.fit(x_shard, y_shard, callbacks=[gtopk.BroadcastGlobalVariablesCallback(0)])
+"""
+
+import gtopk_hvd.transport  # noqa: F401  (mpi4py before hvd.init())
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.tensorflow.keras.callbacks import (
+    BroadcastGlobalVariablesCallback,
+    broadcast_variables,
+)
+from gtopk_hvd.tensorflow.keras.optimizer import DistributedOptimizer
+from gtopk_hvd.tensorflow.state import GTopkState
+
+__all__ = ["BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",
+           "GTopkState", "broadcast_variables"]

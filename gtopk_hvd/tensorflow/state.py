@@ -1,0 +1,150 @@
+"""`GTopkState`: this worker's error-feedback state, as an object `tf.train.Checkpoint` saves.
+
+`gtopk_hvd.sparse_state.SparseState` (numpy) stays the source of truth; this object holds one
+and copies it out when a checkpoint is written and back in when one is read:
+
+    saved under <name>/.ATTRIBUTES/:  residual  float32 [d]   this worker's residual r
+                                      velocity  float32 [d]   momentum-correction u ([0]: none)
+                                      step      int64   []    optimizer steps taken
+
+(read them with `tf.train.load_variable(path, "gtopk/.ATTRIBUTES/residual")`). Residuals differ
+between workers: every worker saves its own checkpoint. The `SparseState` is made at the first
+gradient step, from the sizes of the sources; a checkpoint read before that (the usual resume:
+build, restore, train) is kept and loaded into it when it is made. A state read before anything
+was ever saved in it (all three empty) leaves a fresh start.
+
+Copying on save and restore, rather than keeping the arrays in tf.Variables, costs one copy of d
+values per save and none per step: the step runs on numpy arrays in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.trackable import base as trackable_base
+
+from gtopk_hvd.compression import SparseCompression
+from gtopk_hvd.sparse_state import SparseState, StepStats, check_same_on_all_workers, sparse_step
+from gtopk_hvd.transport import check_matches_horovod, default_transport
+
+
+class GTopkState(trackable_base.Trackable):
+    """The residual, velocity and step count of one set of sources (one model's gradients).
+
+    Made empty; `bind` (at the first gradient step) makes its `SparseState`. Add it to a
+    `tf.train.Checkpoint` (e.g. `tf.train.Checkpoint(model=..., gtopk=state)`) to save and
+    resume it; `gtopk_hvd.tensorflow.keras.DistributedOptimizer` tracks its own as the
+    optimizer's `gtopk_state`, so checkpointing the optimizer is enough there.
+    """
+
+    def __init__(self) -> None:
+        self.sparse: SparseState | None = None
+        self._signature: str | None = None
+        self._checked_workers_agree = False
+        self._pending: dict | None = None
+        self._accumulated: np.ndarray | None = None
+        self._passes = 0
+
+    # -- making it ----------------------------------------------------------------------------
+
+    def bind(self, compression: SparseCompression, sizes: list[int], signature: str,
+             average: bool, predivide: float) -> None:
+        """Makes the SparseState on first use; later, checks it is used the same way.
+
+        signature: the sources' names, shapes and dtypes (and anything else all workers must
+        agree on), checked across workers at the first step.
+        """
+        signature = f"{signature}|{compression}|average={average}|predivide={predivide}"
+        if self.sparse is not None:
+            if signature != self._signature:
+                raise ValueError(
+                    "gtopk_hvd: this GTopkState was made for other sources or another "
+                    f"compression ({self._signature[:300]}), not {signature[:300]}; use one "
+                    "GTopkState per model")
+            return
+        import horovod.tensorflow as hvd
+
+        transport = default_transport()
+        check_matches_horovod(transport, hvd.rank(), hvd.size())
+        self.sparse = SparseState(compression, sizes, transport, average=average,
+                                  predivide=predivide)
+        self._signature = signature
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.load_state_dict(pending)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def step(self, flat: np.ndarray, passes: int = 1, average_passes: bool = False
+             ) -> np.ndarray | None:
+        """One sparse step on the fused local gradient `flat` (float32, d values, read only).
+
+        Returns the dense update (d values, zero outside the global top-k, scaled as
+        `sparse_step` scales it), the same on every worker. With passes > 1 the gradients of
+        `passes` calls are summed (averaged if average_passes) locally first: the first
+        passes - 1 calls return None and communicate nothing.
+        """
+        if self.sparse is None:
+            raise RuntimeError("GTopkState.step before bind")
+        if passes > 1:
+            if self._accumulated is None:
+                self._accumulated = np.zeros(self.sparse.d, dtype=np.float32)
+            self._accumulated += flat
+            self._passes += 1
+            if self._passes < passes:
+                return None
+            flat = self._accumulated / np.float32(passes) if average_passes else self._accumulated
+            self._passes = 0
+        if not self._checked_workers_agree:
+            check_same_on_all_workers(self.sparse.transport,
+                                      "source names, shapes, dtypes and compression",
+                                      self._signature)
+            self._checked_workers_agree = True
+        indices, values = sparse_step(self.sparse, flat)
+        if passes > 1:
+            self._accumulated[:] = 0.0
+        update = np.zeros(self.sparse.d, dtype=np.float32)
+        update[indices] = values
+        return update
+
+    @property
+    def last_stats(self) -> StepStats | None:
+        """What the last step did on this worker (None before the first)."""
+        return None if self.sparse is None else self.sparse.last_stats
+
+    # -- checkpoint ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """This worker's residual, velocity (if any) and step count, as numpy copies."""
+        if self.sparse is None:
+            return dict(self._pending) if self._pending is not None else {}
+        return self.sparse.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Loads what `state_dict` returned (kept until the first step if not yet bound)."""
+        if not state:
+            return
+        if self.sparse is None:
+            self._pending = dict(state)
+        else:
+            self.sparse.load_state_dict(state)
+
+    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+        state = self.state_dict()
+        empty = np.zeros(0, dtype=np.float32)
+        with tf.init_scope():
+            return {
+                "residual": tf.constant(state.get("residual", empty)),
+                "velocity": tf.constant(state.get("velocity", empty)),
+                "step": tf.constant(np.int64(state.get("step", 0))),
+            }
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]) -> tf.Operation:
+        residual = restored_tensors["residual"].numpy()
+        velocity = restored_tensors["velocity"].numpy()
+        if residual.size:
+            state = {"residual": residual, "step": int(restored_tensors["step"].numpy())}
+            if velocity.size:
+                state["velocity"] = velocity
+            self.load_state_dict(state)
+        return tf.no_op()
