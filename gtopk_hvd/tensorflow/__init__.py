@@ -1,5 +1,6 @@
 """gtopk_hvd.tensorflow: drop-in `DistributedGradientTape` and `Compression` for Horovod
-TensorFlow 2 scripts (and `gtopk_hvd.tensorflow.keras` for Keras).
+TensorFlow 2 scripts, `DistributedOptimizer` for Keras optimizers (as Horovod's, it hands them
+to `gtopk_hvd.tensorflow.keras`).
 
     import gtopk_hvd.tensorflow as gtopk     # before hvd.init(): it loads mpi4py first
     import horovod.tensorflow as hvd
@@ -15,7 +16,8 @@ TensorFlow 2 scripts (and `gtopk_hvd.tensorflow.keras` for Keras).
 
 import gtopk_hvd.transport  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import Compression
+from gtopk_hvd.tensorflow.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.tensorflow.tape import DistributedGradientTape
 
-__all__ = ["Compression", "DistributedGradientTape", "GTopkState"]
+__all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer", "GTopkState"]
