@@ -8,49 +8,30 @@ The data (1797 8x8 images, 10 classes) ships with scikit-learn, so nothing is do
     mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \\
         .venv/bin/python examples/pytorch_digits.py --compression gtopk --density 0.01
 
-Rank 0 ends with one machine-readable line,
-
-    RESULT compression=.. density=.. workers=.. epochs=.. test_accuracy=.. test_loss=..
-        bytes_per_step=.. params=..
-
-(on one line), and every rank prints `CHECKSUM rank=<r> <sha256 of its parameters>` so that the
-replicas can be checked to be bitwise identical.
+Rank 0 ends with a machine-readable RESULT line and every rank with a CHECKSUM line of its
+parameters, so that the replicas can be checked to be bitwise identical (see digits_common).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import sys
-from typing import Any, Optional
+from typing import Optional
 
+import digits_common
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI  # noqa: F401  (loaded before hvd.init(), see README)
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
-COMPRESSIONS = ("none", "fp16", "topk", "gtopk")
-
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", choices=COMPRESSIONS, default="gtopk",
-                        help="gradient compression (none/fp16: Horovod's; topk/gtopk: gtopk_hvd's)")
-    parser.add_argument("--density", type=float, default=0.01,
-                        help="fraction k/d of gradient entries sent (topk, gtopk)")
-    parser.add_argument("--epochs", type=int, default=30, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size per worker")
-    parser.add_argument("--lr", type=float, default=0.02,
-                        help="learning rate per worker (scaled by the number of workers)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the model and the sampler")
+    digits_common.add_common_arguments(parser, seed="seed of the model and the sampler")
     parser.add_argument("--backward-passes-per-step", type=int, default=1,
                         help="micro-batches per batch, gradients accumulated before each step")
     parser.add_argument("--checkpoint", metavar="PATH", default=None,
@@ -62,18 +43,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.backward_passes_per_step < 1:
         parser.error("--backward-passes-per-step must be at least 1")
-    if not 0.0 < args.density <= 1.0:
-        parser.error("--density must be in (0, 1]")
+    digits_common.check_common_arguments(parser, args)
     return args
 
 
 def load_data() -> tuple[TensorDataset, TensorDataset]:
-    """The digits, pixels scaled to [0, 1], split 80/20 the same way on every worker."""
-    digits = load_digits()
-    images = (digits.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    labels = digits.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, test_size=0.2, random_state=0, stratify=labels)
+    """The digits as 1x8x8 images, split 80/20 the same way on every worker."""
+    x_train, y_train, x_test, y_test = digits_common.load_digits_split((1, 8, 8))
     return (TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
             TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test)))
 
@@ -162,33 +138,9 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def communication(args: argparse.Namespace, optimizer: Any, params: int) -> tuple[int, float]:
-    """Bytes each worker sent in the last step, and the density sent.
-
-    gtopk_hvd's optimizers report both in `last_stats`; Horovod's dense all-reduce (a ring)
-    sends 2 (P - 1) / P values of 4 bytes (none) or 2 bytes (fp16) per parameter.
-    """
-    if args.compression not in ("none", "fp16"):
-        stats = getattr(optimizer, "last_stats", None)
-        if stats is None:
-            return 0, args.density
-        return int(stats.bytes_sent), float(stats.density)
-    workers = hvd.size()
-    value_bytes = 4 if args.compression == "none" else 2
-    return int(2 * (workers - 1) / workers * value_bytes * params), 1.0
-
-
 def checksum(model: nn.Module) -> str:
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def emit(line: str) -> None:
-    """Print a whole line in one write, so that lines from several ranks never run together."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    return digits_common.sha256_hex(
+        tensor.detach().cpu().numpy() for tensor in model.state_dict().values())
 
 
 def main() -> None:
@@ -225,14 +177,15 @@ def main() -> None:
     hvd.barrier()  # rank 0's progress bar is closed before any rank prints its results
     accuracy, test_loss = evaluate(model, test_set)
     params = parameter_count(model)
-    sent, density = communication(args, optimizer, params)
+    sent, density = digits_common.communication(  # gtopk_hvd's optimizers have last_stats
+        args.compression, args.density, getattr(optimizer, "last_stats", None), params, workers)
     if args.checkpoint:
         save_checkpoint(args.checkpoint, model, optimizer)
     if rank == 0:
-        emit(f"RESULT compression={args.compression} density={density:g} "
-             f"workers={workers} epochs={args.epochs} test_accuracy={accuracy:.4f} "
-             f"test_loss={test_loss:.4f} bytes_per_step={sent} params={params}")
-    emit(f"CHECKSUM rank={rank} {checksum(model)}")
+        digits_common.emit(digits_common.result_line(
+            compression=args.compression, density=density, workers=workers, epochs=args.epochs,
+            test_accuracy=accuracy, test_loss=test_loss, bytes_per_step=sent, params=params))
+    digits_common.emit(digits_common.checksum_line(rank, checksum(model)))
 
 
 if __name__ == "__main__":

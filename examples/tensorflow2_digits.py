@@ -14,77 +14,37 @@ downloaded.
 gTop-k residual to DIR/rank<r> (residuals differ between workers); --resume DIR continues from
 there, exactly: 5 epochs then 5 resumed ones end bitwise where 10 epochs in one go do.
 
-Rank 0 ends with one machine-readable line,
-
-    RESULT compression=.. density=.. workers=.. epochs=.. test_accuracy=.. test_loss=..
-        bytes_per_step=.. params=..
-
-(on one line), and every rank prints `CHECKSUM rank=<r> <sha256 of its variables>` so that the
-replicas can be checked to be bitwise identical.
+Rank 0 ends with a machine-readable RESULT line and every rank with a CHECKSUM line of its
+variables, so that the replicas can be checked to be bitwise identical (see digits_common).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import math
 import os
-import sys
 from typing import Any, Optional
 
+import digits_common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from mpi4py import MPI  # loaded before hvd.init()
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
-COMPRESSIONS = ("none", "fp16", "topk", "gtopk")
 keras = tf.keras
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", choices=COMPRESSIONS, default="gtopk",
-                        help="gradient compression (none/fp16: Horovod's; topk/gtopk: gtopk_hvd's)")
-    parser.add_argument("--density", type=float, default=0.01,
-                        help="fraction k/d of gradient entries sent (topk, gtopk)")
-    parser.add_argument("--epochs", type=int, default=30,
-                        help="train until this many passes over the training set in all")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size per worker")
-    parser.add_argument("--lr", type=float, default=0.02,
-                        help="learning rate per worker (scaled by the number of workers)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the model and the shards")
+    digits_common.add_common_arguments(
+        parser, epochs="train until this many passes over the training set in all")
     parser.add_argument("--eager", action="store_true", help="no tf.function around the step")
     parser.add_argument("--checkpoint", metavar="DIR", default=None,
                         help="save every worker's state under DIR/rank<r> at the end")
     parser.add_argument("--resume", metavar="DIR", default=None,
                         help="continue from the state saved under DIR/rank<r>")
     args = parser.parse_args(argv)
-    if not 0.0 < args.density <= 1.0:
-        parser.error("--density must be in (0, 1]")
+    digits_common.check_common_arguments(parser, args)
     return args
-
-
-def load_data() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """The digits, pixels scaled to [0, 1], split 80/20 the same way on every worker."""
-    digits = load_digits()
-    images = (digits.images / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
-    labels = digits.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, test_size=0.2, random_state=0, stratify=labels)
-    return (x_train, y_train), (x_test, y_test)
-
-
-def shard(count: int, epoch: int, seed: int, rank: int, workers: int) -> np.ndarray:
-    """This worker's sample indices for one epoch: one permutation shared by all workers,
-    padded (by wrapping) to a multiple of the worker count, every workers-th from `rank`, so
-    every worker runs the same number of steps (as torch's DistributedSampler does)."""
-    order = np.random.default_rng(seed + epoch).permutation(count)
-    total = math.ceil(count / workers) * workers
-    order = np.concatenate([order, order[:total - count]])
-    return order[rank::workers]
 
 
 def build_model(seed: int) -> keras.Model:
@@ -102,12 +62,13 @@ def build_model(seed: int) -> keras.Model:
 
 def distributed_tape(args: argparse.Namespace, tape: tf.GradientTape,
                      gtopk_state: Any) -> tf.GradientTape:
-    """The one place that differs from a plain Horovod script."""
-    if args.compression in ("none", "fp16"):
-        return hvd.DistributedGradientTape(
-            tape, compression=getattr(hvd.Compression, args.compression))
+    """The one place that differs from a plain Horovod script. Dense choices use gtopk_hvd's tape
+    too: Horovod 0.28's own DistributedGradientTape fails on Keras 3 variables."""
     import gtopk_hvd.tensorflow as gtopk
 
+    if args.compression in ("none", "fp16"):
+        return gtopk.DistributedGradientTape(
+            tape, compression=getattr(gtopk.Compression, args.compression))
     factory = gtopk.Compression.gtopk if args.compression == "gtopk" else gtopk.Compression.topk
     return gtopk.DistributedGradientTape(tape, compression=factory(density=args.density),
                                          gtopk_state=gtopk_state)
@@ -132,36 +93,11 @@ def evaluate(model: keras.Model, x: np.ndarray, y: np.ndarray) -> tuple[float, f
     return accuracy, loss
 
 
-def communication(args: argparse.Namespace, gtopk_state: Any, params: int) -> tuple[int, float]:
-    """Bytes each worker sent in the last step, and the density sent (see pytorch_digits)."""
-    if args.compression not in ("none", "fp16"):
-        stats = gtopk_state.last_stats if gtopk_state is not None else None
-        if stats is None:
-            return 0, args.density
-        return int(stats.bytes_sent), float(stats.density)
-    workers = hvd.size()
-    value_bytes = 4 if args.compression == "none" else 2
-    return int(2 * (workers - 1) / workers * value_bytes * params), 1.0
-
-
-def checksum(variables: list) -> str:
-    digest = hashlib.sha256()
-    for variable in variables:
-        digest.update(np.asarray(variable.numpy()).tobytes())
-    return digest.hexdigest()
-
-
-def emit(line: str) -> None:
-    """Print a whole line in one write, so that lines from several ranks never run together."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
 def main() -> None:
     args = parse_args()
     hvd.init()
     rank, workers = hvd.rank(), hvd.size()
-    (x_train, y_train), (x_test, y_test) = load_data()
+    x_train, y_train, x_test, y_test = digits_common.load_digits_split()
 
     model = build_model(args.seed)
     optimizer = keras.optimizers.SGD(args.lr * workers, momentum=args.momentum)
@@ -191,7 +127,9 @@ def main() -> None:
 
     step = train_step if args.eager else tf.function(train_step)
     while int(epoch.numpy()) < args.epochs:
-        indices = shard(len(x_train), int(epoch.numpy()), args.seed, rank, workers)
+        # one permutation per epoch, shared by all workers: this worker's share of it
+        indices = digits_common.shard(len(x_train), args.seed + int(epoch.numpy()), rank,
+                                      workers)
         losses = []
         for start in range(0, len(indices), args.batch_size):
             batch = indices[start:start + args.batch_size]
@@ -199,20 +137,24 @@ def main() -> None:
         epoch.assign_add(1)
         if rank == 0:
             accuracy, test_loss = evaluate(model, x_test, y_test)
-            emit(f"epoch {int(epoch.numpy())}/{args.epochs} train_loss={np.mean(losses):.4f} "
-                 f"test_loss={test_loss:.4f} test_accuracy={accuracy:.4f}")
+            digits_common.emit(
+                f"epoch {int(epoch.numpy())}/{args.epochs} train_loss={np.mean(losses):.4f} "
+                f"test_loss={test_loss:.4f} test_accuracy={accuracy:.4f}")
 
     accuracy, test_loss = evaluate(model, x_test, y_test)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    sent, density = communication(args, gtopk_state, params)
+    stats = gtopk_state.last_stats if gtopk_state is not None else None
+    sent, density = digits_common.communication(args.compression, args.density, stats, params,
+                                                workers)
     if args.checkpoint:
         checkpoint.write(os.path.join(args.checkpoint, f"rank{rank}", "ckpt"))
     MPI.COMM_WORLD.Barrier()  # every rank's epochs printed before the results
     if rank == 0:
-        emit(f"RESULT compression={args.compression} density={density:g} "
-             f"workers={workers} epochs={args.epochs} test_accuracy={accuracy:.4f} "
-             f"test_loss={test_loss:.4f} bytes_per_step={sent} params={params}")
-    emit(f"CHECKSUM rank={rank} {checksum(model.variables)}")
+        digits_common.emit(digits_common.result_line(
+            compression=args.compression, density=density, workers=workers, epochs=args.epochs,
+            test_accuracy=accuracy, test_loss=test_loss, bytes_per_step=sent, params=params))
+    checksum = digits_common.sha256_hex(variable.numpy() for variable in model.variables)
+    digits_common.emit(digits_common.checksum_line(rank, checksum))
 
 
 if __name__ == "__main__":

@@ -40,17 +40,25 @@ def result_of(output: str) -> tuple[dict[str, str], str]:
 
 def test_tensorflow2_digits_learns_and_resumes_exactly(tmp_path: Path) -> None:
     script = "examples/tensorflow2_digits.py"
-    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "20", timeout_s=600))
+    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "30", timeout_s=600))
     assert fields["compression"] == "gtopk" and fields["density"] == "0.01", fields
     assert float(fields["test_accuracy"]) >= 0.95, fields
     assert int(fields["bytes_per_step"]) < 0.05 * 4 * int(fields["params"]), fields
 
     checkpoint = str(tmp_path / "ckpt")
-    result_of(run_mpi(script, WORKERS, "--epochs", "10", "--checkpoint", checkpoint,
+    result_of(run_mpi(script, WORKERS, "--epochs", "15", "--checkpoint", checkpoint,
                       timeout_s=600))
-    _, resumed = result_of(run_mpi(script, WORKERS, "--epochs", "20", "--resume", checkpoint,
+    _, resumed = result_of(run_mpi(script, WORKERS, "--epochs", "30", "--resume", checkpoint,
                                    timeout_s=600))
-    assert resumed == straight, "10 epochs + 10 resumed differ from 20 in one go"
+    assert resumed == straight, "15 epochs + 15 resumed differ from 30 in one go"
+
+
+def test_tensorflow2_digits_dense_works_on_keras3() -> None:
+    """Dense gradients through gtopk_hvd's tape: Horovod 0.28's own tape fails on Keras 3."""
+    output = run_mpi("examples/tensorflow2_digits.py", WORKERS, "--compression", "none",
+                     "--epochs", "20", timeout_s=600)
+    fields, _ = result_of(output)
+    assert fields["compression"] == "none" and float(fields["test_accuracy"]) >= 0.95, fields
 
 
 @pytest.mark.parametrize("legacy_keras", [False, True], ids=["keras3", "tf_keras"])

@@ -138,3 +138,26 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
     reduced = [None if gradient is None else tf.cast(tf.reshape(piece, shape), dtype)
                for gradient, piece, shape, dtype in zip(gradients, pieces, shapes, dtypes)]
     return reduced, applied
+
+
+def dense_allreduce(gradients: list[Any], compression_name: str, average: bool,
+                    predivide: float, process_set: Any, sparse_as_dense: bool) -> list[Any]:
+    """Horovod's allreduce of each gradient (None stays None), scaled as horovod.tensorflow does:
+    with op=Average, x (1 / predivide) before the sum and x (predivide / P) after.
+    compression_name: "none" or "fp16". Works on Keras 3 variables' gradients, where Horovod's
+    own DistributedGradientTape and Keras wrapper fail."""
+    import horovod.tensorflow as hvd
+
+    prescale, postscale = (1.0 / predivide, predivide) if average else (1.0, 1.0)
+    compression = hvd.Compression.fp16 if compression_name == "fp16" else hvd.Compression.none
+    reduced = []
+    for gradient in gradients:
+        if gradient is None:
+            reduced.append(None)
+            continue
+        if sparse_as_dense and isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        reduced.append(hvd.allreduce(
+            gradient, op=hvd.Average if average else hvd.Sum, compression=compression,
+            prescale_factor=prescale, postscale_factor=postscale, process_set=process_set))
+    return reduced

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import sparse_allreduce
+from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
 
 _states: dict[tuple, tuple[list[Any], GTopkState]] = {}
@@ -95,6 +95,26 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         return None if self.gtopk_state is None else self.gtopk_state.last_stats
 
 
+class _DenseDistributedGradientTape(tf.GradientTape):
+    """Dense gradients through Horovod's allreduce, one per gradient (gradients.dense_allreduce):
+    unlike horovod.tensorflow.DistributedGradientTape, it works with Keras 3 variables."""
+
+    def __init__(self, tape: Any, compression_name: str, average: bool,
+                 gradient_predivide_factor: float, process_set: Any, sparse_as_dense: bool,
+                 persistent: bool = False, watch_accessed_variables: bool = True) -> None:
+        super(self.__class__, self).__init__(persistent, watch_accessed_variables)
+        self._tape = tape
+        self._gtopk_dense = (compression_name, average, float(gradient_predivide_factor),
+                             process_set, sparse_as_dense)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        flat_sources = tf.nest.flatten(sources)
+        gradients = super(self.__class__, self).gradient(
+            target, flat_sources, output_gradients, unconnected_gradients)
+        return tf.nest.pack_sequence_as(sources, dense_allreduce(gradients, *self._gtopk_dense))
+
+
 def DistributedGradientTape(  # noqa: N802 - Horovod's name
     gradtape: tf.GradientTape,
     device_dense: str = "",
@@ -112,12 +132,14 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     """horovod.tensorflow.DistributedGradientTape with gtopk_hvd's Compression choices.
 
     compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
-    docstring); Compression.none / .fp16: Horovod's own dense allreduce, every other argument
-    passed on. With a sparse compression: device_dense / device_sparse are unused (the step runs
-    on the host), sparse_as_dense is implied (IndexedSlices are densified), op may be Average or
-    Sum, num_groups / groups and process sets other than the global one raise
-    NotImplementedError (all gradients are fused into one selection). gtopk_state: where the
-    residual lives (module docstring); None: one kept per list of sources.
+    docstring); Compression.none / .fp16: Horovod's allreduce of each gradient, with Horovod's
+    scaling (Horovod's own tape fails on Keras 3 variables); num_groups / groups raise
+    NotImplementedError there. With a sparse compression: device_dense / device_sparse are
+    unused (the step runs on the host), sparse_as_dense is implied (IndexedSlices are
+    densified), op may be Average or Sum, num_groups / groups and process sets other than the
+    global one raise NotImplementedError (all gradients are fused into one selection).
+    gtopk_state: where the residual lives (module docstring); None: one kept per list of
+    sources.
     """
     import horovod.tensorflow as hvd
 
@@ -128,13 +150,16 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     if isinstance(compression, DenseCompression):
         if gtopk_state is not None:
             raise ValueError("gtopk_state is only used with a sparse compression")
-        return hvd.DistributedGradientTape(
-            gradtape, device_dense=device_dense, device_sparse=device_sparse,
-            compression=hvd.Compression.fp16 if compression.name == "fp16"
-            else hvd.Compression.none,
-            sparse_as_dense=sparse_as_dense, op=op,
-            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-            groups=groups, process_set=process_set)
+        if op not in (hvd.Average, hvd.Sum):
+            raise NotImplementedError("dense compression supports op=hvd.Average or hvd.Sum")
+        if num_groups or groups is not None:
+            raise NotImplementedError("num_groups / groups are not supported: each gradient is "
+                                      "allreduced on its own")
+        cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
+                   dict(_DenseDistributedGradientTape.__dict__))
+        return cls(gradtape._tape, compression.name, op == hvd.Average,
+                   gradient_predivide_factor, process_set, sparse_as_dense,
+                   gradtape._persistent, gradtape._watch_accessed_variables)
     average = check_sparse_arguments(compression, op, gradient_predivide_factor, num_groups,
                                      groups, process_set)
     if gtopk_state is not None and not isinstance(gtopk_state, GTopkState):

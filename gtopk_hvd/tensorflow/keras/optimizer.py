@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import sparse_allreduce
+from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.tensorflow.tape import check_sparse_arguments
 
@@ -72,25 +72,8 @@ class _Reduction:
         return self._dense(gradients), True
 
     def _dense(self, gradients: list[Any]) -> list[Any]:
-        """Horovod's allreduce of each gradient, scaled as horovod.tensorflow does."""
-        import horovod.tensorflow as hvd
-
-        prescale, postscale = ((1.0 / self.predivide, self.predivide) if self.average
-                               else (1.0, 1.0))
-        compression = (hvd.Compression.fp16 if self.compression.name == "fp16"
-                       else hvd.Compression.none)
-        reduced = []
-        for gradient in gradients:
-            if gradient is None:
-                reduced.append(None)
-                continue
-            if self.sparse_as_dense and isinstance(gradient, tf.IndexedSlices):
-                gradient = tf.convert_to_tensor(gradient)
-            reduced.append(hvd.allreduce(
-                gradient, op=hvd.Average if self.average else hvd.Sum, compression=compression,
-                prescale_factor=prescale, postscale_factor=postscale,
-                process_set=self.process_set))
-        return reduced
+        return dense_allreduce(gradients, self.compression.name, self.average, self.predivide,
+                               self.process_set, self.sparse_as_dense)
 
 
 def _when_applied(applied: Any, apply: Any) -> None:
