@@ -21,6 +21,7 @@ Sparse choices carry their hyper-parameters:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
@@ -86,6 +87,28 @@ class Compression:
     def gtopk(density: float, **options: object) -> SparseCompression:
         """gTop-k S-SGD (global top-k by recursive doubling). Options: module docstring."""
         return SparseCompression("gtopk", density, **options)
+
+
+def check_sparse_arguments(hvd: Any, compression: object, op: object,
+                           gradient_predivide_factor: float, num_groups: int, groups: object,
+                           process_set: object) -> bool:
+    """Raises for Horovod arguments a sparse compression does not support; returns whether op is
+    Average. hvd: the adapter's Horovod module (horovod.torch or horovod.tensorflow)."""
+    framework = hvd.__name__.split(".")[-1]
+    if not isinstance(compression, SparseCompression):
+        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.{framework}."
+                         "Compression.none, .fp16, .topk(density) or .gtopk(density)")
+    if op not in (hvd.Average, hvd.Sum):
+        raise NotImplementedError("sparse compression supports op=hvd.Average or hvd.Sum")
+    if num_groups or groups is not None:
+        raise NotImplementedError("num_groups / groups: sparse compression fuses every gradient "
+                                  "into one selection (use selection='bucket' for per-tensor "
+                                  "shares)")
+    if process_set is not None and process_set is not hvd.global_process_set:
+        raise NotImplementedError("sparse compression runs on the global process set only")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    return op == hvd.Average
 
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

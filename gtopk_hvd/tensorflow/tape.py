@@ -29,7 +29,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
+from gtopk_hvd.compression import (
+    Compression,
+    DenseCompression,
+    SparseCompression,
+    check_sparse_arguments,
+)
 from gtopk_hvd.sparse_state import StepStats
 from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
@@ -160,7 +165,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
         return cls(gradtape._tape, compression.name, op == hvd.Average,
                    gradient_predivide_factor, process_set, sparse_as_dense,
                    gradtape._persistent, gradtape._watch_accessed_variables)
-    average = check_sparse_arguments(compression, op, gradient_predivide_factor, num_groups,
+    average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
                                      groups, process_set)
     if gtopk_state is not None and not isinstance(gtopk_state, GTopkState):
         raise ValueError(f"gtopk_state must be a gtopk_hvd.tensorflow.GTopkState, "
@@ -169,24 +174,3 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
                dict(_SparseDistributedGradientTape.__dict__))
     return cls(gradtape._tape, compression, average, gradient_predivide_factor, gtopk_state,
                gradtape._persistent, gradtape._watch_accessed_variables)
-
-
-def check_sparse_arguments(compression: Any, op: Any, gradient_predivide_factor: float,
-                           num_groups: int, groups: Any, process_set: Any) -> bool:
-    """Raises for arguments the sparse compression does not support; returns op == Average."""
-    import horovod.tensorflow as hvd
-
-    if not isinstance(compression, SparseCompression):
-        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.tensorflow."
-                         "Compression.none, .fp16, .topk(density) or .gtopk(density)")
-    if op not in (hvd.Average, hvd.Sum):
-        raise NotImplementedError("sparse compression supports op=hvd.Average or hvd.Sum")
-    if num_groups or groups is not None:
-        raise NotImplementedError("num_groups / groups: sparse compression fuses every gradient "
-                                  "into one selection (use selection='bucket' for per-source "
-                                  "shares)")
-    if process_set is not None and process_set is not hvd.global_process_set:
-        raise NotImplementedError("sparse compression runs on the global process set only")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    return op == hvd.Average

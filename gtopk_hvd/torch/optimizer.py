@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
+from gtopk_hvd.compression import (
+    Compression,
+    DenseCompression,
+    SparseCompression,
+    check_sparse_arguments,
+)
 from gtopk_hvd.sparse_state import SparseState, check_same_on_all_workers, sparse_step
 from gtopk_hvd.transport import check_matches_horovod, default_transport
 
@@ -172,23 +177,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             backward_passes_per_step=backward_passes_per_step, op=op,
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
             groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
-    if not isinstance(compression, SparseCompression):
-        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.torch.Compression."
-                         "none, .fp16, .topk(density) or .gtopk(density)")
-    if op not in (hvd.Average, hvd.Sum):
-        raise NotImplementedError("sparse compression supports op=hvd.Average or hvd.Sum")
-    if num_groups or groups is not None:
-        raise NotImplementedError("num_groups / groups: sparse compression fuses every gradient "
-                                  "into one selection (use selection='bucket' for per-parameter "
-                                  "shares)")
-    if process_set is not hvd.global_process_set:
-        raise NotImplementedError("sparse compression runs on the global process set only")
+    average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor,
+                                     num_groups, groups, process_set)
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
                          f"got {backward_passes_per_step!r}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_SparseDistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op == hvd.Average, gradient_predivide_factor)
+               average, gradient_predivide_factor)

@@ -32,11 +32,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
+from gtopk_hvd.compression import (
+    Compression,
+    DenseCompression,
+    SparseCompression,
+    check_sparse_arguments,
+)
 from gtopk_hvd.sparse_state import StepStats
 from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
-from gtopk_hvd.tensorflow.tape import check_sparse_arguments
 
 
 def is_keras3_optimizer(optimizer: Any) -> bool:
@@ -194,7 +198,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         average = op == hvd.Average
     else:
-        average = check_sparse_arguments(compression, op, gradient_predivide_factor,
+        average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor,
                                          num_groups, groups, process_set)
     methods = _Keras3DistributedOptimizer if keras3 else _KerasDistributedOptimizer
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
