@@ -141,10 +141,14 @@ def _cuda_check(tensor: Any, what: str, device: Any) -> None:
         raise ValueError(f"{what} must be contiguous; call .contiguous() first")
 
 
-def _cuda_outputs(like_values: Any, n: int, d: int) -> tuple[Any, Any, int, int]:
+def _cuda_outputs(like_values: Any, n: int, d: int,
+                  index_dtype: Any = None) -> tuple[Any, Any, int, int]:
+    """Output tensors for n entries, values like `like_values`; indices int32 when the dense
+    length d <= 2^31 (int64 beyond) unless index_dtype is given; and the kernels' type codes."""
     import torch
 
-    index_dtype = torch.int32 if d <= 2**31 else torch.int64
+    if index_dtype is None:
+        index_dtype = torch.int32 if d <= 2**31 else torch.int64
     indices = torch.empty(n, dtype=index_dtype, device=like_values.device)
     values = torch.empty(n, dtype=like_values.dtype, device=like_values.device)
     value_type = _CUDA_VALUE_TYPES.get(dtype_name(like_values.dtype))
@@ -204,10 +208,10 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
     if index_a.dtype != index_b.dtype or value_a.dtype != value_b.dtype:
         raise TypeError("sets a and b must have the same index dtype and value dtype")
     n_a, n_b = index_a.numel(), index_b.numel()
-    indices, values, value_type, _ = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b)
-    indices = indices.to(index_a.dtype)
+    indices, values, value_type, index_type = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b,
+                                                            index_a.dtype)
     with _on_device(device):
-        n = _C.cuda_merge_topk(value_type, _CUDA_INDEX_TYPES[dtype_name(index_a.dtype)],
+        n = _C.cuda_merge_topk(value_type, index_type,
                                index_a.data_ptr(), value_a.data_ptr(), n_a, index_b.data_ptr(),
                                value_b.data_ptr(), n_b, k, indices.data_ptr(),
                                values.data_ptr(), _stream(device))
