@@ -114,3 +114,31 @@ def check_count(k: Any) -> int:
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     return int(k)
+
+
+def to_host_numpy(x: Any) -> np.ndarray:
+    """x as a numpy array on the host: a view of a numpy array or CPU torch tensor, a copy of a
+    GPU tensor's values."""
+    if isinstance(x, np.ndarray):
+        return x
+    if framework_of(x) == "torch":
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def concatenate(parts: list[Any]) -> Any:
+    """numpy.concatenate or torch.cat, by the type of the parts."""
+    if framework_of(parts[0]) == "torch":
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)
+
+
+def as_index_dtype(indices: Any, dtype: Any) -> Any:
+    """indices converted to the integer numpy dtype `dtype` (torch: the same-named dtype)."""
+    if framework_of(indices) == "torch":
+        import torch
+
+        return indices.to(getattr(torch, np.dtype(dtype).name))
+    return indices.astype(dtype, copy=False)

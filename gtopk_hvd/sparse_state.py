@@ -10,8 +10,10 @@ One step on worker p, gradient g (flat float32, d values), k = ceil(density * d)
     [momentum correction: u[I_p] = 0]
     update = zero except V * scale at I                (scale = 1/P for Average, 1 for Sum)
 
-The first three lines are one fused pass over d (`ops.accumulate_select`). Everything here works
-on numpy arrays; the adapters pass zero-copy views of their framework's tensors.
+The first three lines are one fused pass over d (`ops.accumulate_select`). The gradient, the
+residual and the velocity are numpy arrays, or torch tensors where the adapter keeps them (on
+the gradients' GPU: then selection and residual updates run there, and only the k-entry sets
+cross to the host for the reduction); `SparseState(zeros=...)` makes them.
 
 Non-finite gradients: NaN and +-Inf rank above every number in the selection order, so a worker
 with one always selects it, and it survives every merge (NaN + x = NaN, Inf + x = Inf or NaN).
@@ -25,11 +27,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gtopk_hvd import ops
+from gtopk_hvd._arrays import as_index_dtype, concatenate, to_host_numpy
 from gtopk_hvd.compression import SparseCompression
 from gtopk_hvd.reduction import GTopkReducer, ReductionStats, SparseResult, topk_allgather
 from gtopk_hvd.transport import Transport
@@ -54,10 +59,13 @@ class SparseState:
     """Residuals, momentum and step count of one distributed optimizer.
 
     sizes: the number of values of each parameter, in the fused order (the same on every worker).
+    zeros: zeros(n) makes a float32 array of n zeros where the residual and velocity live
+    (default: numpy on the host; e.g. torch.zeros on the gradients' device).
     """
 
     def __init__(self, compression: SparseCompression, sizes: list[int], transport: Transport,
-                 average: bool = True, predivide: float = 1.0) -> None:
+                 average: bool = True, predivide: float = 1.0,
+                 zeros: Callable[[int], Any] | None = None) -> None:
         if not sizes or sum(sizes) == 0:
             raise ValueError("the model has no parameters with gradients to compress")
         if predivide <= 0:
@@ -70,9 +78,9 @@ class SparseState:
         self.average = average
         self.predivide = float(predivide)
         self.index_dtype = np.int32 if self.d < 2**31 else np.int64
-        self.residual = np.zeros(self.d, dtype=np.float32)
-        self.velocity = np.zeros(self.d, dtype=np.float32) if compression.momentum_correction \
-            else None
+        zeros = zeros or (lambda n: np.zeros(n, dtype=np.float32))
+        self.residual = zeros(self.d)
+        self.velocity = zeros(self.d) if compression.momentum_correction else None
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self._reducers: dict[int, GTopkReducer] = {}
@@ -88,21 +96,33 @@ class SparseState:
     # -- checkpoint ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        state = {"residual": self.residual.copy(), "step": self.step_count}
+        """residual (and velocity) as host numpy copies, and the step count."""
+        state = {"residual": to_host_numpy(self.residual).copy(), "step": self.step_count}
         if self.velocity is not None:
-            state["velocity"] = self.velocity.copy()
+            state["velocity"] = to_host_numpy(self.velocity).copy()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        residual = np.asarray(state["residual"], dtype=np.float32).reshape(-1)
+        residual = np.asarray(to_host_numpy(state["residual"]), dtype=np.float32).reshape(-1)
         if residual.size != self.d:
             raise ValueError(f"checkpoint residual has {residual.size} values, model has {self.d}")
-        self.residual[:] = residual
+        _assign(self.residual, residual)
         if self.velocity is not None:
             if "velocity" not in state:
                 raise ValueError("checkpoint has no momentum-correction velocity")
-            self.velocity[:] = np.asarray(state["velocity"], dtype=np.float32).reshape(-1)
+            _assign(self.velocity, np.asarray(to_host_numpy(state["velocity"]),
+                                              dtype=np.float32).reshape(-1))
         self.step_count = int(state["step"])
+
+
+def _assign(target: Any, values: np.ndarray) -> None:
+    """target[:] = values, for a numpy target or a torch tensor on any device."""
+    if isinstance(target, np.ndarray):
+        target[:] = values
+    else:
+        import torch
+
+        target.copy_(torch.from_numpy(values))
 
 
 def check_same_on_all_workers(transport: Transport, description: str, signature: str) -> None:
@@ -120,7 +140,8 @@ def check_same_on_all_workers(transport: Transport, description: str, signature:
 def sparse_step(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One step (module docstring): the global (indices, values) to apply, values scaled.
 
-    gradient: flat float32, d values, read only. Updates the state's residual and velocity.
+    gradient: flat float32, d values, read only, of the residual's type and device. Updates the
+    state's residual and velocity. Returns host numpy arrays (k entries at most).
     """
     compression = state.compression
     start = time.perf_counter()
@@ -133,7 +154,7 @@ def sparse_step(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, n
     local_indices, local_values = _select(state, gradient)
     select_seconds = time.perf_counter() - start
 
-    result = _reduce(state, local_indices, local_values)
+    result = _reduce(state, to_host_numpy(local_indices), to_host_numpy(local_values))
     if not np.isfinite(result.values).all():
         raise FloatingPointError(
             f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {state.step_count} on "
@@ -167,9 +188,9 @@ def _select(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, np.nd
         k = max(1, math.ceil(density * (end - begin)))
         part_indices, part_values = ops.accumulate_select(
             gradient[begin:end], state.residual[begin:end], k)
-        indices.append(part_indices.astype(state.index_dtype) + state.index_dtype(begin))
+        indices.append(as_index_dtype(part_indices, state.index_dtype) + int(begin))
         values.append(part_values)
-    return np.concatenate(indices), np.concatenate(values)
+    return concatenate(indices), concatenate(values)
 
 
 def _reduce(state: SparseState, indices: np.ndarray, values: np.ndarray) -> SparseResult:

@@ -8,7 +8,7 @@
                                            compression=gtopk.Compression.gtopk(density=0.001))
 """
 
-from gtopk_hvd.compression import Compression
+from gtopk_hvd.compression import DGC_WARMUP, Compression
 from gtopk_hvd.torch.optimizer import DistributedOptimizer
 
-__all__ = ["Compression", "DistributedOptimizer"]
+__all__ = ["DGC_WARMUP", "Compression", "DistributedOptimizer"]

@@ -11,6 +11,13 @@ error feedback, the sparse all-reduce, the residual fix) and writes the resultin
 back into every `p.grad` (zeros outside the selected entries), on every worker alike, so the
 wrapped optimizer then makes identical updates everywhere.
 
+Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
+with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
+selection and the residual updates run there (`gtopk_hvd.ops` on the current stream), and only
+the k selected (index, value) pairs go to the host for the MPI reduction and the global set
+comes back. Otherwise (CPU parameters; parameters on several devices; an extension built
+without nvcc) everything lives in host memory, gradients copied there.
+
 `hvd.broadcast_optimizer_state` creates a new optimizer's state by calling `step()` once with
 zero gradients; here that is one sparse step with zero gradients: it changes no parameter and no
 residual, and counts as a step of the density warm-up.
@@ -25,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gtopk_hvd import ops
 from gtopk_hvd.compression import (
     Compression,
     DenseCompression,
@@ -53,9 +61,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         transport = default_transport()
         check_matches_horovod(transport, hvd.rank(), hvd.size())
         self.backward_passes_per_step = backward_passes_per_step
+        self._device = _state_device(self._parameters)
+
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.float32, device=self._device)
+
         self._sparse = SparseState(compression, [p.numel() for p in self._parameters], transport,
-                                   average=average, predivide=gradient_predivide_factor)
-        self._flat = torch.zeros(self._sparse.d, dtype=torch.float32)
+                                   average=average, predivide=gradient_predivide_factor,
+                                   zeros=zeros)
+        self._flat = zeros(self._sparse.d)
         self._signature = ";".join(
             f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in zip(self._names, self._parameters)
         ) + f"|{compression}|bpps={backward_passes_per_step}|average={average}"
@@ -77,9 +91,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 flat[begin:end].zero_()
             else:
                 flat[begin:end].copy_(parameter.grad.detach().reshape(-1))
-        indices, values = sparse_step(self._sparse, flat.numpy())
+        indices, values = sparse_step(self._sparse, flat)
         flat.zero_()
-        flat[torch.from_numpy(indices.astype(np.int64))] = torch.from_numpy(values)
+        flat[torch.from_numpy(indices.astype(np.int64)).to(flat.device)] = \
+            torch.from_numpy(values).to(flat.device)
         for parameter, begin, end in zip(self._parameters, offsets[:-1], offsets[1:]):
             update = flat[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
             if parameter.grad is None:
@@ -117,9 +132,18 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         sparse = state_dict.pop("gtopk", None)
         super(self.__class__, self).load_state_dict(state_dict)
         if sparse is not None:
-            self._sparse.load_state_dict({
-                key: value.numpy() if isinstance(value, torch.Tensor) else value
-                for key, value in sparse.items()})
+            self._sparse.load_state_dict(sparse)  # tensors on any device, or numpy arrays
+
+
+def _state_device(parameters: list[torch.Tensor]) -> torch.device:
+    """The parameters' CUDA device when all share one and the CUDA kernels are built; else the
+    CPU."""
+    devices = {p.device for p in parameters}
+    if len(devices) == 1:
+        (device,) = devices
+        if device.type == "cuda" and ops.cuda_built:
+            return device
+    return torch.device("cpu")
 
 
 def _parameter_names(parameters: list[torch.Tensor],

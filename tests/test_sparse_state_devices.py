@@ -1,0 +1,67 @@
+"""sparse_step with the state in torch tensors (CPU, or a GPU when there is one) equals the numpy
+state bit for bit: the same kernels, the same reduction, only where the arrays live differs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from thread_transport import ThreadGroup
+
+from gtopk_hvd import ops
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.sparse_state import SparseState, sparse_step
+
+torch = pytest.importorskip("torch")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and ops.cuda_built),
+    reason="needs a CUDA GPU and an extension built with nvcc"))]
+SIZES = [300, 1, 57, 2000]
+
+
+def gradients(rank: int, steps: int) -> list[np.ndarray]:
+    rng = np.random.default_rng([rank, 7])
+    return [rng.standard_normal(sum(SIZES)).astype(np.float32) * (1 + step)
+            for step in range(steps)]
+
+
+def train(compression: object, device: str | None, workers: int = 3, steps: int = 6) -> list:
+    """Each worker's (updates per step, final residual, final velocity) as numpy."""
+
+    def work(transport: object) -> tuple:
+        zeros = None if device is None else (
+            lambda n: torch.zeros(n, dtype=torch.float32, device=device))
+        state = SparseState(compression, SIZES, transport, zeros=zeros, predivide=2.0)
+        updates = []
+        for gradient in gradients(transport.rank, steps):
+            flat = gradient if device is None else torch.from_numpy(gradient).to(device)
+            indices, values = sparse_step(state, flat)
+            assert isinstance(indices, np.ndarray) and isinstance(values, np.ndarray)
+            updates.append((indices.copy(), values.copy()))
+        saved = state.state_dict()
+        return updates, saved["residual"], saved.get("velocity")
+
+    return ThreadGroup(workers).run(work)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("options", [
+    {"density": 0.05},
+    {"density": 0.05, "selection": "bucket"},
+    {"density": 0.02, "momentum_correction": True, "warmup_densities": (0.2,), "warmup_steps": 2},
+], ids=["model", "bucket", "momentum+warmup"])
+@pytest.mark.parametrize("scheme", ["gtopk", "topk"])
+def test_torch_state_equals_numpy_state_bit_for_bit(device: str, options: dict,
+                                                    scheme: str) -> None:
+    compression = getattr(Compression, scheme)(**options)
+    expected, got = train(compression, None), train(compression, device)
+    for (want_updates, want_residual, want_velocity), (updates, residual, velocity) in zip(
+            expected, got):
+        for (want_indices, want_values), (indices, values) in zip(want_updates, updates):
+            np.testing.assert_array_equal(indices, want_indices)
+            assert values.tobytes() == want_values.tobytes()
+        assert residual.tobytes() == want_residual.tobytes()
+        assert (velocity is None) == (want_velocity is None)
+        if velocity is not None:
+            assert velocity.tobytes() == want_velocity.tobytes()
+    assert any(values.size for values in (u[1] for u in got[0][0])), "nothing was selected"
