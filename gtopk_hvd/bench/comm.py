@@ -10,6 +10,7 @@ the slowest worker's, median over repeats; bytes are what one worker sends. Rank
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any, Callable
 
@@ -28,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--wire-dtype", default="float32", choices=["float32", "float16",
                                                                     "bfloat16"])
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the rows to PATH as JSON (rank 0), for the cost model")
 
 
 def slowest_worker_seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -69,6 +72,8 @@ def run(args: argparse.Namespace) -> None:
             rows.append((model, d, density, k, dense_time, dense_stats.bytes_sent, topk_time,
                          topk_result.stats.bytes_sent, gtopk_time, gtopk_result.stats.bytes_sent,
                          gtopk_result.stats.merge_seconds))
+    if rank == 0 and args.json:
+        write_json(args.json, size, args.wire_dtype, rows)
     if rank == 0:
         print(f"workers: {size}; wire values: {args.wire_dtype}; times: slowest worker, median "
               f"of {args.repeats}; bytes: sent per worker per step")
@@ -83,3 +88,11 @@ def run(args: argparse.Namespace) -> None:
                   f"{b_dense / 1e6:8.2f} | {t_topk * 1e3:8.2f} {b_topk / 1e6:8.3f} | "
                   f"{t_gtopk * 1e3:8.2f} {b_gtopk / 1e6:8.3f} {merge * 1e3:8.2f} | "
                   f"{t_dense / t_gtopk:11.1f} {t_topk / t_gtopk:10.2f}", flush=True)
+
+
+def write_json(path: str, workers: int, wire_dtype: str, rows: list[tuple]) -> None:
+    keys = ("model", "d", "density", "k", "dense_s", "dense_bytes", "topk_s", "topk_bytes",
+            "gtopk_s", "gtopk_bytes", "gtopk_merge_s")
+    records = [dict(zip(keys, row), workers=workers, wire_dtype=wire_dtype) for row in rows]
+    with open(path, "w") as file:
+        json.dump(records, file, indent=1)

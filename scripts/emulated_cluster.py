@@ -1,0 +1,247 @@
+"""An emulated cluster on one machine: every MPI rank in its own network namespace, links shaped.
+
+    .venv/bin/python scripts/emulated_cluster.py --workers 8 --rate 1gbit -- \\
+        .venv/bin/python -m gtopk_hvd.bench comm
+
+Topology: a Linux bridge in the root namespace is the switch; rank r lives in namespace
+`<prefix>-r` with one veth pair to the bridge (address 10.213.<n>.(r+1)/24, the bridge .254).
+Each veth is shaped by a token bucket (tc tbf) at both ends, so every worker sends and receives
+at most RATE, like a NIC on a switch port. Added latency (--delay) needs the kernel's sch_netem;
+where it is missing (as on this project's VMs) the script says so and stops before starting.
+
+MPI: OpenMPI over TCP only (pml ob1, btl tcp,self, no shared-memory collectives), out-of-band
+and PMIx traffic over the bridge; each rank is started by `ip netns exec <prefix>-$RANK`.
+
+Everything this script creates carries a prefix with its process id and is torn down on exit,
+on an exception, on SIGINT/SIGTERM and when the command runs past --timeout (its whole process
+group is killed first). Needs root (or CAP_NET_ADMIN) and the `ip` and `tc` tools.
+After the run it prints the bytes each worker's link carried (from the kernel's counters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+RATE_PATTERN = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit)$")
+DELAY_PATTERN = re.compile(r"^\d+(\.\d+)?(us|ms)$")
+
+
+class ClusterError(RuntimeError):
+    """Setting up the emulated cluster failed; the message names the step."""
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def _run(command: Sequence[str]) -> str:
+    done = subprocess.run(list(command), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ClusterError(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+@dataclass
+class Cluster:
+    """The namespaces, links and addresses of one emulated cluster (made by `emulated_cluster`).
+    """
+
+    workers: int
+    rate: str
+    delay: str | None
+    prefix: str = field(default_factory=lambda: f"gk{os.getpid() % 100000}")
+    subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br"
+
+    def namespace(self, rank: int) -> str:
+        return f"{self.prefix}-{rank}"
+
+    def host_link(self, rank: int) -> str:
+        return f"{self.prefix}v{rank}"
+
+    def address(self, rank: int) -> str:
+        return f"10.213.{self.subnet}.{rank + 1}"
+
+    @property
+    def network(self) -> str:
+        return f"10.213.{self.subnet}.0/24"
+
+    def link_bytes(self) -> list[tuple[int, int]]:
+        """(bytes sent, bytes received) by each rank's interface so far."""
+        counters = []
+        for rank in range(self.workers):
+            base = f"/sys/class/net/{self.host_link(rank)}/statistics"
+            # The host end of the veth receives what the rank sends, and vice versa.
+            with open(f"{base}/rx_bytes") as sent, open(f"{base}/tx_bytes") as received:
+                counters.append((int(sent.read()), int(received.read())))
+        return counters
+
+
+def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> None:
+    """Token bucket at `rate` on device's egress, netem delay in front when asked for.
+
+    The bucket holds half a millisecond at the rate (62.5 KB at 1 Gbit/s, at least two frames):
+    measured here at 1 Gbit/s, a 200 KB message then takes 1.5 ms (ideal 1.6 ms; a 125 KB bucket
+    lets it through in 0.9 ms) and bulk transfers reach 0.84 Gbit/s (16 KB: 0.6 Gbit/s, as
+    64 KB segments must be split)."""
+    burst = max(int(_rate_bits(rate) / 8 / 2000), 2 * 1514 + 64)
+    exec_in = ["ip", "netns", "exec", namespace] if namespace else []
+    tbf = ["tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
+    if delay:
+        _run([*exec_in, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "netem",
+              "delay", delay])
+        _run([*exec_in, "tc", "qdisc", "add", "dev", device, "parent", "1:1", "handle", "10:",
+              *tbf])
+    else:
+        _run([*exec_in, "tc", "qdisc", "add", "dev", device, "root", *tbf])
+
+
+def _rate_bits(rate: str) -> float:
+    number, unit = RATE_PATTERN.match(rate).group(0, 2)
+    scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
+    return float(number[: -len(unit)]) * scale
+
+
+def _check_netem() -> None:
+    probe = Cluster(1, "1gbit", None, prefix=f"gk{os.getpid() % 100000}p")
+    _run(["ip", "netns", "add", probe.namespace(0)])
+    try:
+        done = subprocess.run(["ip", "netns", "exec", probe.namespace(0), "tc", "qdisc", "add",
+                               "dev", "lo", "root", "netem", "delay", "1ms"],
+                              capture_output=True, text=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", probe.namespace(0)], capture_output=True)
+    if done.returncode != 0:
+        raise ClusterError("--delay needs the kernel's netem queueing discipline (sch_netem), "
+                           f"which this kernel lacks: {done.stderr.strip()}. Run without --delay "
+                           "(rate shaping alone uses tbf).")
+
+
+def _teardown(cluster: Cluster) -> None:
+    for rank in range(cluster.workers):
+        subprocess.run(["ip", "netns", "del", cluster.namespace(rank)], capture_output=True)
+        subprocess.run(["ip", "link", "del", cluster.host_link(rank)], capture_output=True)
+    subprocess.run(["ip", "link", "del", cluster.bridge], capture_output=True)
+
+
+@contextmanager
+def emulated_cluster(workers: int, rate: str = "1gbit", delay: str | None = None
+                     ) -> Iterator[Cluster]:
+    """Creates the cluster, yields it, and removes everything it created, whatever happens."""
+    if workers < 1:
+        raise ClusterError(f"--workers must be >= 1, got {workers}")
+    if not RATE_PATTERN.match(rate):
+        raise ClusterError(f"--rate {rate!r} is not a tc rate such as 1gbit or 100mbit")
+    if delay and not DELAY_PATTERN.match(delay):
+        raise ClusterError(f"--delay {delay!r} is not a delay such as 0.2ms or 50us")
+    if os.geteuid() != 0:
+        raise ClusterError("network namespaces need root (or CAP_NET_ADMIN)")
+    if delay:
+        _check_netem()
+    cluster = Cluster(workers, rate, delay)
+    try:
+        _ip("link", "add", cluster.bridge, "type", "bridge")
+        _ip("addr", "add", f"10.213.{cluster.subnet}.254/24", "dev", cluster.bridge)
+        _ip("link", "set", cluster.bridge, "up")
+        for rank in range(workers):
+            namespace, link = cluster.namespace(rank), cluster.host_link(rank)
+            _ip("netns", "add", namespace)
+            _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+            _ip("link", "set", link, "master", cluster.bridge, "up")
+            _ip("-n", namespace, "addr", "add", f"{cluster.address(rank)}/24", "dev", "eth0")
+            _ip("-n", namespace, "link", "set", "eth0", "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+            _shape(namespace, "eth0", rate, delay)  # what the rank sends
+            _shape(None, link, rate, delay)  # what the rank receives
+        yield cluster
+    finally:
+        _teardown(cluster)
+
+
+def mpirun_command(cluster: Cluster, command: Sequence[str]) -> list[str]:
+    """mpirun over TCP between the namespaces; each rank enters its own namespace first."""
+    enter = ('exec ip netns exec "$NS_PREFIX-$OMPI_COMM_WORLD_RANK" "$@"')
+    return [
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(cluster.workers),
+        "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "coll", "^sm,han",
+        "--mca", "btl_tcp_if_include", cluster.network,
+        "--mca", "oob_tcp_if_include", cluster.bridge,
+        "-x", f"NS_PREFIX={cluster.prefix}", "-x", "OMP_NUM_THREADS=1", "-x", "PYTHONPATH",
+        "-x", "TF_CPP_MIN_LOG_LEVEL=3",
+        "sh", "-c", enter, "sh", *command,
+    ]
+
+
+def run_in_cluster(cluster: Cluster, command: Sequence[str], timeout_s: float) -> int:
+    """Runs `command` on every rank; kills the whole job past timeout_s. Returns mpirun's exit
+    status (124 on timeout)."""
+    env = dict(os.environ, PMIX_MCA_ptl_tcp_if_include=cluster.bridge,
+               PMIX_MCA_ptl_tcp_remote_connections="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(),
+                                                        os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen(mpirun_command(cluster, command), env=env,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"emulated_cluster: the command ran past {timeout_s} s; killing it",
+              file=sys.stderr, flush=True)
+        return 124
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4, help="MPI ranks, one per namespace")
+    parser.add_argument("--rate", default="1gbit", help="each link's rate, each way (tc units)")
+    parser.add_argument("--delay", default=None,
+                        help="one-way added latency per link, e.g. 0.1ms (needs sch_netem)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds before the job is "
+                        "killed and everything torn down")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- then the command every rank runs")
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("give the command every rank runs after --")
+    return args
+
+
+def _raise_on_signal(number: int, _frame: object) -> None:
+    raise SystemExit(128 + number)  # unwinds through emulated_cluster's teardown
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    try:
+        with emulated_cluster(args.workers, args.rate, args.delay) as cluster:
+            print(f"emulated_cluster: {args.workers} workers in namespaces {cluster.prefix}-*, "
+                  f"links {args.rate} each way, added delay {args.delay or 'none'}", flush=True)
+            status = run_in_cluster(cluster, args.command, args.timeout)
+            for rank, (sent, received) in enumerate(cluster.link_bytes()):
+                print(f"emulated_cluster: rank {rank} link sent {sent:,} B, received "
+                      f"{received:,} B", flush=True)
+    except ClusterError as error:
+        print(f"emulated_cluster: {error}", file=sys.stderr)
+        return 2
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
