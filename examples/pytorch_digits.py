@@ -15,6 +15,7 @@ parameters, so that the replicas can be checked to be bitwise identical (see dig
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Optional
 
 import digits_common
@@ -39,7 +40,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                              "PATH.rank<r> (sparse compression keeps a residual per worker)")
     parser.add_argument("--resume", metavar="PATH", default=None,
                         help="resume from the files --checkpoint PATH wrote (same worker count)")
+    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+                        help="topk/gtopk: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
+                             "the stages above --density) spread over the first N epochs")
+    parser.add_argument("--momentum-correction", action="store_true",
+                        help="topk/gtopk: DGC's momentum correction (the momentum moves from "
+                             "SGD into the sparsified accumulation)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--history", metavar="PATH", default=None,
+                        help="rank 0 writes each epoch's training loss (mean over workers), "
+                             "test loss and test accuracy to PATH as JSON")
     args = parser.parse_args(argv)
     if args.backward_passes_per_step < 1:
         parser.error("--backward-passes-per-step must be at least 1")
@@ -67,7 +77,7 @@ def build_model(seed: int) -> nn.Module:
 
 
 def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
-                          model: nn.Module) -> torch.optim.Optimizer:
+                          model: nn.Module, steps_per_epoch: int) -> torch.optim.Optimizer:
     """The one place that differs from a plain Horovod script."""
     if args.compression in ("none", "fp16"):
         compression = getattr(hvd.Compression, args.compression)
@@ -77,9 +87,14 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
     import gtopk_hvd.torch as gtopk  # only needed for the sparsified optimizers
 
     factory = gtopk.Compression.gtopk if args.compression == "gtopk" else gtopk.Compression.topk
+    stages = tuple(density for density in gtopk.DGC_WARMUP if density > args.density)
+    stage_steps = round(args.warmup_epochs * steps_per_epoch / len(stages)) if stages else 0
+    compression = factory(density=args.density, warmup_densities=stages,
+                          warmup_steps=stage_steps if args.warmup_epochs > 0 else 0,
+                          momentum_correction=args.momentum_correction,
+                          momentum=args.momentum)
     return gtopk.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=factory(density=args.density),
+        optimizer, named_parameters=model.named_parameters(), compression=compression,
         backward_passes_per_step=args.backward_passes_per_step)
 
 
@@ -155,24 +170,36 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     model = build_model(args.seed)
+    corrected = args.momentum_correction and args.compression in ("topk", "gtopk")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
-                                momentum=args.momentum)
-    optimizer = distributed_optimizer(args, optimizer, model)
+                                momentum=0.0 if corrected else args.momentum)
+    optimizer = distributed_optimizer(args, optimizer, model, len(loader))
     if args.resume:  # after wrapping: the sparse optimizer's state holds this worker's residual
         load_checkpoint(args.resume, model, optimizer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     show = rank == 0 and not args.quiet
+    history = []
     with tqdm(total=args.epochs * len(loader), disable=not show, desc="train") as progress:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             train_loss = train_epoch(model, optimizer, loader, args.backward_passes_per_step,
                                      progress)
-            if show:
+            if args.history:  # every worker: the mean is a collective
+                train_loss = hvd.allreduce(torch.tensor(train_loss), op=hvd.Average,
+                                           name="train_loss").item()
+            if rank == 0 and (show or args.history):
                 accuracy, test_loss = evaluate(model, test_set)
-                progress.write(f"epoch {epoch + 1}/{args.epochs} train_loss={train_loss:.4f} "
-                               f"test_loss={test_loss:.4f} test_accuracy={accuracy:.4f}")
+                history.append({"epoch": epoch + 1, "train_loss": train_loss,
+                                "test_loss": test_loss, "test_accuracy": accuracy})
+                if show:
+                    progress.write(f"epoch {epoch + 1}/{args.epochs} train_loss="
+                                   f"{train_loss:.4f} test_loss={test_loss:.4f} "
+                                   f"test_accuracy={accuracy:.4f}")
+    if rank == 0 and args.history:
+        with open(args.history, "w") as file:
+            json.dump(history, file, indent=1)
 
     hvd.barrier()  # rank 0's progress bar is closed before any rank prints its results
     accuracy, test_loss = evaluate(model, test_set)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -34,3 +35,16 @@ def test_pytorch_digits_gtopk_reaches_95_percent(workers: int) -> None:
     k = -(-int(fields["params"]) // 100)  # ceil(0.01 * d)
     if workers == 4:  # log2(4) rounds of k entries, 8 bytes each
         assert int(fields["bytes_per_step"]) == 2 * 8 * k, fields
+
+
+def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
+    history_path = tmp_path / "history.json"
+    output = run_mpi("examples/pytorch_digits.py", 4, "--compression", "gtopk", "--density",
+                     "0.001", "--epochs", "4", "--warmup-epochs", "2", "--momentum-correction",
+                     "--history", str(history_path), "--quiet", timeout_s=600)
+    fields = parse_digits_run(output, 4)
+    history = json.loads(history_path.read_text())
+    assert [epoch["epoch"] for epoch in history] == [1, 2, 3, 4]
+    assert abs(history[-1]["test_accuracy"] - float(fields["test_accuracy"])) < 1e-4
+    assert all(epoch["train_loss"] > 0 for epoch in history)
+    assert float(fields["density"]) == 0.001  # the warm-up stages are over by the last step
