@@ -3,7 +3,14 @@
     flat = concat(reshape(float32(g_i), [-1]) for every source i)      (None: n_i zeros;
                                                                         IndexedSlices: densified)
     update = GTopkState.step(flat)        (numpy: selection, reduction, residual; see sparse_state)
-    result_i = cast(reshape(update[o_i : o_i + n_i], shape_i), dtype_i)   (None where g_i was)
+    result_i = cast(reshape(update[o_i : o_i + n_i], shape_i), dtype_i)   (for every source)
+
+A source whose gradient is None on this worker (unused, or used only on some workers by a
+rank-dependent branch) contributes zeros and still gets the reduced update back, as
+horovod.torch does for parameters without gradients: every worker returns a tensor for every
+source, the same on all, so replicas cannot diverge by some workers skipping an update that the
+others apply. Where no worker had a gradient the update is zero (residuals of earlier steps
+aside); an optimizer then applies a zero gradient (weight decay and momentum still act).
 
 Eagerly the numpy step runs directly. Inside a tf.function it runs in `tf.py_function`: the
 graph stops there, the fused gradient (d float32 values) is copied to the host and read as numpy,
@@ -103,8 +110,9 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
                      ) -> tuple[list[Any], Any]:
     """The sparse all-reduce of `gradients` (one per source, None allowed): module docstring.
 
-    Returns (reduced gradients, applied): tensors shaped and typed like the sources (None where
-    the gradient was None), and whether this call completed a step. With passes > 1, the first
+    Returns (reduced gradients, applied): tensors shaped and typed like the sources, one for
+    every source, also where this worker's gradient was None (it contributed zeros: module
+    docstring), and whether this call completed a step. With passes > 1, the first
     passes - 1 calls of every `passes` only accumulate locally, return zeros and applied False.
     `applied` is a Python bool eagerly, and inside a tf.function a scalar bool tensor (the
     constant True when passes == 1).
@@ -135,8 +143,8 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
         if passes == 1:
             applied = True
     pieces = tf.split(update, sizes) if len(sizes) > 1 else [update]
-    reduced = [None if gradient is None else tf.cast(tf.reshape(piece, shape), dtype)
-               for gradient, piece, shape, dtype in zip(gradients, pieces, shapes, dtypes)]
+    reduced = [tf.cast(tf.reshape(piece, shape), dtype)
+               for piece, shape, dtype in zip(pieces, shapes, dtypes)]
     return reduced, applied
 
 

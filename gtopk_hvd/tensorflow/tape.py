@@ -9,8 +9,9 @@ tape, fuses them into one float32 vector in source order (None gradients as zero
 densified), runs one sparse step (selection with error feedback, the sparse all-reduce, the
 residual fix: `gtopk_hvd.sparse_state`) and returns dense tensors shaped and typed like the
 sources holding the global update, zeros elsewhere, averaged over workers (op=Average) or summed
-(op=Sum); None where the local gradient was None, as Horovod does. Every worker gets the same
-values, so identical optimizers make identical updates. Inside a tf.function the numpy step runs
+(op=Sum); a tensor also where the local gradient was None (that worker contributed zeros), as
+horovod.torch does for parameters without gradients. Every worker gets the same values for every
+source, so identical optimizers make identical updates. Inside a tf.function the numpy step runs
 in tf.py_function (see `gtopk_hvd.tensorflow.gradients`: one host round trip and a graph break
 per step; no XLA).
 

@@ -183,8 +183,9 @@ def check_density_one_equals_dense_average() -> None:
 
 
 def check_embedding_and_unused_gradients() -> None:
-    """IndexedSlices (Embedding) are densified; an unused source gets None back, and its zeros
-    keep the fused layout the same on every worker. Density 1: Horovod's dense result."""
+    """IndexedSlices (Embedding) are densified; an unused source contributes zeros and gets a
+    zero update back (not None: every worker returns a tensor for every source). Density 1:
+    Horovod's dense result."""
     unused = tf.Variable(tf.zeros([3]), name="unused")
     for op, predivide, graph in ((hvd.Average, 1.0, False), (hvd.Average, 1.0, True),
                                  (hvd.Sum, 1.0, True), (hvd.Average, 2.0, False)):
@@ -196,11 +197,66 @@ def check_embedding_and_unused_gradients() -> None:
         assert isinstance(local_gradients[0], tf.IndexedSlices), type(local_gradients[0])
         assert local_gradients[-1] is None
         reduced = (tf.function(ours) if graph else ours)(x, y)
-        assert reduced[-1] is None, reduced[-1]
-        for got, gradient, source in zip(reduced[:-1], local_gradients[:-1], sources):
+        local_gradients[-1] = tf.zeros_like(unused)
+        for got, gradient, source in zip(reduced, local_gradients, sources):
             assert isinstance(got, tf.Tensor) and got.shape == source.shape, (got, graph)
+            assert got.dtype == source.dtype, (got.dtype, source.dtype)
             expected = hvd.allreduce(tf.convert_to_tensor(gradient), op=op)
             np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+        assert not np.any(reduced[-1].numpy()), reduced[-1]
+
+
+def check_source_used_on_one_rank_only() -> None:
+    """A source with a gradient on rank 0 only (a branch on hvd.rank()): the other workers
+    contribute zeros and apply the same update, so replicas stay bitwise identical, through the
+    tape (eager and tf.function) and the keras optimizer. Density 1: Horovod's dense average
+    with zeros from the workers without a gradient."""
+    for path, graph, density in (("tape", False, 1.0), ("tape", False, 0.05),
+                                 ("tape", True, 0.05), ("keras", True, 0.05)):
+        train_with_a_rank0_only_source(path, graph, density)
+
+
+def train_with_a_rank0_only_source(path: str, graph: bool, density: float) -> None:
+    model = make_model()
+    side = keras.layers.Dense(4, use_bias=False)
+    side.build((None, 20))
+    side.kernel.assign(np.full((20, 4), 0.01, dtype=np.float32))
+    sources = [*model.trainable_variables, side.kernel]
+    compression = gtopk.Compression.gtopk(density)
+    optimizer = sgd(0.05, momentum=0.9)
+    if path == "keras":
+        optimizer = gtopk_keras.DistributedOptimizer(optimizer, compression=compression)
+    state = gtopk.GTopkState()
+
+    def gradients_of(x: tf.Tensor, y: tf.Tensor, distributed: bool = True) -> list:
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            if hvd.rank() == 0:  # traced per rank: the others never touch side.kernel
+                logits += side(x)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        if distributed and path == "tape":
+            tape = gtopk.DistributedGradientTape(tape, compression=compression,
+                                                 gtopk_state=state)
+        return tape.gradient(loss, sources)
+
+    def step(x: tf.Tensor, y: tf.Tensor) -> None:
+        optimizer.apply_gradients(zip(gradients_of(x, y), sources))
+
+    what = f"{path} graph={graph} density={density}"
+    if density == 1.0:
+        x, y = batch(0, hvd.rank())
+        local = gradients_of(x, y, distributed=False)
+        assert (local[-1] is None) == (hvd.rank() != 0), local[-1]
+        expected = hvd.allreduce(tf.zeros_like(side.kernel) if local[-1] is None
+                                 else local[-1], op=hvd.Average)
+        got = gradients_of(x, y)[-1]
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-7,
+                                   err_msg=what)
+        assert np.any(got.numpy()), what
+    initial = variable_bytes([side.kernel])
+    train(tf.function(step) if graph else step, range(6))
+    assert_same_on_all_ranks([*model.variables, side.kernel], what)
+    assert variable_bytes([side.kernel]) != initial, f"{what}: side.kernel never changed"
 
 
 def embedding_gradients(model: keras.Model, sources: list, op: object,
@@ -370,6 +426,7 @@ def main() -> None:
     timed(check_implicit_state_persists_across_tapes)
     timed(check_density_one_equals_dense_average)
     timed(check_embedding_and_unused_gradients)
+    timed(check_source_used_on_one_rank_only)
     timed(check_checkpoint_resume_is_exact)
     timed(check_nan_on_one_rank_raises_on_all)
     timed(check_disagreeing_ranks_fail_everywhere)
