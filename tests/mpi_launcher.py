@@ -1,4 +1,5 @@
-"""Runs a script under real OpenMPI (`mpirun -np N`) with a hard time limit, for the tests.
+"""Runs a script under real OpenMPI (`mpirun -np N`) with a hard time limit, for the tests
+(`run_with_time_limit` runs any other command, e.g. `horovodrun`, the same way).
 
 Each MPI program in tests/mpi/ checks its own results on every rank and exits non-zero on any
 failure; mpirun then exits non-zero too. On timeout the whole process group (mpirun and every
@@ -27,13 +28,11 @@ def mpirun_command(n_workers: int, program: list[str]) -> list[str]:
     ]
 
 
-def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300) -> str:
-    """Runs tests/mpi/<script> (or <script> relative to the repository root) on n_workers
-    ranks; returns its output, or fails the test."""
-    path = MPI_PROGRAMS / script if (MPI_PROGRAMS / script).exists() else REPO_ROOT / script
+def run_with_time_limit(command: list[str], timeout_s: float, what: str) -> tuple[int, str]:
+    """Runs `command` in its own session with tests/ on PYTHONPATH; returns (exit status,
+    stdout and stderr together). Past timeout_s, kills its whole process group and fails."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
-    command = mpirun_command(n_workers, [sys.executable, str(path), *args])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env=env, start_new_session=True)
     try:
@@ -41,9 +40,18 @@ def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300) -> 
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        raise AssertionError(f"{script} on {n_workers} workers did not finish in {timeout_s} s; "
-                             f"killed. Output:\n{output[-6000:]}") from None
-    if process.returncode != 0:
-        raise AssertionError(f"{script} on {n_workers} workers exited with "
-                             f"{process.returncode}. Output:\n{output[-6000:]}")
+        raise AssertionError(f"{what} did not finish in {timeout_s} s; killed. "
+                             f"Output:\n{output[-6000:]}") from None
+    return process.returncode, output
+
+
+def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300) -> str:
+    """Runs tests/mpi/<script> (or <script> relative to the repository root) on n_workers
+    ranks; returns its output, or fails the test."""
+    path = MPI_PROGRAMS / script if (MPI_PROGRAMS / script).exists() else REPO_ROOT / script
+    command = mpirun_command(n_workers, [sys.executable, str(path), *args])
+    what = f"{script} on {n_workers} workers"
+    returncode, output = run_with_time_limit(command, timeout_s, what)
+    if returncode != 0:
+        raise AssertionError(f"{what} exited with {returncode}. Output:\n{output[-6000:]}")
     return output

@@ -4,12 +4,16 @@ ends the job (harness.run_on_all_ranks)."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 
 import horovod.torch as hvd
 import torch
 from harness import run_on_all_ranks
+from torch_replicas import (
+    assert_same_on_all_ranks,
+    average_gradients_with_horovod,
+    parameter_bytes,
+)
 
 import gtopk_hvd.torch as gtopk
 
@@ -38,16 +42,6 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range
         for part_x, part_y in zip(x.chunk(passes), y.chunk(passes)):
             (torch.nn.functional.cross_entropy(model(part_x), part_y) / passes).backward()
         optimizer.step()
-
-
-def parameter_bytes(model: torch.nn.Module) -> bytes:
-    return b"".join(p.detach().numpy().tobytes() for p in model.state_dict().values())
-
-
-def assert_same_on_all_ranks(model: torch.nn.Module, what: str) -> None:
-    digest = hashlib.sha256(parameter_bytes(model)).hexdigest()
-    everyone = hvd.allgather_object(digest)
-    assert len(set(everyone)) == 1, f"{what}: replicas differ: {everyone}"
 
 
 def check_replicas_stay_identical() -> None:
@@ -84,8 +78,7 @@ def check_density_one_equals_dense_average() -> None:
             x, y = batch(step, hvd.rank())
             plain.zero_grad()
             torch.nn.functional.cross_entropy(reference(x), y).backward()
-            for parameter in reference.parameters():  # the dense average, by Horovod
-                parameter.grad = hvd.allreduce(parameter.grad, op=hvd.Average)
+            average_gradients_with_horovod(reference.parameters())
             plain.step()
         for a, b in zip(ours.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
