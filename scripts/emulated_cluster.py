@@ -95,7 +95,7 @@ def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> 
     measured here at 1 Gbit/s, a 200 KB message then takes 1.5 ms (ideal 1.6 ms; a 125 KB bucket
     lets it through in 0.9 ms) and bulk transfers reach 0.84 Gbit/s (16 KB: 0.6 Gbit/s, as
     64 KB segments must be split)."""
-    burst = max(int(_rate_bits(rate) / 8 / 2000), 2 * 1514 + 64)
+    burst = max(int(rate_bits(rate) / 8 / 2000), 2 * 1514 + 64)
     exec_in = ["ip", "netns", "exec", namespace] if namespace else []
     tbf = ["tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
     if delay:
@@ -107,7 +107,8 @@ def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> 
         _run([*exec_in, "tc", "qdisc", "add", "dev", device, "root", *tbf])
 
 
-def _rate_bits(rate: str) -> float:
+def rate_bits(rate: str) -> float:
+    """A tc rate ("1gbit", "100mbit", ...) in bits per second."""
     number, unit = RATE_PATTERN.match(rate).group(0, 2)
     scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
     return float(number[: -len(unit)]) * scale

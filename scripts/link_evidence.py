@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/link_evidence.py                 # measure P = 2, 4, 8, then model
     .venv/bin/python scripts/link_evidence.py --skip-measure  # model and plot the saved JSON
+    .venv/bin/python scripts/link_evidence.py --rate 100mbit --repeats 3 --scale-to 1gbit
 
 Measuring runs `python -m gtopk_hvd.bench comm` (gradient sizes 0.27M / 14.7M / 25.6M, densities
 0.001 / 0.01) in an emulated cluster (scripts/emulated_cluster.py: one network namespace per
@@ -10,6 +11,14 @@ Modelling fits each scheme's (alpha, beta) (gtopk_hvd/bench/cost_model.py) to th
 in --fit-workers, prints its error on the held-out ones, extrapolates to P = 16..1024 and plots
 communication time and scaling efficiency for the --model gradient size at --density, with the
 paper's setting (32 workers, 1 Gbps) marked.
+
+The emulation is only as fast as the host: every byte crosses the kernel twice (veth, bridge,
+token bucket) on the machine's few cores, so P links of RATE are faithful only while P x RATE
+stays well below what the host moves (here, 2 cores: about 14 Gbit/s for one unshaped stream;
+at 1 Gbit/s and P = 8 the dense all-reduce got 0.23 Gbit/s per link). --scale-to measures at a
+low rate where the links are the bottleneck and extrapolates with beta scaled by the rate ratio
+(alpha unchanged): the CPU's per-byte share of beta is then scaled too, a small error at
+100 Mbit/s, where sending a byte costs 80 ns.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", default="1gbit", help="link rate each way (tc units)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per worker count")
-    parser.add_argument("--out", type=Path, default=Path("results/links"))
+    parser.add_argument("--out", type=Path, default=None, help="default: results/links_<rate>")
+    parser.add_argument("--scale-to", default=None, metavar="RATE",
+                        help="extrapolate to links of RATE (beta x measured rate / RATE)")
     parser.add_argument("--skip-measure", action="store_true", help="model the saved JSON only")
     parser.add_argument("--fit-workers", type=int, nargs="+", default=[2, 4],
                         help="worker counts the model is fitted to; the others check it")
@@ -49,7 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--compute-s", type=float, default=0.25,
                         help="assumed computation seconds per step for the scaling efficiency")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.out = args.out or Path(f"results/links_{args.rate}")
+    return args
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -133,8 +146,9 @@ def plot(models: dict[str, cost_model.LinkModel], rows: list[dict], args: argpar
         seconds = [model.seconds(p, d, k) for p in EXTRAPOLATED_WORKERS]
         line, = times.plot(EXTRAPOLATED_WORKERS, seconds, label=LABELS[scheme])
         measured = [m for m in rows if m["model"] == args.model and m["density"] == args.density]
-        times.scatter([m["workers"] for m in measured], [m[f"{scheme}_s"] for m in measured],
-                      color=line.get_color(), marker="o", zorder=3)
+        if not args.scale_to:  # measured on other links than the lines show otherwise
+            times.scatter([m["workers"] for m in measured], [m[f"{scheme}_s"] for m in measured],
+                          color=line.get_color(), marker="o", zorder=3)
         efficiency.plot(EXTRAPOLATED_WORKERS,
                         [cost_model.scaling_efficiency(model, p, d, k, args.compute_s, select_s)
                          for p in EXTRAPOLATED_WORKERS], label=LABELS[scheme])
@@ -145,8 +159,10 @@ def plot(models: dict[str, cost_model.LinkModel], rows: list[dict], args: argpar
         axis.grid(True, which="both", alpha=0.3)
     times.set_yscale("log")
     times.set_ylabel("communication per step (s)")
-    times.set_title(f"{args.model} (d = {d:,}), density {args.density}, {args.rate} links\n"
-                    "lines: fitted model; dots: measured; dashed: paper's 32 workers")
+    links = (f"{args.scale_to} links (fitted on {args.rate}, beta scaled)" if args.scale_to
+             else f"{args.rate} links; dots: measured")
+    times.set_title(f"{args.model} (d = {d:,}), density {args.density}\n"
+                    f"{links}; dashed: paper's 32 workers", fontsize=10)
     efficiency.set_ylabel("scaling efficiency")
     efficiency.set_ylim(0, 1.02)
     efficiency.set_title(f"t_compute = {args.compute_s} s (assumed), "
@@ -183,10 +199,16 @@ def main() -> None:
     rows = load(args.out)
     report_measurements(rows)
     models = fit_models(rows, args.fit_workers)
+    if args.scale_to:
+        ratio = emulated_cluster.rate_bits(args.rate) / emulated_cluster.rate_bits(args.scale_to)
+        models = {scheme: cost_model.LinkModel(scheme, model.alpha, model.beta * ratio)
+                  for scheme, model in models.items()}
+        print(f"\nbeta scaled by {ratio:g} from {args.rate} to {args.scale_to} links")
     d = MODELS[args.model]
     select_s = selection_seconds(d, max(1, int(d * args.density)))
     report_extrapolation(models, args, select_s)
-    plot(models, rows, args, select_s, args.out / f"scaling_{args.model}.png")
+    suffix = f"_at_{args.scale_to}" if args.scale_to else ""
+    plot(models, rows, args, select_s, args.out / f"scaling_{args.model}{suffix}.png")
 
 
 if __name__ == "__main__":
