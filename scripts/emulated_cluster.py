@@ -184,10 +184,25 @@ def mpirun_command(cluster: Cluster, command: Sequence[str]) -> list[str]:
     ]
 
 
+def _without_launcher_variables(environment: dict[str, str]) -> dict[str, str]:
+    """The environment without what an MPI launcher gave this process (e.g. a Python that
+    imported mpi4py, an MPI singleton): inherited, those make mpirun's ranks join the wrong job.
+    The user's own MCA settings (OMPI_MCA_*, PMIX_MCA_*) stay, except the launcher's."""
+    def from_launcher(name: str) -> bool:
+        if name.startswith(("OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix")):
+            return True
+        if name.startswith(("OMPI_MCA_", "PMIX_MCA_")):
+            return False
+        return name.startswith(("PMIX_", "ORTE_", "OMPI_", "PRTE_"))
+
+    return {name: value for name, value in environment.items() if not from_launcher(name)}
+
+
 def run_in_cluster(cluster: Cluster, command: Sequence[str], timeout_s: float) -> int:
     """Runs `command` on every rank; kills the whole job past timeout_s. Returns mpirun's exit
     status (124 on timeout)."""
-    env = dict(os.environ, PMIX_MCA_ptl_tcp_if_include=cluster.bridge,
+    env = dict(_without_launcher_variables(os.environ),
+               PMIX_MCA_ptl_tcp_if_include=cluster.bridge,
                PMIX_MCA_ptl_tcp_remote_connections="1",
                PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(),
                                                         os.environ.get("PYTHONPATH")])))
