@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from gtopk_hvd._mpirun import stop_mpirun
+
 REPO = Path(__file__).resolve().parent.parent
 DGC_OPTIONS = ("--momentum-correction", "--warmup-epochs", "3")
 RUNS = (("none", 1.0, False),
@@ -55,11 +57,19 @@ def train(args: argparse.Namespace, compression: str, density: float, dgc: bool)
                str(args.epochs), "--seed", str(args.seed), "--quiet",
                "--history", str(args.out / f"{name}.json"), *(DGC_OPTIONS if dgc else ())]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    if done.returncode != 0:
-        raise SystemExit(f"convergence: run {name} failed (exit {done.returncode}):\n"
-                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    result = re.search(r"^RESULT .*$", done.stdout, re.MULTILINE)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        stop_mpirun(process)
+        output, _ = process.communicate()
+        raise SystemExit(f"convergence: run {name} ran past {args.timeout} s; killed:\n"
+                         f"{output[-3000:]}") from None
+    if process.returncode != 0:
+        raise SystemExit(f"convergence: run {name} failed (exit {process.returncode}):\n"
+                         f"{output[-3000:]}")
+    result = re.search(r"^RESULT .*$", output, re.MULTILINE)
     (args.out / f"{name}.result").write_text(result.group(0) + "\n")
     print(f"convergence: {name} in {time.monotonic() - start:.0f} s: {result.group(0)}",
           flush=True)

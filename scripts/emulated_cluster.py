@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from gtopk_hvd._mpirun import stop_mpirun
+
 RATE_PATTERN = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit)$")
 DELAY_PATTERN = re.compile(r"^\d+(\.\d+)?(us|ms)$")
 
@@ -215,9 +217,7 @@ def run_in_cluster(cluster: Cluster, command: Sequence[str], timeout_s: float) -
               file=sys.stderr, flush=True)
         return 124
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_mpirun(process)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

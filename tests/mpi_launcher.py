@@ -9,10 +9,11 @@ rank) is killed and the test fails with the output so far.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from gtopk_hvd._mpirun import stop_mpirun
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -38,7 +39,7 @@ def run_with_time_limit(command: list[str], timeout_s: float, what: str) -> tupl
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        stop_mpirun(process)  # mpirun ends the ranks, which have process groups of their own
         output, _ = process.communicate()
         raise AssertionError(f"{what} did not finish in {timeout_s} s; killed. "
                              f"Output:\n{output[-6000:]}") from None

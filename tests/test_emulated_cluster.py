@@ -31,6 +31,10 @@ def run_cluster(*arguments: str, timeout_s: float = 120) -> tuple[int, str, str]
     return done.returncode, output, prefix.group(1) if prefix else ""
 
 
+def ranks_still_running(marker: str) -> str:
+    return subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+
+
 def leftovers(prefix: str) -> list[str]:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -64,11 +68,13 @@ def test_a_failing_command_still_removes_everything() -> None:
 
 def test_a_command_past_its_time_limit_is_killed_and_everything_removed() -> None:
     start = time.monotonic()
-    status, output, prefix = run_cluster("--workers", "2", "--timeout", "5", "--",
-                                         sys.executable, "-c", "import time; time.sleep(300)")
+    marker = f"gtopk-cluster-timeout-{os.getpid()}"  # no regex characters: pgrep -f reads one
+    status, output, prefix = run_cluster("--workers", "2", "--timeout", "5", "--", sys.executable,
+                                         "-c", f"import time; time.sleep(300)  # {marker}")
     assert status == 124, output
     assert "ran past 5.0 s" in output and time.monotonic() - start < 60
     assert leftovers(prefix) == []
+    assert ranks_still_running(marker) == ""
 
 
 def test_bad_options_are_named() -> None:

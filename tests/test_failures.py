@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
-from mpi_launcher import run_mpi
+from mpi_launcher import mpirun_command, run_mpi, run_with_time_limit
 
 
 def test_a_worker_raising_mid_training_ends_the_job_with_its_error() -> None:
@@ -17,3 +20,14 @@ def test_a_worker_raising_mid_training_ends_the_job_with_its_error() -> None:
     assert "worker 1 failed while loading its next batch" in message, message
     assert "aborting the MPI job" in message, message
     assert time.monotonic() - start < 100
+
+
+def test_a_job_past_its_time_limit_is_ended_with_every_rank() -> None:
+    marker = f"gtopk-launcher-timeout-{os.getpid()}"  # no regex characters: pgrep -f reads one
+    script = f"import time; time.sleep(300)  # {marker}"
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="did not finish in 5 s; killed"):
+        run_with_time_limit(mpirun_command(2, [sys.executable, "-c", script]), 5, "sleeper")
+    assert time.monotonic() - start < 60
+    survivors = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    assert survivors == "", f"ranks outlived mpirun: {survivors}"
