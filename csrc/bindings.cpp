@@ -104,7 +104,8 @@ py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>
 }
 
 py::tuple accumulate_select(const py::array& gradient, py::array& residual, int64_t k,
-                            const std::optional<py::array>& hint, const std::string& value_type) {
+                            const std::optional<py::array>& hint, const std::string& value_type,
+                            bool clear_gradient) {
     require_contiguous_1d(gradient, "gradient");
     require_contiguous_1d(residual, "residual");
     require_nonnegative(k);
@@ -112,6 +113,13 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
         throw py::value_error("gradient and residual must have the same length and dtype");
     }
     if (!residual.writeable()) throw py::value_error("residual must be writeable");
+    if (clear_gradient && !gradient.writeable()) {
+        throw py::value_error("gradient must be writeable to be cleared");
+    }
+    if (clear_gradient && gradient.data() == residual.data()) {
+        throw py::value_error("gradient and residual must not be the same array when the "
+                              "gradient is cleared");
+    }
     if (hint && (hint->size() != 1 || hint->itemsize() != gradient.itemsize())) {
         throw py::value_error("threshold_hint must be one value of the gradient's dtype");
     }
@@ -119,7 +127,8 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
     const int64_t n = std::min(k, d);
     return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
-        const T* g = static_cast<const T*>(gradient.data());
+        // Written only when clear_gradient, which required a writeable array above.
+        T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
         T* r = static_cast<T*>(residual.mutable_data());
         const T* hint_ptr = hint ? static_cast<const T*>(hint->data()) : nullptr;
         py::array values = empty_like_values(gradient, n);
@@ -131,7 +140,7 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
             {
                 py::gil_scoped_release release;
                 gtopk::cpu::accumulate_select<T, Index>(g, r, d, k, hint_ptr, out_index,
-                                                        out_value);
+                                                        out_value, clear_gradient);
             }
             return py::make_tuple(indices, values);
         };
@@ -161,13 +170,36 @@ void require_pair(const py::array& index, const py::array& value, const char* na
     }
 }
 
+// out (optional): (indices, values) arrays of at least min(k, n_a + n_b) entries, of the sets'
+// dtypes, that receive the result; the returned arrays are then views of their first n entries.
 py::tuple merge_topk(const py::array& index_a, const py::array& value_a, const py::array& index_b,
-                     const py::array& value_b, int64_t k, const std::string& value_type) {
+                     const py::array& value_b, int64_t k, const std::string& value_type,
+                     const std::optional<py::array>& out_index,
+                     const std::optional<py::array>& out_value) {
     require_pair(index_a, value_a, "set a");
     require_pair(index_b, value_b, "set b");
     require_nonnegative(k);
     if (!index_a.dtype().is(index_b.dtype()) || !value_a.dtype().is(value_b.dtype())) {
         throw py::type_error("sets a and b must have the same index dtype and value dtype");
+    }
+    const int64_t n_a = index_a.shape(0), n_b = index_b.shape(0);
+    const int64_t capacity = std::min(k, n_a + n_b);
+    if (out_index.has_value() != out_value.has_value()) {
+        throw py::value_error("out needs both an index array and a value array");
+    }
+    if (out_index) {
+        require_contiguous_1d(*out_index, "out indices");
+        require_contiguous_1d(*out_value, "out values");
+        if (!out_index->dtype().is(index_a.dtype()) || !out_value->dtype().is(value_a.dtype())) {
+            throw py::type_error("out arrays must have the sets' index dtype and value dtype");
+        }
+        if (out_index->shape(0) < capacity || out_value->shape(0) < capacity) {
+            throw py::value_error("out arrays hold fewer than min(k, n_a + n_b) = " +
+                                  std::to_string(capacity) + " entries");
+        }
+        if (!out_index->writeable() || !out_value->writeable()) {
+            throw py::value_error("out arrays must be writeable");
+        }
     }
     return with_index_type(index_a, [&](auto index_tag) -> py::tuple {
         using Index = decltype(index_tag);
@@ -175,24 +207,49 @@ py::tuple merge_topk(const py::array& index_a, const py::array& value_a, const p
         require_sorted_unique<Index>(index_b, "indices of set b");
         return with_value_type(value_type, value_a, true, [&](auto tag) -> py::tuple {
             using T = decltype(tag);
-            const int64_t n_a = index_a.shape(0), n_b = index_b.shape(0);
-            const int64_t capacity = std::min(k, n_a + n_b);
-            py::array_t<Index> indices(capacity);
-            py::array values = empty_like_values(value_a, capacity);
+            py::array indices = out_index ? *out_index : py::array(py::array_t<Index>(capacity));
+            py::array values = out_value ? *out_value : empty_like_values(value_a, capacity);
             int64_t n;
             {
                 py::gil_scoped_release release;
                 n = gtopk::cpu::merge_topk<T, Index>(
                     static_cast<const Index*>(index_a.data()), static_cast<const T*>(value_a.data()),
                     n_a, static_cast<const Index*>(index_b.data()),
-                    static_cast<const T*>(value_b.data()), n_b, k, indices.mutable_data(),
+                    static_cast<const T*>(value_b.data()), n_b, k,
+                    static_cast<Index*>(indices.mutable_data()),
                     static_cast<T*>(values.mutable_data()));
             }
-            if (n < capacity) {
-                indices.resize({static_cast<py::ssize_t>(n)});
-                values.resize({static_cast<py::ssize_t>(n)});
+            if (out_index || n < capacity) {
+                py::slice first(0, n, 1);
+                return py::make_tuple(indices[first], values[first]);
             }
             return py::make_tuple(indices, values);
+        });
+    });
+}
+
+void write_sparse(py::array& dest, const py::array& index, const py::array& value,
+                  const std::string& value_type) {
+    require_contiguous_1d(dest, "dest");
+    require_pair(index, value, "sparse set");
+    if (!dest.writeable()) throw py::value_error("dest must be writeable");
+    if (!dest.dtype().is(value.dtype())) {
+        throw py::type_error("dest and values must have the same dtype");
+    }
+    with_index_type(index, [&](auto index_tag) -> py::object {
+        using Index = decltype(index_tag);
+        require_sorted_unique<Index>(index, "indices");
+        const Index* idx = static_cast<const Index*>(index.data());
+        const int64_t d = dest.shape(0), n = index.shape(0);
+        if (n > 0 && (idx[0] < 0 || idx[n - 1] >= d)) {
+            throw py::index_error("indices out of range for dest of length " + std::to_string(d));
+        }
+        return with_value_type(value_type, value, true, [&](auto tag) -> py::object {
+            using T = decltype(tag);
+            py::gil_scoped_release release;
+            gtopk::cpu::write_sparse<T, Index>(static_cast<T*>(dest.mutable_data()), d, idx,
+                                               static_cast<const T*>(value.data()), n);
+            return py::none();
         });
     });
 }
@@ -314,9 +371,16 @@ PYBIND11_MODULE(_C, m) {
     m.def("topk_abs", &topk_abs, py::arg("x"), py::arg("k"), py::arg("threshold_hint"),
           py::arg("value_type"));
     m.def("accumulate_select", &accumulate_select, py::arg("gradient"), py::arg("residual"),
-          py::arg("k"), py::arg("threshold_hint"), py::arg("value_type"));
+          py::arg("k"), py::arg("threshold_hint"), py::arg("value_type"),
+          py::arg("clear_gradient") = false);
     m.def("merge_topk", &merge_topk, py::arg("index_a"), py::arg("value_a"), py::arg("index_b"),
-          py::arg("value_b"), py::arg("k"), py::arg("value_type"));
+          py::arg("value_b"), py::arg("k"), py::arg("value_type"),
+          py::arg("out_index") = py::none(), py::arg("out_value") = py::none());
+    m.def("write_sparse", &write_sparse, py::arg("dest"), py::arg("index"), py::arg("value"),
+          py::arg("value_type"), "dest = 0 except dest[index] = value, in one pass.");
+    m.def("set_num_threads", &gtopk::cpu::set_max_threads, py::arg("n"),
+          "Threads of the CPU kernels; 0: OpenMP's default (OMP_NUM_THREADS).");
+    m.def("get_num_threads", &gtopk::cpu::max_threads);
     m.def("restore_residual", &restore_residual, py::arg("residual"), py::arg("index"),
           py::arg("value"), py::arg("restore"), py::arg("value_type"));
     m.def("read_pass", &read_pass, py::arg("x"),

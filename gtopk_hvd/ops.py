@@ -15,19 +15,35 @@ from typing import Any
 
 import numpy as np
 
-from gtopk_hvd import _C
+from gtopk_hvd import _C, threads
 from gtopk_hvd._arrays import NumpyView, as_numpy, check_count, dtype_name, is_cuda, like
 
 __all__ = [
     "topk_abs",
     "accumulate_select",
     "merge_topk",
+    "write_sparse",
     "restore_residual",
     "mark_survivors",
+    "set_num_threads",
+    "get_num_threads",
     "cuda_built",
 ]
 
 cuda_built: bool = bool(_C.built_with_cuda)
+
+threads.configure_kernels(_C)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the CPU kernels (0: OpenMP's default). The default is sized by
+    `gtopk_hvd.threads` from the cores and the ranks on this machine."""
+    _C.set_num_threads(check_count(n))
+
+
+def get_num_threads() -> int:
+    """Threads the CPU kernels use for large inputs (small ones run on one)."""
+    return int(_C.get_num_threads())
 
 _CUDA_VALUE_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
 _CUDA_INDEX_TYPES = {"int32": 0, "int64": 1}
@@ -60,39 +76,73 @@ def topk_abs(x: Any, k: int, threshold_hint: float | None = None) -> tuple[Any, 
 
 
 def accumulate_select(
-    gradient: Any, residual: Any, k: int, threshold_hint: float | None = None
+    gradient: Any, residual: Any, k: int, threshold_hint: float | None = None,
+    clear_gradient: bool = False,
 ) -> tuple[Any, Any]:
     """Error-feedback selection in one pass over d, updating `residual` in place:
 
         residual += gradient
         (indices, values) = topk_abs(residual, k)
         residual[indices] = 0
+        gradient[:] = 0                     (only if clear_gradient, in the same pass)
 
     float32 / float64; gradient and residual of the same length and dtype.
     """
     k = check_count(k)
     if is_cuda(gradient) or is_cuda(residual):
-        return _cuda_accumulate_select(gradient, residual, k)
-    gradient_view = as_numpy(gradient, "gradient")
+        return _cuda_accumulate_select(gradient, residual, k, clear_gradient)
+    gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
     residual_view = as_numpy(residual, "residual", writeable=True)
     indices, values = _C.accumulate_select(
         gradient_view.array, residual_view.array, k,
-        _hint_array(threshold_hint, gradient_view), gradient_view.value_type)
+        _hint_array(threshold_hint, gradient_view), gradient_view.value_type,
+        bool(clear_gradient))
     return like(indices, gradient_view), like(values, gradient_view)
 
 
-def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int) -> tuple[Any, Any]:
+def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
+               out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
     """Merge two sparse sets and re-select: top-k of union(a, b) with values summed where an
     index is in both. Inputs index-sorted with unique indices; float32 / float64 values.
     Symmetric: merge_topk(a, b) equals merge_topk(b, a) bit for bit (a NaN sum is canonical).
+
+    out: (indices, values) arrays of at least min(k, len(a) + len(b)) entries, of the inputs'
+    dtypes, to write the result into (no allocation); the result is then their first n entries.
     """
     k = check_count(k)
     if is_cuda(value_a):
-        return _cuda_merge_topk(index_a, value_a, index_b, value_b, k)
+        indices, values = _cuda_merge_topk(index_a, value_a, index_b, value_b, k)
+        if out is None:
+            return indices, values
+        out[0][:indices.numel()].copy_(indices)
+        out[1][:values.numel()].copy_(values)
+        return out[0][:indices.numel()], out[1][:values.numel()]
     ia, va = as_numpy(index_a, "index_a", values=False), as_numpy(value_a, "value_a")
     ib, vb = as_numpy(index_b, "index_b", values=False), as_numpy(value_b, "value_b")
-    indices, values = _C.merge_topk(ia.array, va.array, ib.array, vb.array, k, va.value_type)
+    out_index = out_value = None
+    if out is not None:
+        out_index = as_numpy(out[0], "out indices", values=False, writeable=True).array
+        out_value = as_numpy(out[1], "out values", writeable=True).array
+    indices, values = _C.merge_topk(ia.array, va.array, ib.array, vb.array, k, va.value_type,
+                                    out_index, out_value)
     return like(indices, va), like(values, va)
+
+
+def write_sparse(dest: Any, indices: Any, values: Any) -> None:
+    """dest = 0 except dest[indices] = values, in one pass over dest (in place).
+
+    indices sorted and unique, values of dest's dtype (float32 / float64)."""
+    if is_cuda(dest):
+        import torch
+
+        dest.zero_()
+        dest[torch.as_tensor(indices, device=dest.device).long()] = torch.as_tensor(
+            values, device=dest.device)
+        return
+    dest_view = as_numpy(dest, "dest", writeable=True)
+    index_view = as_numpy(indices, "indices", values=False)
+    value_view = as_numpy(values, "values")
+    _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
 
 
 def restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> None:
@@ -181,7 +231,8 @@ def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
     return indices, values
 
 
-def _cuda_accumulate_select(gradient: Any, residual: Any, k: int) -> tuple[Any, Any]:
+def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
+                            clear_gradient: bool) -> tuple[Any, Any]:
     _require_cuda_build()
     _cuda_check(gradient, "gradient", gradient.device)
     _cuda_check(residual, "residual", gradient.device)
@@ -193,6 +244,8 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int) -> tuple[Any, 
         _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(),
                                   residual.data_ptr(), d, k, indices.data_ptr(),
                                   values.data_ptr(), _stream(gradient.device))
+        if clear_gradient:  # on the same stream, after the kernel has read it
+            gradient.zero_()
     return indices, values
 
 

@@ -75,8 +75,11 @@ def as_transport(comm: Any) -> Transport:
 class GTopkReducer:
     """gTop-k all-reduce state for one (transport, k, index dtype, wire value dtype).
 
-    The two message buffers are allocated once and reused by every call. The first call checks,
-    collectively, that every worker uses the same k and dtypes (a mismatch raises on all).
+    The message buffers and the two sets the merges alternate between are allocated once and
+    reused by every call: a round merges the received message where it lies into the set the
+    previous round did not write. The global set returned is a view of one of them, valid until
+    the next call (gtopk_allreduce returns copies). The first call checks, collectively, that
+    every worker uses the same k and dtypes (a mismatch raises on all).
     """
 
     def __init__(self, k: int, index_dtype: Any = np.int32, wire_dtype: str = "float32",
@@ -89,6 +92,8 @@ class GTopkReducer:
         capacity = self.k * self.wire.entry_bytes
         self._send = np.empty(capacity, dtype=np.uint8)
         self._receive = np.empty(capacity, dtype=np.uint8)
+        self._merged = [(np.empty(self.k, dtype=self.wire.index_dtype),
+                         np.empty(self.k, dtype=np.float32)) for _ in range(2)]
         self._agreed = False
 
     # -- public ---------------------------------------------------------------------------
@@ -131,7 +136,10 @@ class GTopkReducer:
     def _merge(self, mine: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray],
                stats: ReductionStats) -> tuple[np.ndarray, np.ndarray]:
         start = time.perf_counter()
-        indices, values = ops.merge_topk(mine[0], mine[1], theirs[0], theirs[1], self.k)
+        out = self._merged[0]
+        if np.may_share_memory(mine[1], out[1]):
+            out = self._merged[1]
+        indices, values = ops.merge_topk(mine[0], mine[1], theirs[0], theirs[1], self.k, out=out)
         # What this worker keeps is what its partners will receive: rounded to the wire dtype.
         merged = indices, self.wire.round_values(values)
         stats.merge_seconds += time.perf_counter() - start
@@ -147,7 +155,7 @@ class GTopkReducer:
         stats.bytes_sent += n_bytes
         stats.bytes_received += received
         stats.messages_sent += 1
-        return self._copy_out(received)
+        return self.wire.unpack(self._receive, received)  # merged before the next message
 
     def _send_set(self, current: tuple[np.ndarray, np.ndarray], dest: int, tag: int,
                   stats: ReductionStats) -> None:
@@ -164,11 +172,7 @@ class GTopkReducer:
         received = self.transport.sendrecv(self._send, 0, None, self._receive, source, tag)
         stats.comm_seconds += time.perf_counter() - start
         stats.bytes_received += received
-        return self._copy_out(received)
-
-    def _copy_out(self, n_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-        indices, values = self.wire.unpack(self._receive, n_bytes)
-        return indices.copy(), values.copy()  # the buffer is reused by the next message
+        return self.wire.unpack(self._receive, received)
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -224,6 +228,7 @@ def gtopk_allreduce(indices: Any, values: Any, k: int, comm: Any = None,
     if reducer is None:
         reducer = _reducers[key] = GTopkReducer(k, host_indices.dtype, wire_dtype, transport)
     result = reducer.allreduce(host_indices, host_values)
+    result.indices, result.values = result.indices.copy(), result.values.copy()  # see reducer
     if device is not None:
         import torch
 

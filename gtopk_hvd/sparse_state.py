@@ -10,7 +10,9 @@ One step on worker p, gradient g (flat float32, d values), k = ceil(density * d)
     [momentum correction: u[I_p] = 0]
     update = zero except V * scale at I                (scale = 1/P for Average, 1 for Sum)
 
-The first three lines are one fused pass over d (`ops.accumulate_select`). The gradient, the
+The first three lines are one fused pass over d (`ops.accumulate_select`), which also clears
+the gradient buffer when the caller asks (`clear_gradient`: the adapter's fused buffer is then
+ready for the next backward without another pass). The gradient, the
 residual and the velocity are numpy arrays, or torch tensors where the adapter keeps them (on
 the gradients' GPU: then selection and residual updates run there, and only the k-entry sets
 cross to the host for the reduction); `SparseState(zeros=...)` makes them.
@@ -53,6 +55,7 @@ class StepStats:
     select_seconds: float
     communicate_seconds: float
     merge_seconds: float
+    write_seconds: float = 0.0  # the adapter's write-back of the update (zero + scatter)
 
 
 class SparseState:
@@ -137,21 +140,30 @@ def check_same_on_all_workers(transport: Transport, description: str, signature:
             f"(this worker's is: {signature[:500]})")
 
 
-def sparse_step(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sparse_step(state: SparseState, gradient: Any,
+                clear_gradient: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """One step (module docstring): the global (indices, values) to apply, values scaled.
 
-    gradient: flat float32, d values, read only, of the residual's type and device. Updates the
-    state's residual and velocity. Returns host numpy arrays (k entries at most).
+    gradient: flat float32, d values, of the residual's type and device; read only, unless
+    clear_gradient: then it is all zeros on return (cleared within the selection pass where
+    possible). Updates the state's residual and velocity. Returns host numpy arrays (k entries
+    at most): the indices may be a view of the reduction's buffers, valid until the next step.
     """
     compression = state.compression
     start = time.perf_counter()
     if state.predivide != 1.0:
-        gradient = gradient / np.float32(state.predivide)
+        if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
+            gradient /= np.float32(state.predivide)
+        else:
+            gradient = gradient / np.float32(state.predivide)
+    clear_in_pass = clear_gradient
     if state.velocity is not None:
         state.velocity *= np.float32(compression.momentum)
         state.velocity += gradient
-        gradient = state.velocity
-    local_indices, local_values = _select(state, gradient)
+        if clear_gradient:
+            gradient[:] = 0
+        gradient, clear_in_pass = state.velocity, False
+    local_indices, local_values = _select(state, gradient, clear_in_pass)
     select_seconds = time.perf_counter() - start
 
     result = _reduce(state, to_host_numpy(local_indices), to_host_numpy(local_values))
@@ -176,18 +188,19 @@ def sparse_step(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, n
     return result.indices, values
 
 
-def _select(state: SparseState, gradient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _select(state: SparseState, gradient: Any, clear_gradient: bool) -> tuple[Any, Any]:
     """Error-feedback selection: model-wide, or each parameter's own share."""
     density = state.compression.density_at(state.step_count)
     if state.compression.selection == "model":
-        return ops.accumulate_select(gradient, state.residual, state.k_at(state.step_count))
+        return ops.accumulate_select(gradient, state.residual, state.k_at(state.step_count),
+                                     clear_gradient=clear_gradient)
     indices, values = [], []
     for begin, end in zip(state.offsets[:-1], state.offsets[1:]):
         if end == begin:
             continue
         k = max(1, math.ceil(density * (end - begin)))
         part_indices, part_values = ops.accumulate_select(
-            gradient[begin:end], state.residual[begin:end], k)
+            gradient[begin:end], state.residual[begin:end], k, clear_gradient=clear_gradient)
         indices.append(as_index_dtype(part_indices, state.index_dtype) + int(begin))
         values.append(part_values)
     return concatenate(indices), concatenate(values)

@@ -1,6 +1,32 @@
 // Sparse merge with re-selection: union of two index-sorted sets, values summed, then top-k.
+//
+// Plan, for n = n_a + n_b input entries split into P pieces (one per thread; order and NaN rule:
+// magnitude_order.h):
+//   1. Merge path: the diagonal p * n / P of the merge grid is split by a binary search into
+//      (i, j) = entries of a and of b before it; an index present in both sets is never split
+//      between two pieces. Each piece is merged branch-free into the workspace (equal indices
+//      summed) while the top kDigitBits bits of every output key are counted into the piece's
+//      histogram.
+//   2. If the union holds at most k entries it is the result: the pieces are copied out.
+//   3. Otherwise the summed histograms give the bin b of the k-th largest key; the keys in bin b
+//      are gathered (per piece), and radix refinement then nth_element over a copy of them give
+//      the k-th key K. Counting the gathered keys > K and == K per piece gives each piece's
+//      number of outputs and its share of the ties (the first ones in index order).
+//   4. Each piece writes its outputs at its prefix offset, branch-free.
+// Passes over the union: one merge (writes it), one gather (reads its values), one write. With
+// AVX-512, gather and write are vectorised (compress by mask) for float32 values and int32
+// indices; 16 entries holding a tie with the k-th key are written one by one, in index order.
+#include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "gtopk/cpu_ops.h"
@@ -9,11 +35,248 @@
 namespace gtopk::cpu {
 namespace {
 
-// a + b, with every NaN result made the same quiet NaN so that the sum does not depend on
-// operand order (x86 keeps the first operand's NaN payload).
-template <typename T> T symmetric_sum(T a, T b) {
-    const T sum = a + b;
-    return std::isnan(sum) ? std::numeric_limits<T>::quiet_NaN() : sum;
+constexpr int kDigitBits = 11;
+constexpr int64_t kBins = int64_t{1} << kDigitBits;
+constexpr int64_t kRefineMax = 4096;  // below this many keys nth_element finishes directly
+
+template <typename T> using KeyOf = typename MagnitudeTraits<T>::Key;
+
+// Shift of the top digit: keys use at most 8 * sizeof(Key) - 1 bits (the sign bit is masked).
+template <typename T> constexpr int top_shift() {
+    return 8 * static_cast<int>(sizeof(KeyOf<T>)) - 1 - kDigitBits;
+}
+
+template <typename T> inline KeyOf<T> bits_of(T value) {
+    KeyOf<T> bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    return bits;
+}
+
+template <typename T> inline T from_bits(KeyOf<T> bits) {
+    T value;
+    std::memcpy(&value, &bits, sizeof(value));
+    return value;
+}
+
+template <typename T, typename Index> struct Workspace {
+    std::vector<Index> union_index;
+    std::vector<T> union_value;
+    std::vector<uint32_t> histograms;  // pieces x kBins
+    std::vector<KeyOf<T>> gathered;    // keys of bin b, piece after piece
+    std::vector<KeyOf<T>> scratch;     // a copy of them that the selection reorders
+};
+
+// One per calling thread and type pair: buffers grow to the largest merge seen, then are reused.
+template <typename T, typename Index> Workspace<T, Index>& workspace() {
+    static thread_local Workspace<T, Index> instance;
+    return instance;
+}
+
+template <typename V> void grow(std::vector<V>& buffer, size_t n) {
+    if (buffer.size() < n) buffer.resize(n);
+}
+
+// flag ? x : y without a branch.
+template <typename V> inline V select(bool flag, V x, V y) {
+    using U = std::make_unsigned_t<V>;
+    const U mask = U{0} - static_cast<U>(flag);
+    return static_cast<V>((static_cast<U>(x) & mask) | (static_cast<U>(y) & ~mask));
+}
+
+struct Piece {
+    int64_t a_begin, a_end, b_begin, b_end;
+    int64_t offset() const { return a_begin + b_begin; }  // where its merged entries start
+};
+
+// Entries of a among the first p of the merge (a's entry first on equal indices).
+template <typename Index>
+int64_t merge_path_split(const Index* index_a, int64_t n_a, const Index* index_b, int64_t n_b,
+                         int64_t p) {
+    int64_t lo = std::max<int64_t>(0, p - n_b), hi = std::min(p, n_a);
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (index_a[mid] <= index_b[p - mid - 1]) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+template <typename Index>
+std::vector<Piece> split_pieces(const Index* index_a, int64_t n_a, const Index* index_b,
+                                int64_t n_b, int pieces) {
+    std::vector<int64_t> cut_a(pieces + 1), cut_b(pieces + 1);
+    cut_a[0] = cut_b[0] = 0;
+    cut_a[pieces] = n_a;
+    cut_b[pieces] = n_b;
+    const int64_t n = n_a + n_b;
+    for (int p = 1; p < pieces; ++p) {
+        const int64_t diagonal = n * p / pieces;
+        int64_t i = merge_path_split(index_a, n_a, index_b, n_b, diagonal);
+        int64_t j = diagonal - i;
+        // a[i - 1] ends the previous piece: its twin in b must end there too.
+        if (i > 0 && j < n_b && index_a[i - 1] == index_b[j]) ++j;
+        cut_a[p] = i;
+        cut_b[p] = j;
+    }
+    std::vector<Piece> result(pieces);
+    for (int p = 0; p < pieces; ++p) result[p] = {cut_a[p], cut_a[p + 1], cut_b[p], cut_b[p + 1]};
+    return result;
+}
+
+// Merges one piece into (out_index, out_value), counting top digits into histogram if kCount.
+// Returns the number of entries written.
+template <bool kCount, typename T, typename Index>
+int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
+                    const T* value_b, int64_t n_b, Index* out_index, T* out_value,
+                    uint32_t* histogram) {
+    using Key = KeyOf<T>;
+    constexpr int shift = top_shift<T>();
+    const Key quiet_nan = bits_of(std::numeric_limits<T>::quiet_NaN());
+    int64_t a = 0, b = 0, n = 0;
+    // Masks, not branches: which run comes next is a coin toss for random index sets, and a
+    // mispredicted branch costs more than the rest of the iteration. (GCC turns ?: on these
+    // into branches, so the selects are spelled out.)
+    while (a < n_a && b < n_b) {
+        const Index ia = index_a[a], ib = index_b[b];
+        const T va = value_a[a], vb = value_b[b];
+        const T sum = va + vb;
+        const bool take_a = ia <= ib, take_b = ib <= ia;
+        // The sum's NaN is made canonical so that it does not depend on operand order (x86
+        // keeps the first operand's payload): merge(a, b) == merge(b, a) bit for bit.
+        const Key sum_bits = select(sum != sum, quiet_nan, bits_of(sum));
+        const Key bits = select(take_a & take_b, sum_bits,
+                                select(take_a, bits_of(va), bits_of(vb)));
+        out_index[n] = select(take_a, ia, ib);
+        out_value[n] = from_bits<T>(bits);
+        if constexpr (kCount) ++histogram[magnitude_key(from_bits<T>(bits)) >> shift];
+        a += take_a;
+        b += take_b;
+        ++n;
+    }
+    auto copy_rest = [&](const Index* index, const T* value, int64_t from, int64_t to) {
+        for (int64_t j = from; j < to; ++j, ++n) {
+            out_index[n] = index[j];
+            out_value[n] = value[j];
+            if constexpr (kCount) ++histogram[magnitude_key(value[j]) >> shift];
+        }
+    };
+    copy_rest(index_a, value_a, a, n_a);
+    copy_rest(index_b, value_b, b, n_b);
+    return n;
+}
+
+// The r-th largest (1-based) of keys[0..m), all of which agree above bit `shift`. Reorders keys.
+template <typename Key> Key kth_largest(Key* keys, int64_t m, int64_t r, int shift) {
+    std::array<int64_t, kBins> histogram;
+    while (m > kRefineMax && shift > 0) {
+        const int next = std::max(0, shift - kDigitBits);
+        const Key mask = static_cast<Key>((Key{1} << (shift - next)) - 1);
+        histogram.fill(0);
+        for (int64_t j = 0; j < m; ++j) ++histogram[(keys[j] >> next) & mask];
+        int64_t bin = static_cast<int64_t>(mask);
+        for (; histogram[bin] < r; --bin) r -= histogram[bin];
+        int64_t kept = 0;
+        for (int64_t j = 0; j < m; ++j) {
+            keys[kept] = keys[j];
+            kept += static_cast<int64_t>((keys[j] >> next) & mask) == bin;
+        }
+        m = kept;
+        shift = next;
+    }
+    std::nth_element(keys, keys + (r - 1), keys + m, std::greater<>());
+    return keys[r - 1];
+}
+
+// Copies the merged pieces, which may have gaps between them, to out in piece order.
+template <typename T, typename Index>
+void copy_out(const Index* from_index, const T* from_value, const std::vector<Piece>& pieces,
+              const std::vector<int64_t>& counts, Index* out_index, T* out_value) {
+    int64_t written = 0;
+    for (size_t p = 0; p < pieces.size(); ++p) {
+        std::memmove(out_index + written, from_index + pieces[p].offset(),
+                     counts[p] * sizeof(Index));
+        std::memmove(out_value + written, from_value + pieces[p].offset(), counts[p] * sizeof(T));
+        written += counts[p];
+    }
+}
+
+// Appends to `to` the keys of values[0..n) whose top digit is `bin`; returns how many.
+template <typename T>
+int64_t gather_bin(const T* values, int64_t n, int64_t bin, KeyOf<T>* to) {
+    constexpr int shift = top_shift<T>();
+    int64_t g = 0, j = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+        const __m512i canonical_nan = _mm512_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+        const __m512i wanted = _mm512_set1_epi32(static_cast<int>(bin));
+        for (; j + 16 <= n; j += 16) {
+            const __m512i keys = _mm512_min_epu32(
+                _mm512_and_si512(_mm512_loadu_si512(values + j), magnitude), canonical_nan);
+            const __mmask16 hits =
+                _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(keys, shift), wanted);
+            if (hits) {  // rare: the bin holds a few percent of the entries
+                const int count = __builtin_popcount(hits);
+                _mm512_mask_storeu_epi32(to + g, static_cast<__mmask16>((1u << count) - 1),
+                                         _mm512_maskz_compress_epi32(hits, keys));
+                g += count;
+            }
+        }
+    }
+#endif
+    for (; j < n; ++j) {
+        const KeyOf<T> key = magnitude_key(values[j]);
+        if (static_cast<int64_t>(key >> shift) == bin) to[g++] = key;
+    }
+    return g;
+}
+
+// Writes the entries of one piece that the top k keeps: key > kth_key, and the first `budget`
+// entries with key == kth_key; exactly `quota` of them.
+template <typename T, typename Index>
+void write_kept(const Index* from_index, const T* from_value, int64_t n, KeyOf<T> kth_key,
+                int64_t budget, int64_t quota, Index* to_index, T* to_value) {
+    using Key = KeyOf<T>;
+    int64_t w = 0, j = 0;
+    auto scalar = [&](int64_t end) {  // branch-free; writes stay below quota
+        for (; j < end && w < quota; ++j) {
+            const Key key = magnitude_key(from_value[j]);
+            const bool tie = key == kth_key;
+            const bool keep = (key > kth_key) | (tie & (budget > 0));
+            to_index[w] = from_index[j];
+            to_value[w] = from_value[j];
+            w += keep;
+            budget -= tie & keep;
+        }
+    };
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
+        const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+        const __m512i canonical_nan = _mm512_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+        const __m512i kth = _mm512_set1_epi32(static_cast<int>(kth_key));
+        while (j + 16 <= n && w < quota) {
+            const __m512 values = _mm512_loadu_ps(from_value + j);
+            const __m512i keys = _mm512_min_epu32(
+                _mm512_and_si512(_mm512_castps_si512(values), magnitude), canonical_nan);
+            if (_mm512_cmpeq_epi32_mask(keys, kth)) {  // ties in these 16: in index order
+                scalar(j + 16);
+                continue;
+            }
+            const __mmask16 keep = _mm512_cmpgt_epu32_mask(keys, kth);
+            const int count = __builtin_popcount(keep);
+            const __mmask16 first = static_cast<__mmask16>((1u << count) - 1);
+            _mm512_mask_storeu_epi32(to_index + w, first, _mm512_maskz_compress_epi32(
+                keep, _mm512_loadu_si512(from_index + j)));
+            _mm512_mask_storeu_ps(to_value + w, first, _mm512_maskz_compress_ps(keep, values));
+            w += count;
+            j += 16;
+        }
+    }
+#endif
+    scalar(n);
 }
 
 }  // namespace
@@ -21,32 +284,107 @@ template <typename T> T symmetric_sum(T a, T b) {
 template <typename T, typename Index>
 int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                    const T* value_b, int64_t n_b, int64_t k, Index* out_index, T* out_value) {
-    std::vector<Index> union_index;
-    std::vector<T> union_value;
-    union_index.reserve(n_a + n_b);
-    union_value.reserve(n_a + n_b);
-    int64_t a = 0, b = 0;
-    while (a < n_a || b < n_b) {
-        if (b == n_b || (a < n_a && index_a[a] < index_b[b])) {
-            union_index.push_back(index_a[a]);
-            union_value.push_back(value_a[a++]);
-        } else if (a == n_a || index_b[b] < index_a[a]) {
-            union_index.push_back(index_b[b]);
-            union_value.push_back(value_b[b++]);
-        } else {
-            union_index.push_back(index_a[a]);
-            union_value.push_back(symmetric_sum(value_a[a++], value_b[b++]));
+    using Key = KeyOf<T>;
+    constexpr int shift = top_shift<T>();
+    const int64_t n_in = n_a + n_b;
+    if (k <= 0 || n_in == 0) return 0;
+    const int n_pieces = detail::threads_for(n_in);
+    const std::vector<Piece> pieces = split_pieces(index_a, n_a, index_b, n_b, n_pieces);
+    std::vector<int64_t> counts(n_pieces);
+    auto merge_all = [&](Index* to_index, T* to_value, uint32_t* histograms) {
+#pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
+        for (int p = 0; p < n_pieces; ++p) {
+            const Piece& piece = pieces[p];
+            auto merge = histograms ? merge_piece<true, T, Index> : merge_piece<false, T, Index>;
+            counts[p] = merge(index_a + piece.a_begin, value_a + piece.a_begin,
+                              piece.a_end - piece.a_begin, index_b + piece.b_begin,
+                              value_b + piece.b_begin, piece.b_end - piece.b_begin,
+                              to_index + piece.offset(), to_value + piece.offset(),
+                              histograms ? histograms + p * kBins : nullptr);
         }
+    };
+
+    // Step 2 first when every entry fits: out holds min(k, n_in) = n_in entries.
+    if (n_in <= k) {
+        merge_all(out_index, out_value, nullptr);
+        copy_out(out_index, out_value, pieces, counts, out_index, out_value);
+        int64_t n_union = 0;
+        for (int64_t c : counts) n_union += c;
+        return n_union;
     }
-    // Positions in the union are in index order, so the engine's tie rule (smaller position
-    // first) is the tie rule on indices.
-    const int64_t n_union = static_cast<int64_t>(union_value.size());
-    std::vector<int64_t> position(std::min(k, n_union));
-    detail::ReadSource<T> source{union_value.data()};
-    const int64_t n = detail::select_topk<T, int64_t>(source, n_union, k, nullptr,
-                                                      position.data(), out_value);
-    for (int64_t j = 0; j < n; ++j) out_index[j] = union_index[position[j]];
-    return n;
+
+    Workspace<T, Index>& ws = workspace<T, Index>();
+    grow(ws.union_index, n_in);
+    grow(ws.union_value, n_in);
+    grow(ws.histograms, n_pieces * kBins);
+    std::fill(ws.histograms.begin(), ws.histograms.begin() + n_pieces * kBins, 0u);
+    const Index* union_index = ws.union_index.data();
+    const T* union_value = ws.union_value.data();
+    merge_all(ws.union_index.data(), ws.union_value.data(), ws.histograms.data());
+    int64_t n_union = 0;
+    for (int64_t c : counts) n_union += c;
+    if (n_union <= k) {
+        copy_out(union_index, union_value, pieces, counts, out_index, out_value);
+        return n_union;
+    }
+
+    // Step 3: the bin of the k-th key, then the key itself.
+    int64_t bin = kBins - 1, rank = k, above_bin = 0;
+    for (;; --bin) {
+        int64_t count = 0;
+        for (int p = 0; p < n_pieces; ++p) count += ws.histograms[p * kBins + bin];
+        if (rank <= count) break;
+        rank -= count;
+        above_bin += count;
+    }
+    std::vector<int64_t> gather_offset(n_pieces + 1, 0);
+    for (int p = 0; p < n_pieces; ++p) {
+        gather_offset[p + 1] = gather_offset[p] + ws.histograms[p * kBins + bin];
+    }
+    const int64_t n_gathered = gather_offset[n_pieces];
+    grow(ws.gathered, n_gathered);
+    grow(ws.scratch, n_gathered);
+    Key* gathered = ws.gathered.data();
+#pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
+    for (int p = 0; p < n_pieces; ++p) {
+        gather_bin(union_value + pieces[p].offset(), counts[p], bin, gathered + gather_offset[p]);
+    }
+    std::copy(gathered, gathered + n_gathered, ws.scratch.data());
+    const Key kth_key = kth_largest(ws.scratch.data(), n_gathered, rank, shift);
+
+    // Each piece's outputs: entries above the k-th key, then its share of the ties.
+    std::vector<int64_t> greater(n_pieces), ties(n_pieces);
+    int64_t greater_in_bin = 0;
+    for (int p = 0; p < n_pieces; ++p) {
+        int64_t above = 0;
+        for (int64_t other = bin + 1; other < kBins; ++other) {
+            above += ws.histograms[p * kBins + other];
+        }
+        int64_t g = 0, t = 0;
+        for (int64_t j = gather_offset[p]; j < gather_offset[p + 1]; ++j) {
+            g += gathered[j] > kth_key;
+            t += gathered[j] == kth_key;
+        }
+        greater[p] = above + g;
+        ties[p] = t;
+        greater_in_bin += g;
+    }
+    int64_t ties_left = rank - greater_in_bin;  // ties the top k takes, lowest indices first
+    std::vector<int64_t> tie_budget(n_pieces), out_offset(n_pieces + 1, 0);
+    for (int p = 0; p < n_pieces; ++p) {
+        tie_budget[p] = std::min(ties[p], ties_left);
+        ties_left -= tie_budget[p];
+        out_offset[p + 1] = out_offset[p] + greater[p] + tie_budget[p];
+    }
+
+    // Step 4: each piece writes its outputs at its offset.
+#pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
+    for (int p = 0; p < n_pieces; ++p) {
+        write_kept(union_index + pieces[p].offset(), union_value + pieces[p].offset(), counts[p],
+                   kth_key, tie_budget[p], out_offset[p + 1] - out_offset[p],
+                   out_index + out_offset[p], out_value + out_offset[p]);
+    }
+    return k;
 }
 
 #define GTOPK_INSTANTIATE(T, Index)                                                            \

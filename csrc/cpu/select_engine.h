@@ -28,6 +28,7 @@
 #include <numeric>
 #include <vector>
 
+#include "gtopk/cpu_ops.h"
 #include "gtopk/magnitude_order.h"
 
 namespace gtopk::cpu::detail {
@@ -63,7 +64,7 @@ inline std::pair<int64_t, int64_t> chunk_of(int64_t d, int thread, int n_threads
     return {std::min(d, first * kBlock), std::min(d, last * kBlock)};
 }
 
-inline int threads_for(int64_t d) { return d >= kParallelMin ? omp_get_max_threads() : 1; }
+inline int threads_for(int64_t d) { return d >= kParallelMin ? max_threads() : 1; }
 
 // The largest magnitude key in values[0..n): a max over the sign-masked bits, which vectorises,
 // then the NaN canonicalisation (min commutes with max).

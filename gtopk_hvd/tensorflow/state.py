@@ -15,14 +15,23 @@ was ever saved in it (all three empty) leaves a fresh start.
 
 Copying on save and restore, rather than keeping the arrays in tf.Variables, costs one copy of d
 values per save and none per step: the step runs on numpy arrays in place.
+
+What TensorFlow allows per step: its gradients are separate immutable tensors, so fusing them is
+one copy (tf.concat) and splitting the update into per-source tensors another (tf.split); the
+update itself is written in one pass (zero + scatter, `ops.write_sparse`) into a new array,
+since TensorFlow may alias the memory of the numpy array it gets. The selection is one fused
+pass, as in the torch adapter, which needs neither copy (its gradients are views of the buffer).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base
 
+from gtopk_hvd import ops
 from gtopk_hvd.compression import SparseCompression
 from gtopk_hvd.sparse_state import SparseState, StepStats, check_same_on_all_workers, sparse_step
 from gtopk_hvd.transport import check_matches_horovod, default_transport
@@ -100,11 +109,15 @@ class GTopkState(trackable_base.Trackable):
                                       "source names, shapes, dtypes and compression",
                                       self._signature)
             self._checked_workers_agree = True
-        indices, values = sparse_step(self.sparse, flat)
-        if passes > 1:
+        accumulated = passes > 1 and flat is self._accumulated
+        indices, values = sparse_step(self.sparse, flat, clear_gradient=accumulated)
+        start = time.perf_counter()
+        # A new array each step: TensorFlow may keep using the memory it is handed.
+        update = np.empty(self.sparse.d, dtype=np.float32)
+        ops.write_sparse(update, indices, values)
+        self.sparse.last_stats.write_seconds = time.perf_counter() - start
+        if passes > 1 and not accumulated:
             self._accumulated[:] = 0.0
-        update = np.zeros(self.sparse.d, dtype=np.float32)
-        update[indices] = values
         return update
 
     @property

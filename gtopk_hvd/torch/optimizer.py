@@ -5,11 +5,17 @@ wrapped optimizer's class that shares its param_groups. Dense choices (Compressi
 are handed to Horovod's own DistributedOptimizer unchanged.
 
 Sparse choices: gradients accumulate in `p.grad` over `backward_passes_per_step` backward passes;
-`synchronize()` (called by `step()` unless inside `skip_synchronize()`) fuses every parameter's
-gradient into one flat float32 buffer in parameter order, runs `sparse_step` (selection with
-error feedback, the sparse all-reduce, the residual fix) and writes the resulting sparse update
-back into every `p.grad` (zeros outside the selected entries), on every worker alike, so the
+`synchronize()` (called by `step()` unless inside `skip_synchronize()`) runs `sparse_step`
+(selection with error feedback, the sparse all-reduce, the residual fix) on every parameter's
+gradient fused into one flat float32 buffer in parameter order, and makes every `p.grad` the
+resulting sparse update (zeros outside the selected entries), on every worker alike, so the
 wrapped optimizer then makes identical updates everywhere.
+
+No copies on the way: each float32 parameter's `p.grad` is a view of the fused buffer, so
+backward accumulates into it in place, and the update is written into a second buffer that
+`p.grad` then views (`gtopk_hvd/torch/fused.py`, which also says when a gradient is copied
+instead: other dtypes or devices, a gradient the user replaced). `zero_grad()` keeps the views
+and costs no pass over the gradients.
 
 Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
 with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
@@ -25,6 +31,7 @@ residual, and counts as a step of the density warm-up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +47,7 @@ from gtopk_hvd.compression import (
     check_sparse_arguments,
 )
 from gtopk_hvd.sparse_state import SparseState, check_same_on_all_workers, sparse_step
+from gtopk_hvd.torch.fused import FusedGradients
 from gtopk_hvd.transport import check_matches_horovod, default_transport
 
 
@@ -63,13 +71,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._device = _state_device(self._parameters)
 
-        def zeros(n: int) -> torch.Tensor:
+        def zeros_on_gpu(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.float32, device=self._device)
 
+        # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
         self._sparse = SparseState(compression, [p.numel() for p in self._parameters], transport,
                                    average=average, predivide=gradient_predivide_factor,
-                                   zeros=zeros)
-        self._flat = zeros(self._sparse.d)
+                                   zeros=zeros_on_gpu if self._device.type == "cuda" else None)
+        self._fused = FusedGradients(self._parameters, self._sparse.offsets.tolist(),
+                                     self._device)
         self._signature = ";".join(
             f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in zip(self._names, self._parameters)
         ) + f"|{compression}|bpps={backward_passes_per_step}|average={average}"
@@ -85,24 +95,21 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                                       "parameter names, shapes, dtypes and compression",
                                       self._signature)
             self._checked_workers_agree = True
-        flat, offsets = self._flat, self._sparse.offsets
-        for parameter, begin, end in zip(self._parameters, offsets[:-1], offsets[1:]):
-            if parameter.grad is None:  # frozen this step or unused: contributes zeros
-                flat[begin:end].zero_()
-            else:
-                flat[begin:end].copy_(parameter.grad.detach().reshape(-1))
-        indices, values = sparse_step(self._sparse, flat)
-        flat.zero_()
-        flat[torch.from_numpy(indices.astype(np.int64)).to(flat.device)] = \
-            torch.from_numpy(values).to(flat.device)
-        for parameter, begin, end in zip(self._parameters, offsets[:-1], offsets[1:]):
-            update = flat[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
-            if parameter.grad is None:
-                parameter.grad = update.clone()
-            else:
-                parameter.grad.copy_(update)
+        gradient = self._fused.gather()
+        # On the CPU the step runs on numpy views of the buffers: one array type inside it.
+        indices, values = sparse_step(self._sparse, _host_view(gradient), clear_gradient=True)
+        self._fused.cleared(gradient)
+        start = time.perf_counter()
+        update = self._fused.update_buffer(gradient)
+        ops.write_sparse(_host_view(update), indices, values)
+        self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
+        self.last_stats.write_seconds = time.perf_counter() - start
         self._synchronized = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero gradients; float32 ones stay views of the fused buffer (module docstring)."""
+        self._fused.zero_grad(set_to_none)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -133,6 +140,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).load_state_dict(state_dict)
         if sparse is not None:
             self._sparse.load_state_dict(sparse)  # tensors on any device, or numpy arrays
+
+
+def _host_view(buffer: torch.Tensor) -> Any:
+    """A CPU buffer as a numpy array sharing its memory; a GPU buffer as it is."""
+    return buffer if buffer.is_cuda else buffer.numpy()
 
 
 def _state_device(parameters: list[torch.Tensor]) -> torch.device:

@@ -20,10 +20,16 @@ int64_t topk_abs(const T* x, int64_t d, int64_t k, const T* threshold_hint, Inde
                  T* out_value);
 
 // Error-feedback step fused into one pass over d:
-//   residual += gradient;  (out_index, out_value) = topk_abs(residual, k);  residual[out_index] = 0.
+//   residual += gradient;  (out_index, out_value) = topk_abs(residual, k);  residual[out_index] = 0
+// and, if clear_gradient, gradient = 0 in the same pass (gradient is only written then).
 template <typename T, typename Index>
-int64_t accumulate_select(const T* gradient, T* residual, int64_t d, int64_t k,
-                          const T* threshold_hint, Index* out_index, T* out_value);
+int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
+                          const T* threshold_hint, Index* out_index, T* out_value,
+                          bool clear_gradient);
+
+// dest = 0 except dest[index[j]] = value[j]: one multi-threaded pass over d. index is sorted.
+template <typename T, typename Index>
+void write_sparse(T* dest, int64_t d, const Index* index, const T* value, int64_t n);
 
 // Sparse merge with re-selection. a and b are index-sorted with unique indices.
 // union(a, b) with values summed where an index is in both, then its top-k.
@@ -47,5 +53,10 @@ void mark_survivors(const Index* local_index, int64_t n_local, const Index* glob
 
 // Benchmark floor: reads x once with all threads; returns the largest magnitude key.
 template <typename T> uint64_t read_pass(const T* x, int64_t d);
+
+// Threads of every multi-threaded kernel (inputs below 2^15 entries always use one).
+// 0 (the default): OpenMP's own choice, omp_get_max_threads() (OMP_NUM_THREADS).
+void set_max_threads(int n);
+int max_threads();
 
 }  // namespace gtopk::cpu

@@ -1,0 +1,113 @@
+"""Gradients as views of one flat buffer (as DDP's `gradient_as_bucket_view`).
+
+Two flat float32 buffers of d values live on the state's device and swap roles every step:
+
+    gradient buffer  p.grad of every viewable parameter is a view of its slice, so backward
+                     accumulates there in place: the step reads it without a fuse copy, and
+                     its selection pass (`accumulate_select(clear_gradient=True)`) leaves it
+                     all zero, ready for the next backward;
+    update buffer    the step writes the sparse update there (zero + scatter, one pass) and
+                     points p.grad at its slices for the wrapped optimizer: no split copy.
+
+`zero_grad()` then points p.grad back at the gradient buffer, which is already zero: no pass
+over d (whatever `set_to_none` says, viewable gradients stay zero tensors, as DDP's views do).
+Without `zero_grad()` the next backward accumulates onto the update, as plain torch accumulates
+onto p.grad, and that buffer becomes the gradient buffer.
+
+Viewable: a float32, strided, contiguous parameter on the state's device. The others (float16,
+bfloat16, float64, channels-last or other-device parameters) keep gradients of their own, copied
+into the buffer at the step and the update copied back, cast: the fallback. A gradient that is
+not the view (replaced by the user, or set to None by `model.zero_grad()` and made anew by
+backward) is copied in the same way at the step, and the view restored after it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _is_view(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    return grad is view or (grad.data_ptr() == view.data_ptr() and grad.dtype == view.dtype
+                            and grad.shape == view.shape and grad.stride() == view.stride())
+
+
+class FusedGradients:
+    """The two buffers, the views of each parameter in each, and which p.grad points at."""
+
+    def __init__(self, parameters: list[torch.Tensor], offsets: list[int],
+                 device: torch.device) -> None:
+        self.parameters = parameters
+        self.bounds = list(zip(offsets[:-1], offsets[1:]))
+        d = offsets[-1]
+        self.buffers = [torch.zeros(d, dtype=torch.float32, device=device) for _ in range(2)]
+        viewable = [p.dtype == torch.float32 and p.layout == torch.strided
+                    and p.device == device and p.is_contiguous() for p in parameters]
+        self.views = [[buffer[begin:end].view(p.shape) if ok else None
+                       for p, (begin, end), ok in zip(parameters, self.bounds, viewable)]
+                      for buffer in self.buffers]
+        self.copied = [not ok for ok in viewable]  # parameters on the fallback path
+        self.exposed: int | None = None  # the buffer p.grad views point at (None: not yet)
+        self.zero = [True, True]  # buffer known to be all zeros (never exposed since cleared)
+
+    def gather(self) -> torch.Tensor:
+        """The buffer holding every parameter's accumulated gradient (zeros for None)."""
+        source = 0 if self.exposed is None else self.exposed
+        buffer = self.buffers[source]
+        for parameter, (begin, end), view in zip(self.parameters, self.bounds,
+                                                 self.views[source]):
+            grad = parameter.grad
+            if grad is None:  # unused or frozen this step: contributes zeros
+                buffer[begin:end].zero_()
+            elif view is None or not _is_view(grad, view):
+                if grad.is_sparse:  # an embedding's sparse gradient: densified, as Horovod can
+                    grad = grad.to_dense()
+                buffer[begin:end].copy_(grad.detach().reshape(-1))
+        self.exposed, self.zero[source] = source, False
+        return buffer
+
+    def cleared(self, buffer: torch.Tensor) -> None:
+        """The step's selection pass left `buffer` all zeros."""
+        self.zero[self._position(buffer)] = True
+
+    def update_buffer(self, gradient_buffer: torch.Tensor) -> torch.Tensor:
+        """The other buffer: where the step writes its update."""
+        return self.buffers[1 - self._position(gradient_buffer)]
+
+    def expose_update(self, update: torch.Tensor) -> None:
+        """Points p.grad at the update (views, or casts copied into own gradients)."""
+        position = self._position(update)
+        self._point_at(position)
+        for parameter, (begin, end), copied in zip(self.parameters, self.bounds, self.copied):
+            if not copied:
+                continue
+            value = update[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
+            if parameter.grad is None or parameter.grad.shape != parameter.shape:
+                parameter.grad = value.clone()
+            else:
+                parameter.grad.copy_(value)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """Gradients to zero: views of a zero buffer (no pass over d when the step cleared one);
+        fallback parameters as torch does."""
+        candidates = [i for i in (1 - (self.exposed or 0), self.exposed or 0) if self.zero[i]]
+        if candidates:
+            position = candidates[0]
+        else:
+            position = 0 if self.exposed is None else self.exposed
+            self.buffers[position].zero_()
+        self._point_at(position)
+        for parameter, copied in zip(self.parameters, self.copied):
+            if copied and parameter.grad is not None:
+                if set_to_none:
+                    parameter.grad = None
+                else:
+                    parameter.grad.detach_().zero_()
+
+    def _point_at(self, position: int) -> None:
+        for parameter, view in zip(self.parameters, self.views[position]):
+            if view is not None:
+                parameter.grad = view
+        self.exposed, self.zero[position] = position, False
+
+    def _position(self, buffer: torch.Tensor) -> int:
+        return 0 if buffer is self.buffers[0] else 1
