@@ -137,7 +137,8 @@ class GTopkReducer:
                stats: ReductionStats) -> tuple[np.ndarray, np.ndarray]:
         start = time.perf_counter()
         out = self._merged[0]
-        if np.may_share_memory(mine[1], out[1]):
+        # Wire rounding copies the values only: the indices may still be in either buffer.
+        if np.may_share_memory(mine[0], out[0]) or np.may_share_memory(mine[1], out[1]):
             out = self._merged[1]
         indices, values = ops.merge_topk(mine[0], mine[1], theirs[0], theirs[1], self.k, out=out)
         # What this worker keeps is what its partners will receive: rounded to the wire dtype.

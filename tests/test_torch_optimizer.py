@@ -10,3 +10,9 @@ from mpi_launcher import run_mpi
 def test_torch_optimizer_under_mpirun(workers: int) -> None:
     output = run_mpi("mpi_torch_optimizer.py", workers, timeout_s=600)
     assert f"torch optimizer ok on {workers} workers" in output
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_gradient_views_equal_the_copy_reference(workers: int) -> None:
+    output = run_mpi("mpi_torch_views.py", workers, timeout_s=600)
+    assert f"torch views ok on {workers} workers" in output
