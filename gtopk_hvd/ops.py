@@ -110,6 +110,10 @@ def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
     dtypes, to write the result into (no allocation); the result is then their first n entries.
     """
     k = check_count(k)
+    if _plain_numpy(index_a, value_a, index_b, value_b, *(out or ())):  # the reduction's case
+        return _C.merge_topk(index_a, value_a, index_b, value_b, k,
+                             _FAST_VALUE_TYPES.get(value_a.dtype.char, "unsupported"),
+                             *(out or (None, None)))
     if is_cuda(value_a):
         indices, values = _cuda_merge_topk(index_a, value_a, index_b, value_b, k)
         if out is None:
@@ -126,6 +130,19 @@ def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
     indices, values = _C.merge_topk(ia.array, va.array, ib.array, vb.array, k, va.value_type,
                                     out_index, out_value)
     return like(indices, va), like(values, va)
+
+
+# numpy's one-letter dtype codes (dtype.name builds a string: 4 us a call, as much as a merge
+# of a few hundred entries): float32, float64, and the integer codes of int32 / int64.
+_FAST_VALUE_TYPES = {"f": "float32", "d": "float64"}
+_FAST_CODES = frozenset("fdilq")
+
+
+def _plain_numpy(*arrays: Any) -> bool:
+    """All 1-D numpy arrays of float32/float64/integer dtype: the kernel takes them as they are
+    (it checks contiguity, dtypes and order itself), without the views of the general path."""
+    return all(type(a) is np.ndarray and a.ndim == 1 and a.dtype.char in _FAST_CODES
+               for a in arrays)
 
 
 def write_sparse(dest: Any, indices: Any, values: Any) -> None:
@@ -160,6 +177,8 @@ def restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> 
 
 def mark_survivors(local_indices: Any, global_indices: Any) -> np.ndarray:
     """Boolean mask over the index-sorted local set: local_indices[j] is in global_indices."""
+    if _plain_numpy(local_indices, global_indices):
+        return _C.mark_survivors(local_indices, global_indices).view(np.bool_)
     local = as_numpy(_to_cpu(local_indices), "local_indices", values=False)
     global_ = as_numpy(_to_cpu(global_indices), "global_indices", values=False)
     return _C.mark_survivors(local.array, global_.array).view(np.bool_)
