@@ -1,0 +1,38 @@
+"""The benchmark commands run end to end and print their ratios (small sizes; no timing is
+asserted: the machines are shared)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from mpi_launcher import REPO_ROOT, run_mpi
+
+
+def bench(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "gtopk_hvd.bench", *args], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_bench_merge_prints_its_ratios() -> None:
+    output = bench("merge", "--ks", "1000", "70000", "--d", "1000000", "--overlap", "0.3",
+                   "--repeats", "1")
+    rows = [line for line in output.splitlines() if line.strip().startswith(("1,000", "70,000"))]
+    assert len(rows) == 2, output
+    assert all(len(row.split("|")) == 3 for row in rows), output
+
+
+def test_bench_step_prints_phases_and_floors() -> None:
+    output = bench("step", "--parameters", "200000", "--tensors", "7", "--density", "0.01",
+                   "--steps", "2")
+    for expected in ("plain SGD step", "gtopk_hvd step", "write", "floors:",
+                     "x (accumulate_select + zero)"):
+        assert expected in output, output
+
+
+def test_bench_step_under_mpirun() -> None:
+    output = run_mpi("gtopk_hvd/bench/__main__.py", 2, "step", "--parameters", "200000",
+                     "--tensors", "7", "--steps", "2", "--scheme", "topk", timeout_s=300)
+    assert "workers: 2" in output and "communicate" in output, output[-3000:]
