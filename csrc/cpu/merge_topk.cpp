@@ -14,8 +14,9 @@
 //      number of outputs and its share of the ties (the first ones in index order).
 //   4. Each piece writes its outputs at its prefix offset, branch-free.
 // Passes over the union: one merge (writes it), one gather (reads its values), one write. With
-// AVX-512, gather and write are vectorised (compress by mask) for float32 values and int32
-// indices; 16 entries holding a tie with the k-th key are written one by one, in index order.
+// AVX-512, for float32 values and int32 indices, all three are vectorised: the merge is a bitonic
+// network over packed (index, value) entries, gather and write compress by mask (16 entries
+// holding a tie with the k-th key are written one by one, in index order).
 #include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -64,6 +65,7 @@ template <typename T, typename Index> struct Workspace {
     std::vector<uint32_t> histograms;  // pieces x kBins
     std::vector<KeyOf<T>> gathered;    // keys of bin b, piece after piece
     std::vector<KeyOf<T>> scratch;     // a copy of them that the selection reorders
+    std::vector<uint64_t> packed;      // the vectorised merge's packed sets and output
 };
 
 // One per calling thread and type pair: buffers grow to the largest merge seen, then are reused.
@@ -126,14 +128,126 @@ std::vector<Piece> split_pieces(const Index* index_a, int64_t n_a, const Index* 
     return result;
 }
 
+#if defined(__AVX512F__)
+// The vectorised merge of float32 values with int32 indices (>= 0). An entry is packed into 64
+// bits, index above value bits: packed order is index order, and an index present in both sets
+// gives two neighbours. The sets are merged 8 packed entries at a time by a bitonic network
+// (blocks padded with all-ones sentinels, which sort last), then one pass sums neighbours with
+// equal indices (a + b == b + a; NaN sums canonical as in the scalar loop) and compresses.
+constexpr uint64_t kSentinel = ~uint64_t{0};
+
+// Sorts a bitonic sequence of 8 keys ascending.
+inline __m512i sort_bitonic8(__m512i v) {
+    __m512i t = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 0, 3, 2));  // t[i] = v[i ^ 4]
+    v = _mm512_mask_blend_epi64(0xF0, _mm512_min_epu64(v, t), _mm512_max_epu64(v, t));
+    t = _mm512_permutex_epi64(v, _MM_SHUFFLE(1, 0, 3, 2));  // t[i] = v[i ^ 2]
+    v = _mm512_mask_blend_epi64(0xCC, _mm512_min_epu64(v, t), _mm512_max_epu64(v, t));
+    t = _mm512_permutex_epi64(v, _MM_SHUFFLE(2, 3, 0, 1));  // t[i] = v[i ^ 1]
+    return _mm512_mask_blend_epi64(0xAA, _mm512_min_epu64(v, t), _mm512_max_epu64(v, t));
+}
+
+// Two ascending blocks of 8 -> the 8 smallest (low) and the 8 largest (high), ascending.
+inline void merge_blocks(__m512i a, __m512i b, __m512i& low, __m512i& high) {
+    const __m512i reversed =
+        _mm512_permutexvar_epi64(_mm512_set_epi64(0, 1, 2, 3, 4, 5, 6, 7), b);
+    low = sort_bitonic8(_mm512_min_epu64(a, reversed));
+    high = sort_bitonic8(_mm512_max_epu64(a, reversed));
+}
+
+// packed[0..n) = (index << 32) | bits(value), then 8 sentinels.
+inline void pack(const int32_t* index, const float* value, int64_t n, uint64_t* packed) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m512i i64 = _mm512_cvtepu32_epi64(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + j)));
+        const __m512i v64 = _mm512_cvtepu32_epi64(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value + j)));
+        _mm512_storeu_si512(packed + j, _mm512_or_si512(_mm512_slli_epi64(i64, 32), v64));
+    }
+    for (; j < n; ++j) {
+        packed[j] = uint64_t{static_cast<uint32_t>(index[j])} << 32 | bits_of(value[j]);
+    }
+    for (int e = 0; e < 8; ++e) packed[n + e] = kSentinel;
+}
+
+// Merges packed a[0..n_a) and b[0..n_b) (each followed by 8 sentinels, n_a, n_b >= 1) into
+// merged, which must hold n_a + n_b + 24 entries; merged[n_a + n_b, + 16) are sentinels after.
+inline void merge_packed(const uint64_t* a, int64_t n_a, const uint64_t* b, int64_t n_b,
+                         uint64_t* merged) {
+    __m512i low, high;
+    merge_blocks(_mm512_loadu_si512(a), _mm512_loadu_si512(b), low, high);
+    _mm512_storeu_si512(merged, low);
+    int64_t i_a = 8, i_b = 8, m = 8;
+    while (i_a < n_a || i_b < n_b) {
+        // The block whose first key is smaller comes next (an exhausted set: a sentinel).
+        const bool take_a = a[i_a] <= b[i_b];
+        const uint64_t* next = take_a ? a + i_a : b + i_b;
+        i_a += take_a ? 8 : 0;
+        i_b += take_a ? 0 : 8;
+        merge_blocks(_mm512_loadu_si512(next), high, low, high);
+        _mm512_storeu_si512(merged + m, low);
+        m += 8;
+    }
+    _mm512_storeu_si512(merged + m, high);
+    for (int64_t j = n_a + n_b; j < n_a + n_b + 16; ++j) merged[j] = kSentinel;
+}
+
+// The union of merged[0..n): neighbours with equal indices summed. Returns its size.
+inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
+                              float* out_value) {
+    const __m512 quiet_nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+    unsigned carry = 0;  // the last entry of the previous 8 was summed with its successor
+    int64_t w = 0;
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m512i current = _mm512_loadu_si512(merged + j);
+        const __m512i following = _mm512_loadu_si512(merged + j + 1);
+        const unsigned paired = _mm512_cmpeq_epi64_mask(_mm512_srli_epi64(current, 32),
+                                                        _mm512_srli_epi64(following, 32));
+        const unsigned valid = n - j >= 8 ? 0xFFu : (1u << (n - j)) - 1;
+        const __mmask8 keep = static_cast<__mmask8>(~((paired << 1) | carry) & valid);
+        carry = (paired >> 7) & 1u;
+        __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(current), _mm512_castsi512_ps(following));
+        sum = _mm512_mask_mov_ps(sum, _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q), quiet_nan);
+        const __m512i values = _mm512_mask_blend_epi64(static_cast<__mmask8>(paired), current,
+                                                       _mm512_castps_si512(sum));
+        const __m256i index32 = _mm512_cvtepi64_epi32(_mm512_srli_epi64(current, 32));
+        const __m256i value32 = _mm512_cvtepi64_epi32(values);
+        const int count = __builtin_popcount(keep);
+        const __mmask8 first = static_cast<__mmask8>((1u << count) - 1);
+        _mm256_mask_storeu_epi32(out_index + w, first, _mm256_maskz_compress_epi32(keep, index32));
+        _mm256_mask_storeu_epi32(out_value + w, first, _mm256_maskz_compress_epi32(keep, value32));
+        w += count;
+    }
+    return w;
+}
+#endif
+
 // Merges one piece into (out_index, out_value), counting top digits into histogram if kCount.
-// Returns the number of entries written.
+// Returns the number of entries written. scratch (nullable): 2 (n_a + n_b) + 40 entries for the
+// vectorised merge of float32 / int32 sets with non-negative indices.
 template <bool kCount, typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram) {
+                    uint32_t* histogram, uint64_t* scratch) {
     using Key = KeyOf<T>;
     constexpr int shift = top_shift<T>();
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
+        if (scratch != nullptr && n_a > 0 && n_b > 0) {
+            uint64_t* packed_a = scratch;
+            uint64_t* packed_b = packed_a + n_a + 8;
+            uint64_t* merged = packed_b + n_b + 8;
+            pack(index_a, value_a, n_a, packed_a);
+            pack(index_b, value_b, n_b, packed_b);
+            merge_packed(packed_a, n_a, packed_b, n_b, merged);
+            const int64_t n = combine_packed(merged, n_a + n_b, out_index, out_value);
+            if constexpr (kCount) {
+                for (int64_t j = 0; j < n; ++j) ++histogram[magnitude_key(out_value[j]) >> shift];
+            }
+            return n;
+        }
+    }
+#endif
     const Key quiet_nan = bits_of(std::numeric_limits<T>::quiet_NaN());
     int64_t a = 0, b = 0, n = 0;
     // Masks, not branches: which run comes next is a coin toss for random index sets, and a
@@ -291,6 +405,16 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
     const int n_pieces = detail::threads_for(n_in);
     const std::vector<Piece> pieces = split_pieces(index_a, n_a, index_b, n_b, n_pieces);
     std::vector<int64_t> counts(n_pieces);
+    Workspace<T, Index>& ws = workspace<T, Index>();
+#if defined(__AVX512F__)
+    constexpr bool kVectorTypes = std::is_same_v<T, float> && std::is_same_v<Index, int32_t>;
+#else
+    constexpr bool kVectorTypes = false;
+#endif
+    // The vectorised merge packs indices as unsigned: only for non-negative ones.
+    const bool vectorised = kVectorTypes && (n_a == 0 || index_a[0] >= 0) &&
+                            (n_b == 0 || index_b[0] >= 0);
+    if (vectorised) grow(ws.packed, 2 * n_in + 64 * n_pieces);
     auto merge_all = [&](Index* to_index, T* to_value, uint32_t* histograms) {
 #pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
         for (int p = 0; p < n_pieces; ++p) {
@@ -300,7 +424,9 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
                               piece.a_end - piece.a_begin, index_b + piece.b_begin,
                               value_b + piece.b_begin, piece.b_end - piece.b_begin,
                               to_index + piece.offset(), to_value + piece.offset(),
-                              histograms ? histograms + p * kBins : nullptr);
+                              histograms ? histograms + p * kBins : nullptr,
+                              vectorised ? ws.packed.data() + 2 * piece.offset() + 64 * p
+                                         : nullptr);
         }
     };
 
@@ -313,7 +439,6 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
         return n_union;
     }
 
-    Workspace<T, Index>& ws = workspace<T, Index>();
     grow(ws.union_index, n_in);
     grow(ws.union_value, n_in);
     grow(ws.histograms, n_pieces * kBins);
