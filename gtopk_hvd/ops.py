@@ -11,6 +11,7 @@ Inputs are read in place (no copy): they must be contiguous; any shape is flatte
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,9 @@ threads.configure_kernels(_C)
 def set_num_threads(n: int) -> None:
     """Threads of the CPU kernels (0: OpenMP's default). The default is sized by
     `gtopk_hvd.threads` from the cores and the ranks on this machine."""
-    _C.set_num_threads(check_count(n))
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"the number of threads must be an integer >= 0, got {n!r}")
+    _C.set_num_threads(int(n))
 
 
 def get_num_threads() -> int:

@@ -109,3 +109,9 @@ def test_merge_result_does_not_depend_on_the_thread_count(threads: int) -> None:
     finally:
         ops.set_num_threads(before)
     assert got[0].tobytes() == expected[0].tobytes() and got[1].tobytes() == expected[1].tobytes()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_set_num_threads_names_the_problem(bad: object) -> None:
+    with pytest.raises(ValueError, match="number of threads"):
+        ops.set_num_threads(bad)

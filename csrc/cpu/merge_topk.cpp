@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -223,18 +222,18 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
 #endif
 
 // Merges one piece into (out_index, out_value), counting top digits into histogram if kCount.
-// Returns the number of entries written. scratch (nullable): 2 (n_a + n_b) + 40 entries for the
+// Returns the number of entries written. packed (nullable): 2 (n_a + n_b) + 40 entries for the
 // vectorised merge of float32 / int32 sets with non-negative indices.
 template <bool kCount, typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram, uint64_t* scratch) {
+                    uint32_t* histogram, uint64_t* packed) {
     using Key = KeyOf<T>;
     constexpr int shift = top_shift<T>();
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
-        if (scratch != nullptr && n_a > 0 && n_b > 0) {
-            uint64_t* packed_a = scratch;
+        if (packed != nullptr && n_a > 0 && n_b > 0) {
+            uint64_t* packed_a = packed;
             uint64_t* packed_b = packed_a + n_a + 8;
             uint64_t* merged = packed_b + n_b + 8;
             pack(index_a, value_a, n_a, packed_a);

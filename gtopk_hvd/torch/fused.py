@@ -45,7 +45,6 @@ class FusedGradients:
         self.views = [[buffer[begin:end].view(p.shape) if ok else None
                        for p, (begin, end), ok in zip(parameters, self.bounds, viewable)]
                       for buffer in self.buffers]
-        self.copied = [not ok for ok in viewable]  # parameters on the fallback path
         self.exposed: int | None = None  # the buffer p.grad views point at (None: not yet)
         self.zero = [True, True]  # buffer known to be all zeros (never exposed since cleared)
 
@@ -77,8 +76,8 @@ class FusedGradients:
         """Points p.grad at the update (views, or casts copied into own gradients)."""
         position = self._position(update)
         self._point_at(position)
-        for parameter, (begin, end), copied in zip(self.parameters, self.bounds, self.copied):
-            if not copied:
+        for parameter, (begin, end), view in zip(self.parameters, self.bounds, self.views[0]):
+            if view is not None:  # viewable: _point_at did it
                 continue
             value = update[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
             if parameter.grad is None or parameter.grad.shape != parameter.shape:
@@ -89,15 +88,14 @@ class FusedGradients:
     def zero_grad(self, set_to_none: bool) -> None:
         """Gradients to zero: views of a zero buffer (no pass over d when the step cleared one);
         fallback parameters as torch does."""
-        candidates = [i for i in (1 - (self.exposed or 0), self.exposed or 0) if self.zero[i]]
-        if candidates:
-            position = candidates[0]
-        else:
-            position = 0 if self.exposed is None else self.exposed
+        current = self.exposed or 0
+        position = next((i for i in (1 - current, current) if self.zero[i]), None)
+        if position is None:
+            position = current
             self.buffers[position].zero_()
         self._point_at(position)
-        for parameter, copied in zip(self.parameters, self.copied):
-            if copied and parameter.grad is not None:
+        for parameter, view in zip(self.parameters, self.views[0]):
+            if view is None and parameter.grad is not None:  # the fallback path
                 if set_to_none:
                     parameter.grad = None
                 else:
