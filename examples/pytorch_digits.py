@@ -86,7 +86,7 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
             backward_passes_per_step=args.backward_passes_per_step)
     import gtopk_hvd.torch as gtopk  # only needed for the sparsified optimizers
 
-    factory = gtopk.Compression.gtopk if args.compression == "gtopk" else gtopk.Compression.topk
+    factory = getattr(gtopk.Compression, args.compression)  # .topk or .gtopk (argparse choices)
     stages = tuple(density for density in gtopk.DGC_WARMUP if density > args.density)
     stage_steps = round(args.warmup_epochs * steps_per_epoch / len(stages)) if stages else 0
     compression = factory(density=args.density, warmup_densities=stages,

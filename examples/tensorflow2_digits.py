@@ -69,7 +69,7 @@ def distributed_tape(args: argparse.Namespace, tape: tf.GradientTape,
     if args.compression in ("none", "fp16"):
         return gtopk.DistributedGradientTape(
             tape, compression=getattr(gtopk.Compression, args.compression))
-    factory = gtopk.Compression.gtopk if args.compression == "gtopk" else gtopk.Compression.topk
+    factory = getattr(gtopk.Compression, args.compression)  # .topk or .gtopk (argparse choices)
     return gtopk.DistributedGradientTape(tape, compression=factory(density=args.density),
                                          gtopk_state=gtopk_state)
 

@@ -4,18 +4,26 @@
     Compression.fp16              dense in float16, through Horovod's allreduce
     Compression.topk(density)     Top-k S-SGD: all-gather of every worker's local top-k
     Compression.gtopk(density)    gTop-k S-SGD: the global top-k by recursive doubling
+    Compression.sparse(density, sparsifier=..., reduction=...)
+                                  any registered selection rule and reduction, e.g.
+                                  sparsifier="randomk" (with the "allreduce" reduction)
 
 Sparse choices carry their hyper-parameters:
     density                 k / d, in (0, 1]
     wire_dtype              value dtype on the wire: "float32", "float16" or "bfloat16"
+                            (what the reduction supports: gTop-k all three, the others float32)
     warmup_densities        densities of the warm-up stages, e.g. (0.25, 0.0625, 0.015625, 0.004)
     warmup_steps            optimizer steps per warm-up stage (0: no warm-up)
     momentum_correction     DGC momentum correction: u = m u + g accumulates into the residual
                             instead of g, and u is cleared where entries are sent; use it with
                             an optimizer without momentum of its own
     momentum                m of the momentum correction
-    selection               "model": one top-k over all parameters fused (as in the paper);
+    granularity             "model": one selection over all parameters fused (as in the paper);
                             "bucket": each parameter keeps its own share ceil(density * size)
+                            (`selection=` is accepted as its older name)
+    sparsifier              the selection rule, a name in gtopk_hvd.sparsifiers.SPARSIFIERS
+    reduction               the reduction, a name in gtopk_hvd.reductions.REDUCTIONS
+    seed                    seeds sparsifiers that draw at random (the same on every worker)
 """
 
 from __future__ import annotations
@@ -23,10 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gtopk_hvd.reductions import REDUCTIONS
+from gtopk_hvd.sparsifiers import SPARSIFIERS
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
-SPARSE_SCHEMES = ("topk", "gtopk")
-SELECTIONS = ("model", "bucket")
+GRANULARITIES = ("model", "bucket")
 
 
 @dataclass(frozen=True)
@@ -38,18 +47,24 @@ class DenseCompression:
 
 @dataclass(frozen=True)
 class SparseCompression:
-    scheme: str
+    reduction: str
     density: float
     wire_dtype: str = "float32"
     warmup_densities: tuple[float, ...] = ()
     warmup_steps: int = 0
     momentum_correction: bool = False
     momentum: float = 0.9
-    selection: str = "model"
+    granularity: str = "model"
+    sparsifier: str = "topk"
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.scheme not in SPARSE_SCHEMES:
-            raise ValueError(f"unknown sparse scheme {self.scheme!r}; expected {SPARSE_SCHEMES}")
+        reduction = REDUCTIONS.get(self.reduction)
+        sparsifier = SPARSIFIERS.get(self.sparsifier)
+        if reduction.needs_shared_indices and not sparsifier.shared_indices:
+            raise ValueError(f"reduction {self.reduction!r} sends no indices, so it needs a "
+                             f"sparsifier that picks the same ones on every worker; "
+                             f"{self.sparsifier!r} does not")
         for name, density in [("density", self.density)] + [
                 ("warmup density", d) for d in self.warmup_densities]:
             if isinstance(density, bool) or not isinstance(density, (int, float)) or not (
@@ -58,18 +73,30 @@ class SparseCompression:
         if self.wire_dtype not in WIRE_VALUE_TYPES:
             raise ValueError(f"wire_dtype must be one of {WIRE_VALUE_TYPES}, "
                              f"got {self.wire_dtype!r}")
+        if self.wire_dtype not in reduction.wire_dtypes:
+            raise ValueError(f"reduction {self.reduction!r} sends values as "
+                             f"{reduction.wire_dtypes}, not wire_dtype={self.wire_dtype!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity (formerly `selection`) must be one of {GRANULARITIES}, "
+                             f"got {self.granularity!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     def density_at(self, step: int) -> float:
         """The density of optimizer step `step` (0-based), warm-up included."""
         if self.warmup_steps and step < self.warmup_steps * len(self.warmup_densities):
             return self.warmup_densities[step // self.warmup_steps]
         return self.density
+
+
+def _sparse(reduction: str, density: float, options: dict[str, Any]) -> SparseCompression:
+    if "selection" in options:
+        options["granularity"] = options.pop("selection")
+    return SparseCompression(reduction, density, **options)
 
 
 class Compression:
@@ -79,36 +106,23 @@ class Compression:
     fp16 = DenseCompression("fp16")
 
     @staticmethod
-    def topk(density: float, **options: object) -> SparseCompression:
+    def topk(density: float, **options: Any) -> SparseCompression:
         """Top-k S-SGD (all-gather of local top-k sets). Options: see the module docstring."""
-        return SparseCompression("topk", density, **options)
+        return _sparse("allgather", density, options)
 
     @staticmethod
-    def gtopk(density: float, **options: object) -> SparseCompression:
+    def gtopk(density: float, **options: Any) -> SparseCompression:
         """gTop-k S-SGD (global top-k by recursive doubling). Options: module docstring."""
-        return SparseCompression("gtopk", density, **options)
+        return _sparse("gtopk", density, options)
 
-
-def check_sparse_arguments(hvd: Any, compression: object, op: object,
-                           gradient_predivide_factor: float, num_groups: int, groups: object,
-                           process_set: object) -> bool:
-    """Raises for Horovod arguments a sparse compression does not support; returns whether op is
-    Average. hvd: the adapter's Horovod module (horovod.torch or horovod.tensorflow)."""
-    framework = hvd.__name__.split(".")[-1]
-    if not isinstance(compression, SparseCompression):
-        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.{framework}."
-                         "Compression.none, .fp16, .topk(density) or .gtopk(density)")
-    if op not in (hvd.Average, hvd.Sum):
-        raise NotImplementedError("sparse compression supports op=hvd.Average or hvd.Sum")
-    if num_groups or groups is not None:
-        raise NotImplementedError("num_groups / groups: sparse compression fuses every gradient "
-                                  "into one selection (use selection='bucket' for per-tensor "
-                                  "shares)")
-    if process_set is not None and process_set is not hvd.global_process_set:
-        raise NotImplementedError("sparse compression runs on the global process set only")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    return op == hvd.Average
+    @staticmethod
+    def sparse(density: float, sparsifier: str = "topk", reduction: str | None = None,
+               **options: Any) -> SparseCompression:
+        """A registered selection rule with a registered reduction (default: the one the
+        sparsifier names, e.g. "randomk" -> "allreduce"). Options: module docstring."""
+        if reduction is None:
+            reduction = SPARSIFIERS.get(sparsifier).default_reduction
+        return _sparse(reduction, density, {**options, "sparsifier": sparsifier})
 
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

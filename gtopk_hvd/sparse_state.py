@@ -4,24 +4,32 @@ One step on worker p, gradient g (flat float32, d values), k = ceil(density * d)
 
     [momentum correction: u = m u + g; g := u]
     acc = r + g                                        (r: this worker's residual)
-    (I_p, V_p) = top-k of acc by |value|;  r = acc with the entries at I_p set to 0
-    (I, V) = reduce((I_p, V_p)) over workers           (gTop-k or Top-k all-gather; V = sums)
+    (I_p, V_p) = select(acc, k);  r = acc with the entries at I_p set to 0
+    (I, V) = reduce((I_p, V_p)) over workers           (V: sums over workers)
     r[j] += V_p[j] for j in I_p not in I               (sent but not kept globally: back to r)
     [momentum correction: u[I_p] = 0]
     update = zero except V * scale at I                (scale = 1/P for Average, 1 for Sum)
 
-The first three lines are one fused pass over d (`ops.accumulate_select`), which also clears
-the gradient buffer when the caller asks (`clear_gradient`: the adapter's fused buffer is then
-ready for the next backward without another pass). The gradient, the
+`select` is the compression's sparsifier (`gtopk_hvd.sparsifiers`: top-k by |value|, random-k,
+...) and `reduce` its reduction (`gtopk_hvd.reductions`: gTop-k, Top-k's all-gather, ...), both
+chosen by name. The first step also checks, with one small all-gather, that every worker has the
+same layout and compression (`signature`): an error on every worker otherwise.
+
+For top-k the first three lines are one fused pass over d (`ops.accumulate_select`), which
+also clears the gradient buffer when the caller asks (`clear_gradient`: the adapter's fused
+buffer is then ready for the next backward without another pass). The gradient, the
 residual and the velocity are numpy arrays, or torch tensors where the adapter keeps them (on
 the gradients' GPU: then selection and residual updates run there, and only the k-entry sets
 cross to the host for the reduction); `SparseState(zeros=...)` makes them.
 
-Non-finite gradients: NaN and +-Inf rank above every number in the selection order, so a worker
-with one always selects it, and it survives every merge (NaN + x = NaN, Inf + x = Inf or NaN).
-The global set, identical on all workers, thus holds a non-finite value iff some worker had one,
-and every worker raises the same FloatingPointError at the same step: no extra message, no hang,
-no divergence. The residual then holds the non-finite values too: restore it from a checkpoint.
+Non-finite gradients (top-k): NaN and +-Inf rank above every number in the selection order, so a
+worker with one always selects it, and it survives every merge (NaN + x = NaN, Inf + x = Inf or
+NaN). The global set, identical on all workers, thus holds a non-finite value iff some worker had
+one, and every worker raises the same FloatingPointError at the same step: no extra message, no
+hang, no divergence. The residual then holds the non-finite values too: restore it from a
+checkpoint.
+A sparsifier that ignores magnitude (random-k) keeps a non-finite value in the residual until it
+draws its index; the sum then carries it to every worker alike, and all raise at that step.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +46,9 @@ import numpy as np
 from gtopk_hvd import ops
 from gtopk_hvd._arrays import as_index_dtype, concatenate, to_host_numpy
 from gtopk_hvd.compression import SparseCompression
-from gtopk_hvd.reduction import GTopkReducer, ReductionStats, SparseResult, topk_allgather
-from gtopk_hvd.transport import Transport
+from gtopk_hvd.reductions import REDUCTIONS, ReductionStats
+from gtopk_hvd.sparsifiers import SPARSIFIERS
+from gtopk_hvd.transports import Transport, check_matches_horovod, resolve_transport
 
 
 @dataclass
@@ -62,13 +71,18 @@ class SparseState:
     """Residuals, momentum and step count of one distributed optimizer.
 
     sizes: the number of values of each parameter, in the fused order (the same on every worker).
+    transport: a Transport, a registered name, or None (MPI over COMM_WORLD).
     zeros: zeros(n) makes a float32 array of n zeros where the residual and velocity live
     (default: numpy on the host; e.g. torch.zeros on the gradients' device).
+    signature: what else every worker must agree on (the layout's names, shapes and dtypes, the
+    adapter's options); checked with the sizes and compression at the first step.
+    horovod: the adapter's Horovod module, if any: the transport must then have its workers.
     """
 
-    def __init__(self, compression: SparseCompression, sizes: list[int], transport: Transport,
-                 average: bool = True, predivide: float = 1.0,
-                 zeros: Callable[[int], Any] | None = None) -> None:
+    def __init__(self, compression: SparseCompression, sizes: Sequence[int],
+                 transport: Transport | str | None = None, average: bool = True,
+                 predivide: float = 1.0, zeros: Callable[[int], Any] | None = None,
+                 signature: str = "", horovod: Any = None) -> None:
         if not sizes or sum(sizes) == 0:
             raise ValueError("the model has no parameters with gradients to compress")
         if predivide <= 0:
@@ -77,22 +91,29 @@ class SparseState:
         self.sizes = list(sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.d = int(self.offsets[-1])
-        self.transport = transport
+        self.transport = resolve_transport(transport)
+        if horovod is not None:
+            check_matches_horovod(self.transport, horovod.rank(), horovod.size())
         self.average = average
         self.predivide = float(predivide)
-        self.index_dtype = np.int32 if self.d < 2**31 else np.int64
+        self.index_dtype = np.dtype(np.int32 if self.d < 2**31 else np.int64)
         zeros = zeros or (lambda n: np.zeros(n, dtype=np.float32))
         self.residual = zeros(self.d)
         self.velocity = zeros(self.d) if compression.momentum_correction else None
+        self.sparsifier = SPARSIFIERS.get(compression.sparsifier)(compression)
+        self.reduction = REDUCTIONS.get(compression.reduction)(
+            self.transport, self.index_dtype, compression.wire_dtype)
+        self.signature = (f"{signature}|sizes={self.sizes}|{compression}|average={average}"
+                          f"|predivide={self.predivide}")
         self.step_count = 0
         self.last_stats: StepStats | None = None
-        self._reducers: dict[int, GTopkReducer] = {}
+        self._workers_agree = False
 
     # -- the k of a step ----------------------------------------------------------------------
 
     def k_at(self, step: int) -> int:
         density = self.compression.density_at(step)
-        if self.compression.selection == "bucket":
+        if self.compression.granularity == "bucket":
             return sum(max(1, math.ceil(density * n)) for n in self.sizes if n)
         return max(1, math.ceil(density * self.d))
 
@@ -149,6 +170,10 @@ def sparse_step(state: SparseState, gradient: Any,
     possible). Updates the state's residual and velocity. Returns host numpy arrays (k entries
     at most): the indices may be a view of the reduction's buffers, valid until the next step.
     """
+    if not state._workers_agree:
+        check_same_on_all_workers(state.transport, "parameter layout and compression",
+                                  state.signature)
+        state._workers_agree = True
     compression = state.compression
     start = time.perf_counter()
     if state.predivide != 1.0:
@@ -166,7 +191,8 @@ def sparse_step(state: SparseState, gradient: Any,
     local_indices, local_values = _select(state, gradient, clear_in_pass)
     select_seconds = time.perf_counter() - start
 
-    result = _reduce(state, to_host_numpy(local_indices), to_host_numpy(local_values))
+    result = state.reduction.reduce(to_host_numpy(local_indices), to_host_numpy(local_values),
+                                    state.k_at(state.step_count))
     if not np.isfinite(result.values).all():
         raise FloatingPointError(
             f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {state.step_count} on "
@@ -188,30 +214,33 @@ def sparse_step(state: SparseState, gradient: Any,
     return result.indices, values
 
 
+def sparse_update(state: SparseState, gradient: Any, out: Any,
+                  clear_gradient: bool = False) -> Any:
+    """One step (`sparse_step`), its global set written into `out` as the dense update:
+    out = zeros(d), out[I] = scaled V. out: d float32 values of the gradient's type and device
+    (a host numpy array for a CPU state). Times the write as last_stats.write_seconds."""
+    indices, values = sparse_step(state, gradient, clear_gradient)
+    start = time.perf_counter()
+    ops.write_sparse(out, indices, values)
+    state.last_stats.write_seconds = time.perf_counter() - start
+    return out
+
+
 def _select(state: SparseState, gradient: Any, clear_gradient: bool) -> tuple[Any, Any]:
-    """Error-feedback selection: model-wide, or each parameter's own share."""
-    density = state.compression.density_at(state.step_count)
-    if state.compression.selection == "model":
-        return ops.accumulate_select(gradient, state.residual, state.k_at(state.step_count),
-                                     clear_gradient=clear_gradient)
+    """Error-feedback selection by the sparsifier: model-wide, or each parameter's own share."""
+    step = state.step_count
+    if state.compression.granularity == "model":
+        indices, values = state.sparsifier.select(gradient, state.residual, state.k_at(step),
+                                                  clear_gradient, step, 0)
+        return as_index_dtype(indices, state.index_dtype), values
+    density = state.compression.density_at(step)
     indices, values = [], []
-    for begin, end in zip(state.offsets[:-1], state.offsets[1:]):
+    for part, (begin, end) in enumerate(zip(state.offsets[:-1], state.offsets[1:])):
         if end == begin:
             continue
         k = max(1, math.ceil(density * (end - begin)))
-        part_indices, part_values = ops.accumulate_select(
-            gradient[begin:end], state.residual[begin:end], k, clear_gradient=clear_gradient)
+        part_indices, part_values = state.sparsifier.select(
+            gradient[begin:end], state.residual[begin:end], k, clear_gradient, step, part)
         indices.append(as_index_dtype(part_indices, state.index_dtype) + int(begin))
         values.append(part_values)
     return concatenate(indices), concatenate(values)
-
-
-def _reduce(state: SparseState, indices: np.ndarray, values: np.ndarray) -> SparseResult:
-    if state.compression.scheme == "topk":
-        return topk_allgather(indices, values, comm=state.transport)
-    k = state.k_at(state.step_count)
-    reducer = state._reducers.get(k)
-    if reducer is None:  # one per k: the warm-up uses a few, then one for the rest
-        reducer = state._reducers[k] = GTopkReducer(k, state.index_dtype,
-                                                    state.compression.wire_dtype, state.transport)
-    return reducer.allreduce(indices.astype(state.index_dtype, copy=False), values)

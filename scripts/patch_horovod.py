@@ -1,7 +1,7 @@
 """Apply the three source fixes Horovod 0.28.1 needs to build against torch 2.13 / TF 2.21.
 
-See ../shared/notes/horovod-build.md. Each fix must match exactly once; a sdist that
-does not look like the one we know stops the build with a message naming the file.
+Each fix must match exactly once; a sdist that does not look like the one we know stops the
+build with a message naming the file.
 
 1. C++17 instead of C++14 (torch >= 2.1 headers need it): top-level and torch CMakeLists.
 2. Drop xla_mpi_ops.cc from the TF sources (TF 2.21 wheels lack the XLA headers it includes).

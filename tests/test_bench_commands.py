@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from mpi_launcher import REPO_ROOT, run_mpi
 
 
@@ -32,6 +33,7 @@ def test_bench_step_prints_phases_and_floors() -> None:
         assert expected in output, output
 
 
+@pytest.mark.mpi
 def test_bench_step_under_mpirun() -> None:
     output = run_mpi("gtopk_hvd/bench/__main__.py", 2, "step", "--parameters", "200000",
                      "--tensors", "7", "--steps", "2", "--scheme", "topk", timeout_s=300)

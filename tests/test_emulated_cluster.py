@@ -17,9 +17,9 @@ from mpi_launcher import MPI_PROGRAMS, REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "emulated_cluster.py"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "tc", "mpirun")),
-    reason="the emulated cluster needs root, ip, tc and mpirun")
+    reason="the emulated cluster needs root, ip, tc and mpirun")]
 
 
 def run_cluster(*arguments: str, timeout_s: float = 120) -> tuple[int, str, str]:

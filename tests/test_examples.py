@@ -8,6 +8,8 @@ import re
 import pytest
 from mpi_launcher import run_mpi
 
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
+
 
 @pytest.mark.parametrize("workers", [1, 3, 4])
 def test_extension_smoke_agrees_on_every_worker(workers: int) -> None:

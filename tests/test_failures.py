@@ -10,6 +10,8 @@ import time
 import pytest
 from mpi_launcher import mpirun_command, run_mpi, run_with_time_limit
 
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
+
 
 def test_a_worker_raising_mid_training_ends_the_job_with_its_error() -> None:
     start = time.monotonic()

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mpi_launcher import run_mpi
+
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 
 
 def test_check_build_lists_tensorflow_pytorch_and_mpi() -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from mpi_launcher import MPI_PROGRAMS, run_with_time_limit
 
+pytestmark = pytest.mark.mpi  # launches horovodrun and fresh interpreters
+
 TIMEOUT_S = 120
 
 
@@ -46,6 +48,7 @@ print("built without hvd.init()")
     "tensorflow": """
 import tensorflow as tf
 import gtopk_hvd.tensorflow as gtopk
+
 variable = tf.Variable(tf.ones([4]))
 with tf.GradientTape() as tape:
     loss = tf.reduce_sum(variable * variable)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from mpi_launcher import run_mpi
+
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 
 
 def test_no_memory_growth_over_1000_steps() -> None:

@@ -9,6 +9,7 @@ from mpi_launcher import run_mpi
 from gtopk_hvd.wire import WireFormat
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 6, 8])
 def test_gtopk_allreduce_matches_replay_on_every_worker(workers: int) -> None:
     output = run_mpi("mpi_gtopk_reduction.py", workers, timeout_s=600)

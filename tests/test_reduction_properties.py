@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from reference import gtopk_schedule_reference
 from thread_transport import ThreadGroup
 
-from gtopk_hvd.reduction import GTopkReducer
+from gtopk_hvd.reductions import GTopkReducer
 
 ROUNDING = {
     "float32": lambda v: v,
@@ -61,12 +61,12 @@ def test_schedule_equals_replay_for_any_worker_count(scenario: tuple) -> None:
 
 def test_torch_tensors_in_and_out() -> None:
     torch = __import__("pytest").importorskip("torch")
-    from gtopk_hvd.reduction import gtopk_allreduce
+    from gtopk_hvd.reductions import gtopk_allreduce
 
     group = ThreadGroup(2)
     sets = [(torch.tensor([1, 5, 7], dtype=torch.int32), torch.tensor([1.0, -4.0, 2.0])),
             (torch.tensor([5, 6], dtype=torch.int32), torch.tensor([1.0, 3.0]))]
-    results = group.run(lambda t: gtopk_allreduce(*sets[t.rank], k=3, comm=t))
+    results = group.run(lambda t: gtopk_allreduce(*sets[t.rank], k=3, transport=t))
     for result in results:
         assert isinstance(result.indices, torch.Tensor) and result.indices.device.type == "cpu"
         assert result.indices.tolist() == [5, 6, 7]  # sums: 1 -> 1, 5 -> -3, 6 -> 3, 7 -> 2

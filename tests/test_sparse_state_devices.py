@@ -47,7 +47,7 @@ def train(compression: object, device: str | None, workers: int = 3, steps: int 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("options", [
     {"density": 0.05},
-    {"density": 0.05, "selection": "bucket"},
+    {"density": 0.05, "granularity": "bucket"},
     {"density": 0.02, "momentum_correction": True, "warmup_densities": (0.2,), "warmup_steps": 2},
 ], ids=["model", "bucket", "momentum+warmup"])
 @pytest.mark.parametrize("scheme", ["gtopk", "topk"])

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from mpi_launcher import run_mpi
 
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
+
 WORKERS = 4
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from mpi_launcher import run_mpi
 
+pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
+
 
 @pytest.mark.parametrize("workers", [4, 3])
 def test_torch_optimizer_under_mpirun(workers: int) -> None:

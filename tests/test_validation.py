@@ -6,7 +6,7 @@ import pytest
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import SparseState
-from gtopk_hvd.transport import default_transport
+from gtopk_hvd.transports.mpi import default_transport
 
 
 @pytest.mark.parametrize("options,message", [

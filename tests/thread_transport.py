@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from gtopk_hvd.transports import Transport
+
 
 class ThreadGroup:
     def __init__(self, size: int) -> None:
@@ -42,7 +44,7 @@ class ThreadGroup:
             return [future.result(timeout=60) for future in futures]
 
 
-class ThreadTransport:
+class ThreadTransport(Transport):
     def __init__(self, group: ThreadGroup, rank: int) -> None:
         self.group, self.rank, self.size = group, rank, group.size
 

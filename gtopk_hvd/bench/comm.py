@@ -17,8 +17,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from gtopk_hvd.reduction import dense_allreduce, gtopk_allreduce, topk_allgather
-from gtopk_hvd.transport import default_transport
+from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
+from gtopk_hvd.transports.mpi import default_transport
 
 MODELS = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032}
 

@@ -27,7 +27,7 @@ import numpy as np
 import gtopk_hvd.torch as gtopk  # before horovod: loads mpi4py first
 from gtopk_hvd import _C, ops
 from gtopk_hvd.bench.timing import median_seconds
-from gtopk_hvd.transport import default_transport
+from gtopk_hvd.transports.mpi import default_transport
 
 RESNET50 = 25_557_032
 PHASES = ("select", "communicate", "merge", "write")

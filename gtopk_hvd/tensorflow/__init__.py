@@ -14,7 +14,7 @@ to `gtopk_hvd.tensorflow.keras`).
     gradients = tape.gradient(loss, model.trainable_variables)
 """
 
-import gtopk_hvd.transport  # noqa: F401  (mpi4py before hvd.init())
+import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState

@@ -35,8 +35,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from gtopk_hvd.compression import SparseCompression
+from gtopk_hvd.arguments import Arguments
+from gtopk_hvd.layout import FusedLayout, Source
 from gtopk_hvd.tensorflow.state import GTopkState
+from gtopk_hvd.transports import Transport
 
 _UNIQUE_SUFFIX = re.compile(r"_\d+(?=/|$)")
 
@@ -57,28 +59,22 @@ def source_name(source: Any, position: int) -> str:
     return f"source.{position}"
 
 
-def describe_sources(sources: Sequence[Any]) -> tuple[list[int], list[tf.TensorShape],
-                                                        list[tf.DType], str]:
-    """Sizes, shapes and dtypes of the sources, and their signature for the workers' check.
-
-    Raises ValueError for a source that is not floating point or has no static shape.
-    """
-    sizes, shapes, dtypes, described = [], [], [], []
+def describe_sources(sources: Sequence[Any]) -> tuple[FusedLayout, list[tf.TensorShape],
+                                                        list[tf.DType]]:
+    """The sources' fused layout, shapes and dtypes. Raises ValueError for a source that is not
+    floating point or has no static shape."""
+    described, shapes, dtypes = [], [], []
     for position, source in enumerate(sources):
         name = source_name(source, position)
         dtype = tf.as_dtype(source.dtype)
         shape = tf.TensorShape(source.shape)
-        if not dtype.is_floating:
-            raise ValueError(f"source {name!r} has dtype {dtype.name}; gradients can only be "
-                             "compressed for floating-point sources")
         if not shape.is_fully_defined():
             raise ValueError(f"source {name!r} has shape {shape}; the sparse all-reduce needs "
                              "sources of static shape")
-        sizes.append(int(shape.num_elements()))
+        described.append(Source(name, tuple(shape.as_list()), dtype.name, dtype.is_floating))
         shapes.append(shape)
         dtypes.append(dtype)
-        described.append(f"{name}:{shape.as_list()}:{dtype.name}")
-    return sizes, shapes, dtypes, ";".join(described)
+    return FusedLayout(described, what="source"), shapes, dtypes
 
 
 def _fuse(gradients: Sequence[Any], sizes: Sequence[int]) -> tf.Tensor:
@@ -105,9 +101,8 @@ def _refuse_xla() -> None:
 
 
 def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Sequence[Any],
-                     compression: SparseCompression, average: bool = True,
-                     predivide: float = 1.0, passes: int = 1, average_passes: bool = False
-                     ) -> tuple[list[Any], Any]:
+                     arguments: Arguments, average_passes: bool = False,
+                     transport: Transport | str | None = None) -> tuple[list[Any], Any]:
     """The sparse all-reduce of `gradients` (one per source, None allowed): module docstring.
 
     Returns (reduced gradients, applied): tensors shaped and typed like the sources, one for
@@ -120,9 +115,9 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
     gradients, sources = list(gradients), list(sources)
     if len(gradients) != len(sources):
         raise ValueError(f"{len(gradients)} gradients for {len(sources)} sources")
-    sizes, shapes, dtypes, signature = describe_sources(sources)
-    state.bind(compression, sizes, signature, average, predivide)
-    d = sum(sizes)
+    layout, shapes, dtypes = describe_sources(sources)
+    state.bind(layout, arguments, transport)
+    sizes, d, passes = layout.sizes, layout.d, arguments.passes
 
     def numpy_step(flat: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
         update = state.step(flat.numpy(), passes, average_passes)
@@ -148,16 +143,18 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
     return reduced, applied
 
 
-def dense_allreduce(gradients: list[Any], compression_name: str, average: bool,
-                    predivide: float, process_set: Any, sparse_as_dense: bool) -> list[Any]:
+def dense_allreduce(gradients: list[Any], arguments: Arguments,
+                    sparse_as_dense: bool) -> list[Any]:
     """Horovod's allreduce of each gradient (None stays None), scaled as horovod.tensorflow does:
     with op=Average, x (1 / predivide) before the sum and x (predivide / P) after.
-    compression_name: "none" or "fp16". Works on Keras 3 variables' gradients, where Horovod's
-    own DistributedGradientTape and Keras wrapper fail."""
+    Works on Keras 3 variables' gradients, where Horovod's own DistributedGradientTape and Keras
+    wrapper fail."""
     import horovod.tensorflow as hvd
 
-    prescale, postscale = (1.0 / predivide, predivide) if average else (1.0, 1.0)
-    compression = hvd.Compression.fp16 if compression_name == "fp16" else hvd.Compression.none
+    predivide = arguments.predivide
+    prescale, postscale = (1.0 / predivide, predivide) if arguments.average else (1.0, 1.0)
+    compression = (hvd.Compression.fp16 if arguments.compression.name == "fp16"
+                   else hvd.Compression.none)
     reduced = []
     for gradient in gradients:
         if gradient is None:
@@ -166,6 +163,6 @@ def dense_allreduce(gradients: list[Any], compression_name: str, average: bool,
         if sparse_as_dense and isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)
         reduced.append(hvd.allreduce(
-            gradient, op=hvd.Average if average else hvd.Sum, compression=compression,
-            prescale_factor=prescale, postscale_factor=postscale, process_set=process_set))
+            gradient, op=arguments.op, compression=compression, prescale_factor=prescale,
+            postscale_factor=postscale, process_set=arguments.process_set))
     return reduced

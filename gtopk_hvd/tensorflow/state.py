@@ -25,16 +25,14 @@ pass, as in the torch adapter, which needs neither copy (its gradients are views
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base
 
-from gtopk_hvd import ops
-from gtopk_hvd.compression import SparseCompression
-from gtopk_hvd.sparse_state import SparseState, StepStats, check_same_on_all_workers, sparse_step
-from gtopk_hvd.transport import check_matches_horovod, default_transport
+from gtopk_hvd.arguments import Arguments
+from gtopk_hvd.layout import FusedLayout
+from gtopk_hvd.sparse_state import SparseState, StepStats, sparse_update
+from gtopk_hvd.transports import Transport
 
 
 class GTopkState(trackable_base.Trackable):
@@ -49,21 +47,17 @@ class GTopkState(trackable_base.Trackable):
     def __init__(self) -> None:
         self.sparse: SparseState | None = None
         self._signature: str | None = None
-        self._checked_workers_agree = False
         self._pending: dict | None = None
         self._accumulated: np.ndarray | None = None
         self._passes = 0
 
     # -- making it ----------------------------------------------------------------------------
 
-    def bind(self, compression: SparseCompression, sizes: list[int], signature: str,
-             average: bool, predivide: float) -> None:
-        """Makes the SparseState on first use; later, checks it is used the same way.
-
-        signature: the sources' names, shapes and dtypes (and anything else all workers must
-        agree on), checked across workers at the first step.
-        """
-        signature = f"{signature}|{compression}|average={average}|predivide={predivide}"
+    def bind(self, layout: FusedLayout, arguments: Arguments,
+             transport: Transport | str | None = None) -> None:
+        """Makes the SparseState on first use; later, checks it is used the same way."""
+        signature = (f"{layout.signature}|{arguments.compression}|average={arguments.average}"
+                     f"|predivide={arguments.predivide}")
         if self.sparse is not None:
             if signature != self._signature:
                 raise ValueError(
@@ -73,10 +67,10 @@ class GTopkState(trackable_base.Trackable):
             return
         import horovod.tensorflow as hvd
 
-        transport = default_transport()
-        check_matches_horovod(transport, hvd.rank(), hvd.size())
-        self.sparse = SparseState(compression, sizes, transport, average=average,
-                                  predivide=predivide)
+        self.sparse = SparseState(arguments.compression, layout.sizes, transport,
+                                  average=arguments.average, predivide=arguments.predivide,
+                                  signature=f"{layout.signature}|passes={arguments.passes}",
+                                  horovod=hvd)
         self._signature = signature
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -88,7 +82,7 @@ class GTopkState(trackable_base.Trackable):
              ) -> np.ndarray | None:
         """One sparse step on the fused local gradient `flat` (float32, d values, read only).
 
-        Returns the dense update (d values, zero outside the global top-k, scaled as
+        Returns the dense update (d values, zero outside the global set, scaled as
         `sparse_step` scales it), the same on every worker. With passes > 1 the gradients of
         `passes` calls are summed (averaged if average_passes) locally first: the first
         passes - 1 calls return None and communicate nothing.
@@ -104,18 +98,10 @@ class GTopkState(trackable_base.Trackable):
                 return None
             flat = self._accumulated / np.float32(passes) if average_passes else self._accumulated
             self._passes = 0
-        if not self._checked_workers_agree:
-            check_same_on_all_workers(self.sparse.transport,
-                                      "source names, shapes, dtypes and compression",
-                                      self._signature)
-            self._checked_workers_agree = True
         accumulated = passes > 1 and flat is self._accumulated
-        indices, values = sparse_step(self.sparse, flat, clear_gradient=accumulated)
-        start = time.perf_counter()
         # A new array each step: TensorFlow may keep using the memory it is handed.
-        update = np.empty(self.sparse.d, dtype=np.float32)
-        ops.write_sparse(update, indices, values)
-        self.sparse.last_stats.write_seconds = time.perf_counter() - start
+        update = sparse_update(self.sparse, flat, np.empty(self.sparse.d, dtype=np.float32),
+                               clear_gradient=accumulated)
         if passes > 1 and not accumulated:
             self._accumulated[:] = 0.0
         return update

@@ -30,15 +30,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from gtopk_hvd.compression import (
-    Compression,
-    DenseCompression,
-    SparseCompression,
-    check_sparse_arguments,
-)
+from gtopk_hvd.arguments import Arguments, parse_arguments
+from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
 from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
+from gtopk_hvd.transports import Transport
 
 _states: dict[tuple, tuple[list[Any], GTopkState]] = {}
 
@@ -67,14 +64,13 @@ def _deref(ref: Any) -> Any:
 
 
 class _SparseDistributedGradientTape(tf.GradientTape):
-    def __init__(self, tape: Any, compression: SparseCompression, average: bool,
-                 gradient_predivide_factor: float, gtopk_state: GTopkState | None,
-                 persistent: bool = False, watch_accessed_variables: bool = True) -> None:
+    def __init__(self, tape: Any, arguments: Arguments, gtopk_state: GTopkState | None,
+                 transport: Transport | str | None, persistent: bool = False,
+                 watch_accessed_variables: bool = True) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._gtopk_compression = compression
-        self._gtopk_average = average
-        self._gtopk_predivide = float(gradient_predivide_factor)
+        self._gtopk_arguments = arguments
+        self._gtopk_transport = transport
         self.gtopk_state = gtopk_state
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
@@ -87,12 +83,11 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         gradients = super(self.__class__, self).gradient(
             target, flat_sources, output_gradients, unconnected_gradients)
         if self.gtopk_state is None:
+            arguments = self._gtopk_arguments
             self.gtopk_state = state_for_sources(
-                flat_sources,
-                (self._gtopk_compression, self._gtopk_average, self._gtopk_predivide))
+                flat_sources, (arguments.compression, arguments.average, arguments.predivide))
         reduced, _ = sparse_allreduce(self.gtopk_state, gradients, flat_sources,
-                                      self._gtopk_compression, self._gtopk_average,
-                                      self._gtopk_predivide)
+                                      self._gtopk_arguments, transport=self._gtopk_transport)
         return tf.nest.pack_sequence_as(sources, reduced)
 
     @property
@@ -105,13 +100,11 @@ class _DenseDistributedGradientTape(tf.GradientTape):
     """Dense gradients through Horovod's allreduce, one per gradient (gradients.dense_allreduce):
     unlike horovod.tensorflow.DistributedGradientTape, it works with Keras 3 variables."""
 
-    def __init__(self, tape: Any, compression_name: str, average: bool,
-                 gradient_predivide_factor: float, process_set: Any, sparse_as_dense: bool,
+    def __init__(self, tape: Any, arguments: Arguments, sparse_as_dense: bool,
                  persistent: bool = False, watch_accessed_variables: bool = True) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._gtopk_dense = (compression_name, average, float(gradient_predivide_factor),
-                             process_set, sparse_as_dense)
+        self._gtopk_dense = (arguments, sparse_as_dense)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
@@ -134,6 +127,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     process_set: Any = None,
     *,
     gtopk_state: GTopkState | None = None,
+    transport: Transport | str | None = None,
 ) -> tf.GradientTape:
     """horovod.tensorflow.DistributedGradientTape with gtopk_hvd's Compression choices.
 
@@ -145,33 +139,23 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     densified), op may be Average or Sum, num_groups / groups and process sets other than the
     global one raise NotImplementedError (all gradients are fused into one selection).
     gtopk_state: where the residual lives (module docstring); None: one kept per list of
-    sources.
+    sources. transport: how the sparse reduction communicates (`gtopk_hvd.transports`; default
+    MPI over mpi4py).
     """
     import horovod.tensorflow as hvd
 
-    if op is None:
-        op = hvd.Average
-    if process_set is None:
-        process_set = hvd.global_process_set
-    if isinstance(compression, DenseCompression):
+    arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
+                                groups, process_set)
+    recording = (gradtape._persistent, gradtape._watch_accessed_variables)
+    if not arguments.sparse:
         if gtopk_state is not None:
             raise ValueError("gtopk_state is only used with a sparse compression")
-        if op not in (hvd.Average, hvd.Sum):
-            raise NotImplementedError("dense compression supports op=hvd.Average or hvd.Sum")
-        if num_groups or groups is not None:
-            raise NotImplementedError("num_groups / groups are not supported: each gradient is "
-                                      "allreduced on its own")
         cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                    dict(_DenseDistributedGradientTape.__dict__))
-        return cls(gradtape._tape, compression.name, op == hvd.Average,
-                   gradient_predivide_factor, process_set, sparse_as_dense,
-                   gradtape._persistent, gradtape._watch_accessed_variables)
-    average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
-                                     groups, process_set)
+        return cls(gradtape._tape, arguments, sparse_as_dense, *recording)
     if gtopk_state is not None and not isinstance(gtopk_state, GTopkState):
         raise ValueError(f"gtopk_state must be a gtopk_hvd.tensorflow.GTopkState, "
                          f"got {gtopk_state!r}")
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_SparseDistributedGradientTape.__dict__))
-    return cls(gradtape._tape, compression, average, gradient_predivide_factor, gtopk_state,
-               gradtape._persistent, gradtape._watch_accessed_variables)
+    return cls(gradtape._tape, arguments, gtopk_state, transport, *recording)

@@ -8,6 +8,7 @@
                                            compression=gtopk.Compression.gtopk(density=0.001))
 """
 
+import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import DGC_WARMUP, Compression
 from gtopk_hvd.torch.optimizer import DistributedOptimizer
 

@@ -20,9 +20,12 @@ and costs no pass over the gradients.
 Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
 with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
 selection and the residual updates run there (`gtopk_hvd.ops` on the current stream), and only
-the k selected (index, value) pairs go to the host for the MPI reduction and the global set
+the k selected (index, value) pairs go to the host for the reduction and the global set
 comes back. Otherwise (CPU parameters; parameters on several devices; an extension built
 without nvcc) everything lives in host memory, gradients copied there.
+
+`transport=` chooses how the workers communicate (`gtopk_hvd.transports`; default MPI over
+mpi4py, whose workers must be Horovod's).
 
 `hvd.broadcast_optimizer_state` creates a new optimizer's state by calling `step()` once with
 zero gradients; here that is one sparse step with zero gradients: it changes no parameter and no
@@ -31,7 +34,6 @@ residual, and counts as a step of the density warm-up.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,71 +42,52 @@ import numpy as np
 import torch
 
 from gtopk_hvd import ops
-from gtopk_hvd.compression import (
-    Compression,
-    DenseCompression,
-    SparseCompression,
-    check_sparse_arguments,
-)
-from gtopk_hvd.sparse_state import SparseState, check_same_on_all_workers, sparse_step
+from gtopk_hvd.arguments import Arguments, parse_arguments
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.layout import FusedLayout, Source
+from gtopk_hvd.sparse_state import SparseState, sparse_update
 from gtopk_hvd.torch.fused import FusedGradients
-from gtopk_hvd.transport import check_matches_horovod, default_transport
+from gtopk_hvd.transports import Transport
 
 
 class _SparseDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                 compression: SparseCompression, backward_passes_per_step: int, average: bool,
-                 gradient_predivide_factor: float) -> None:
+                 arguments: Arguments, transport: Transport | str | None) -> None:
         super(self.__class__, self).__init__(params)
         import horovod.torch as hvd
 
         parameters = [p for group in self.param_groups for p in group["params"]]
         names = _parameter_names(parameters, named_parameters)
         self._parameters = [p for p in parameters if p.requires_grad]
-        self._names = [names[p] for p in self._parameters]
-        for parameter, name in zip(self._parameters, self._names):
-            if not parameter.is_floating_point():
-                raise ValueError(f"parameter {name!r} has dtype {parameter.dtype}; gradients "
-                                 "can only be compressed for floating-point parameters")
-        transport = default_transport()
-        check_matches_horovod(transport, hvd.rank(), hvd.size())
-        self.backward_passes_per_step = backward_passes_per_step
+        layout = FusedLayout([Source(names[p], tuple(p.shape), str(p.dtype),
+                                     p.is_floating_point()) for p in self._parameters])
+        self.backward_passes_per_step = arguments.passes
         self._device = _state_device(self._parameters)
 
         def zeros_on_gpu(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.float32, device=self._device)
 
         # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
-        self._sparse = SparseState(compression, [p.numel() for p in self._parameters], transport,
-                                   average=average, predivide=gradient_predivide_factor,
-                                   zeros=zeros_on_gpu if self._device.type == "cuda" else None)
-        self._fused = FusedGradients(self._parameters, self._sparse.offsets.tolist(),
-                                     self._device)
-        self._signature = ";".join(
-            f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in zip(self._names, self._parameters)
-        ) + f"|{compression}|bpps={backward_passes_per_step}|average={average}"
-        self._checked_workers_agree = False
+        self._sparse = SparseState(
+            arguments.compression, layout.sizes, transport, average=arguments.average,
+            predivide=arguments.predivide,
+            zeros=zeros_on_gpu if self._device.type == "cuda" else None,
+            signature=f"{layout.signature}|bpps={arguments.passes}", horovod=hvd)
+        self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
         self.last_stats = None
 
     def synchronize(self) -> None:
         """Sparse all-reduce of the accumulated gradients; writes the update into p.grad."""
-        if not self._checked_workers_agree:
-            check_same_on_all_workers(self._sparse.transport,
-                                      "parameter names, shapes, dtypes and compression",
-                                      self._signature)
-            self._checked_workers_agree = True
         gradient = self._fused.gather()
-        # On the CPU the step runs on numpy views of the buffers: one array type inside it.
-        indices, values = sparse_step(self._sparse, _host_view(gradient), clear_gradient=True)
-        self._fused.cleared(gradient)
-        start = time.perf_counter()
         update = self._fused.update_buffer(gradient)
-        ops.write_sparse(_host_view(update), indices, values)
+        # On the CPU the step runs on numpy views of the buffers: one array type inside it.
+        sparse_update(self._sparse, _host_view(gradient), _host_view(update),
+                      clear_gradient=True)
+        self._fused.cleared(gradient)
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
-        self.last_stats.write_seconds = time.perf_counter() - start
         self._synchronized = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -190,6 +173,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: Any = None,
+    *,
+    transport: Transport | str | None = None,
 ) -> torch.optim.Optimizer:
     """horovod.torch.DistributedOptimizer with gtopk_hvd's Compression choices.
 
@@ -197,28 +182,21 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     docstring); Compression.none / .fp16: Horovod's own dense allreduce. The other arguments are
     Horovod's. With a sparse compression, num_groups / groups and process sets other than the
     global one raise NotImplementedError (all gradients are fused into one selection); op may be
-    Average or Sum.
+    Average or Sum. transport: how the sparse reduction communicates (module docstring).
     """
     import horovod.torch as hvd
 
-    if op is None:
-        op = hvd.Average
-    if process_set is None:
-        process_set = hvd.global_process_set
-    if isinstance(compression, DenseCompression):
+    arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
+                                groups, process_set, backward_passes_per_step,
+                                dense_by_horovod=True)
+    if not arguments.sparse:
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=named_parameters,
             compression=hvd.Compression.fp16 if compression.name == "fp16"
             else hvd.Compression.none,
-            backward_passes_per_step=backward_passes_per_step, op=op,
+            backward_passes_per_step=backward_passes_per_step, op=arguments.op,
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-            groups=groups, sparse_as_dense=sparse_as_dense, process_set=process_set)
-    average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor,
-                                     num_groups, groups, process_set)
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
-                         f"got {backward_passes_per_step!r}")
+            groups=groups, sparse_as_dense=sparse_as_dense, process_set=arguments.process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_SparseDistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               average, gradient_predivide_factor)
+    return cls(optimizer.param_groups, named_parameters, arguments, transport)

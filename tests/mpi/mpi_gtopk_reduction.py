@@ -13,7 +13,7 @@ from harness import run_on_all_ranks
 from mpi4py import MPI
 from reference import gtopk_schedule_reference
 
-from gtopk_hvd.reduction import dense_allreduce, gtopk_allreduce, topk_allgather
+from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

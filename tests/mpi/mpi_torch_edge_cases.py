@@ -229,7 +229,7 @@ def check_tiny_tensors() -> None:
 
     model = Tiny()
     initial = parameter_bytes(model)
-    optimizer = distributed_sgd(model, gtopk.Compression.gtopk(density=0.3, selection="bucket"))
+    optimizer = distributed_sgd(model, gtopk.Compression.gtopk(density=0.3, granularity="bucket"))
     for step in range(10):
         changed = values_changed_by_step(model, optimizer, regression_loss, step)
         assert changed <= 3, f"step {step}: {changed} values changed with k = 3"
@@ -238,7 +238,7 @@ def check_tiny_tensors() -> None:
     assert_same_on_all_ranks(model, "tiny tensors, bucket selection")
 
     assert_equals_dense_reference(
-        Tiny, regression_loss, gtopk.Compression.gtopk(density=1.0, selection="bucket"), 10)
+        Tiny, regression_loss, gtopk.Compression.gtopk(density=1.0, granularity="bucket"), 10)
 
 
 def main() -> None:

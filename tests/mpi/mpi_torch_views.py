@@ -12,6 +12,7 @@ mixed dtypes, a parameter without a gradient, predivide with momentum correction
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import horovod.torch as hvd
@@ -22,7 +23,7 @@ from torch_replicas import assert_same_on_all_ranks, parameter_bytes
 
 import gtopk_hvd.torch as gtopk
 from gtopk_hvd.sparse_state import SparseState, sparse_step
-from gtopk_hvd.transport import default_transport
+from gtopk_hvd.transports.mpi import default_transport
 
 STEPS = 12
 
@@ -187,16 +188,18 @@ def main() -> None:
     for name, options in scenarios.items():
         _, model = run(gtopk_c, **options)
         assert_same_on_all_ranks(model, name)
-    for scheme in ("gtopk", "topk"):
-        compression = getattr(gtopk.Compression, scheme)(
+    randomk = functools.partial(gtopk.Compression.sparse, sparsifier="randomk")
+    for scheme, make in (("gtopk", gtopk.Compression.gtopk), ("topk", gtopk.Compression.topk),
+                         ("randomk", randomk)):
+        compression = make(
             density=0.05, momentum_correction=True, warmup_densities=(0.3,), warmup_steps=3)
         _, model = run(compression, zero_with_optimizer, predivide=2.0)
         assert_same_on_all_ranks(model, f"{scheme} with momentum correction and predivide")
-    bucket = gtopk.Compression.gtopk(density=0.05, selection="bucket")
+    bucket = gtopk.Compression.gtopk(density=0.05, granularity="bucket")
     _, model = run(bucket, zero_with_optimizer, mixed=True)
     assert_same_on_all_ranks(model, "bucket selection")
     if hvd.rank() == 0:
-        print(f"torch views ok on {hvd.size()} workers: {len(scenarios) + 3} scenarios",
+        print(f"torch views ok on {hvd.size()} workers: {len(scenarios) + 4} scenarios",
               flush=True)
 
 

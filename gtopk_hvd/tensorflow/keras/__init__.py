@@ -11,7 +11,7 @@ callback for Horovod Keras scripts, on Keras 3 (TensorFlow's default) and tf-ker
     model.fit(x_shard, y_shard, callbacks=[gtopk.BroadcastGlobalVariablesCallback(0)])
 """
 
-import gtopk_hvd.transport  # noqa: F401  (mpi4py before hvd.init())
+import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.keras.callbacks import (
     BroadcastGlobalVariablesCallback,

@@ -32,15 +32,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from gtopk_hvd.compression import (
-    Compression,
-    DenseCompression,
-    SparseCompression,
-    check_sparse_arguments,
-)
+from gtopk_hvd.arguments import Arguments, parse_arguments
+from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
 from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
+from gtopk_hvd.transports import Transport
 
 
 def is_keras3_optimizer(optimizer: Any) -> bool:
@@ -57,27 +54,20 @@ def is_keras3_optimizer(optimizer: Any) -> bool:
 class _Reduction:
     """What the optimizer does to a gradient list before applying it."""
 
-    def __init__(self, compression: Any, average: bool, predivide: float, passes: int,
-                 average_passes: bool, process_set: Any, sparse_as_dense: bool) -> None:
-        self.compression = compression
-        self.average = average
-        self.predivide = float(predivide)
-        self.passes = passes
+    def __init__(self, arguments: Arguments, average_passes: bool, sparse_as_dense: bool,
+                 transport: Transport | str | None) -> None:
+        self.arguments = arguments
         self.average_passes = average_passes
-        self.process_set = process_set
         self.sparse_as_dense = sparse_as_dense
+        self.transport = transport
 
     def __call__(self, state: GTopkState, gradients: list[Any], variables: list[Any]
                  ) -> tuple[list[Any], Any]:
         """(reduced gradients, applied): `applied` says whether to apply them now."""
-        if isinstance(self.compression, SparseCompression):
-            return sparse_allreduce(state, gradients, variables, self.compression, self.average,
-                                    self.predivide, self.passes, self.average_passes)
-        return self._dense(gradients), True
-
-    def _dense(self, gradients: list[Any]) -> list[Any]:
-        return dense_allreduce(gradients, self.compression.name, self.average, self.predivide,
-                               self.process_set, self.sparse_as_dense)
+        if self.arguments.sparse:
+            return sparse_allreduce(state, gradients, variables, self.arguments,
+                                    self.average_passes, self.transport)
+        return dense_allreduce(gradients, self.arguments, self.sparse_as_dense), True
 
 
 def _when_applied(applied: Any, apply: Any) -> None:
@@ -153,6 +143,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     num_groups: int = 0,
     groups: Any = None,
     process_set: Any = None,
+    *,
+    transport: Transport | str | None = None,
 ) -> Any:
     """horovod.tensorflow.keras.DistributedOptimizer with gtopk_hvd's Compression choices.
 
@@ -160,20 +152,17 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     docstring); Compression.none / .fp16: Horovod's dense allreduce. With a sparse compression:
     device_dense / device_sparse are unused, IndexedSlices are densified, op may be Average or
     Sum, num_groups / groups and process sets other than the global one raise
-    NotImplementedError. `name` is accepted for Horovod compatibility and not used.
+    NotImplementedError. `name` is accepted for Horovod compatibility and not used. transport:
+    how the sparse reduction communicates (`gtopk_hvd.transports`; default MPI over mpi4py).
     """
     import horovod.tensorflow as hvd
 
     del name, device_dense, device_sparse  # the step runs on the host; the name is the class's
-    if op is None:
-        op = hvd.Average
-    if process_set is None:
-        process_set = hvd.global_process_set
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
-                         f"got {backward_passes_per_step!r}")
     keras3 = is_keras3_optimizer(optimizer)
-    if isinstance(compression, DenseCompression):
+    arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
+                                groups, process_set, backward_passes_per_step,
+                                dense_by_horovod=not keras3)
+    if not arguments.sparse:
         if not keras3:
             import horovod.tensorflow.keras as hvd_keras
 
@@ -181,33 +170,21 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
                 optimizer, compression=hvd.Compression.fp16 if compression.name == "fp16"
                 else hvd.Compression.none,
                 sparse_as_dense=sparse_as_dense,
-                gradient_predivide_factor=gradient_predivide_factor, op=op,
+                gradient_predivide_factor=gradient_predivide_factor, op=arguments.op,
                 backward_passes_per_step=backward_passes_per_step,
                 average_aggregated_gradients=average_aggregated_gradients,
-                num_groups=num_groups, groups=groups, process_set=process_set)
-        if op not in (hvd.Average, hvd.Sum):
-            raise NotImplementedError("on Keras 3, dense compression supports op=hvd.Average "
-                                      "or hvd.Sum")
-        if num_groups or groups is not None:
-            raise NotImplementedError("num_groups / groups are not supported on Keras 3")
+                num_groups=num_groups, groups=groups, process_set=arguments.process_set)
         if backward_passes_per_step != 1:
             raise NotImplementedError(
                 "backward_passes_per_step > 1 with dense compression is not supported on "
                 "Keras 3: use the optimizer's gradient_accumulation_steps")
-        if gradient_predivide_factor != 1.0 and op != hvd.Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        average = op == hvd.Average
-    else:
-        average = check_sparse_arguments(hvd, compression, op, gradient_predivide_factor,
-                                         num_groups, groups, process_set)
     methods = _Keras3DistributedOptimizer if keras3 else _KerasDistributedOptimizer
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
         key: value for key, value in methods.__dict__.items()
         if key not in ("__dict__", "__weakref__")})
     distributed = cls.from_config(optimizer.get_config())
-    distributed._gtopk_reduction = _Reduction(
-        compression, average, gradient_predivide_factor, backward_passes_per_step,
-        average_aggregated_gradients, process_set, sparse_as_dense)
+    distributed._gtopk_reduction = _Reduction(arguments, average_aggregated_gradients,
+                                              sparse_as_dense, transport)
     distributed.gtopk_state = GTopkState()
     if hasattr(distributed, "_track_trackable"):  # tf-keras' OptimizerV2 does not auto-track
         distributed._track_trackable(distributed.gtopk_state, name="gtopk_state",

@@ -1,12 +1,11 @@
-"""The transport the reductions need, and its implementation over MPI (mpi4py).
+"""The Transport over MPI (mpi4py): the default, and the only module that imports mpi4py.
 
-A `Transport` is a group of `size` workers that can exchange byte buffers point to point, gather
-equal-sized arrays, all-reduce dense float32 arrays and abort the job. `MPITransport` runs on a
-duplicate of COMM_WORLD, so its messages never mix with Horovod's or the user's.
+`MPITransport` runs on a duplicate of an MPI communicator (default COMM_WORLD), so its messages
+never mix with Horovod's or the user's.
 
-mpi4py must be imported before `hvd.init()` (importing gtopk_hvd.transport does it). Under
-`horovodrun --gloo` there is no MPI world: every process sees a world of size 1 while Horovod has
-several workers; `check_matches_horovod` turns that into an error that names the fix.
+mpi4py must be imported before `hvd.init()` (the adapters' `__init__` import this module first).
+Under `horovodrun --gloo` there is no MPI world: every process sees a world of size 1 while
+Horovod has several workers; `check_matches_horovod` turns that into an error that names the fix.
 
 A worker that dies of an uncaught exception would leave the others waiting in MPI forever. Once
 a transport with more than one worker exists, an uncaught exception on any worker prints its
@@ -18,42 +17,19 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-
-class Transport(Protocol):
-    rank: int
-    size: int
-
-    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int, receive: np.ndarray,
-                 source: int, tag: int) -> int:
-        """Sends send[:send_bytes] to dest while receiving into `receive` from source;
-        returns the number of bytes received. dest or source may be None (send or receive only).
-        """
-        ...
-
-    def allgather(self, local: np.ndarray) -> np.ndarray:
-        """Stacks every worker's equal-shaped array: result[r] is worker r's."""
-        ...
-
-    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Concatenates every worker's 1-D array in rank order; counts[r] = worker r's length."""
-        ...
-
-    def allreduce_sum(self, array: np.ndarray) -> None:
-        """In place: array = sum over workers (float32 or float64)."""
-        ...
-
-    def abort(self, message: str) -> None:
-        """Ends every worker of the job with `message` printed; does not return."""
-        ...
+from gtopk_hvd.transports.base import Transport
 
 
-class MPITransport:
+class MPITransport(Transport):
     """Transport over an MPI communicator (default: a duplicate of COMM_WORLD)."""
+
+    mismatch_hint = ("Launch with mpirun (or `horovodrun --mpi`), not `horovodrun --gloo`, and "
+                     "make sure Horovod and mpi4py use the same MPI library.")
 
     def __init__(self, comm: Any = None) -> None:
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
@@ -92,16 +68,6 @@ class MPITransport:
     def abort(self, message: str) -> None:
         print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
         self.comm.Abort(1)
-
-
-def check_matches_horovod(transport: Transport, hvd_rank: int, hvd_size: int) -> None:
-    """Raises if the MPI world is not Horovod's (e.g. launched with `horovodrun --gloo`)."""
-    if transport.size != hvd_size or transport.rank != hvd_rank:
-        raise RuntimeError(
-            f"gtopk_hvd needs an MPI world that matches Horovod's: MPI sees rank "
-            f"{transport.rank} of {transport.size}, Horovod rank {hvd_rank} of {hvd_size}. "
-            "Launch with mpirun (or `horovodrun --mpi`), not `horovodrun --gloo`, and make "
-            "sure Horovod and mpi4py use the same MPI library.")
 
 
 _default: MPITransport | None = None

@@ -1,6 +1,7 @@
-"""Sparse all-reduce of top-k sets: gTop-k (recursive doubling) and the two baselines.
+"""gTop-k: the sparse all-reduce of top-k sets by recursive doubling (registered as "gtopk").
 
-gTop-k (Shi et al., ICDCS 2019; see shared notes). Each of P workers holds an index-sorted set of
+Shi et al., "A Distributed Synchronous SGD Algorithm with Global Top-k Sparsification for Low
+Bandwidth Networks", ICDCS 2019. Each of P workers holds an index-sorted set of
 at most k (index, value) entries. merge(a, b) = top-k by |value| of union(a, b), with values
 summed where an index is in both; it is symmetric, so two workers that exchange sets and merge
 compute the same set. Let P' be the largest power of two <= P:
@@ -21,55 +22,18 @@ contribution in an intermediate merge (dropped in one subtree, re-entered from a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gtopk_hvd import ops
-from gtopk_hvd.transport import MPITransport, Transport, default_transport
-from gtopk_hvd.wire import WireFormat
+from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
+from gtopk_hvd.reductions.result import ReductionStats, SparseResult
+from gtopk_hvd.transports import Transport, resolve_transport
+from gtopk_hvd.wire import WIRE_VALUE_TYPES, WireFormat
 
 # Message tags of the gTop-k schedule (the communicator is ours alone).
 TAG_FOLD_IN, TAG_ROUND, TAG_FOLD_OUT = 11, 12, 13
-
-
-@dataclass
-class ReductionStats:
-    """What one reduction cost this worker."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    rounds: int = 0
-    merge_seconds: float = 0.0
-    comm_seconds: float = 0.0
-
-
-@dataclass
-class SparseResult:
-    """The global set (identical on every worker) and which local entries are in it."""
-
-    indices: np.ndarray
-    values: np.ndarray  # float32 sums over workers
-    survived: np.ndarray  # bool, one per local entry: its index is in `indices`
-    stats: ReductionStats = field(default_factory=ReductionStats)
-
-
-_transports: dict[int, MPITransport] = {}
-
-
-def as_transport(comm: Any) -> Transport:
-    """None -> the process-wide MPI transport; a Transport -> itself; an mpi4py communicator
-    -> one MPITransport per communicator, made on first use."""
-    if comm is None:
-        return default_transport()
-    if hasattr(comm, "sendrecv") and hasattr(comm, "allgatherv"):
-        return comm
-    handle = comm.py2f()
-    if handle not in _transports:
-        _transports[handle] = MPITransport(comm)
-    return _transports[handle]
 
 
 class GTopkReducer:
@@ -83,12 +47,12 @@ class GTopkReducer:
     """
 
     def __init__(self, k: int, index_dtype: Any = np.int32, wire_dtype: str = "float32",
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | str | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         self.k = int(k)
         self.wire = WireFormat(np.dtype(index_dtype), wire_dtype)
-        self.transport = transport if transport is not None else default_transport()
+        self.transport = resolve_transport(transport)
         capacity = self.k * self.wire.entry_bytes
         self._send = np.empty(capacity, dtype=np.uint8)
         self._receive = np.empty(capacity, dtype=np.uint8)
@@ -199,7 +163,7 @@ class GTopkReducer:
         return indices, values
 
     def _agree_on_parameters(self) -> None:
-        wire_code = ("float32", "float16", "bfloat16").index(self.wire.value_type)
+        wire_code = WIRE_VALUE_TYPES.index(self.wire.value_type)
         mine = np.array([self.k, self.wire.index_dtype.itemsize, wire_code], dtype=np.int64)
         everyone = self.transport.allgather(mine)
         if np.any(everyone != everyone[0]):
@@ -212,18 +176,19 @@ class GTopkReducer:
 _reducers: dict[tuple, GTopkReducer] = {}
 
 
-def gtopk_allreduce(indices: Any, values: Any, k: int, comm: Any = None,
+def gtopk_allreduce(indices: Any, values: Any, k: int, transport: Transport | str | None = None,
                     wire_dtype: str = "float32") -> SparseResult:
     """gTop-k all-reduce of this worker's index-sorted set of at most k entries.
 
     Every worker returns the identical global set of at most k entries with summed values,
-    plus the mask of its local entries that survived. comm: None (COMM_WORLD), an mpi4py
-    communicator or a Transport. Reducers (and their buffers) are cached per (comm, k, dtypes).
+    plus the mask of its local entries that survived. transport: a Transport, a registered
+    name, or None (MPI over COMM_WORLD). Reducers (and their buffers) are cached per
+    (transport, k, dtypes).
     indices / values may be numpy arrays or torch tensors; for tensors on a GPU only the k-entry
     sets cross to the host, and the global set comes back as tensors on the same device.
     """
     host_indices, host_values, device = _to_host(indices), _to_host(values), _device_of(values)
-    transport = as_transport(comm)
+    transport = resolve_transport(transport)
     key = (id(transport), int(k), np.dtype(host_indices.dtype).str, wire_dtype)
     reducer = _reducers.get(key)
     if reducer is None:
@@ -249,50 +214,19 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def topk_allgather(indices: np.ndarray, values: np.ndarray, comm: Any = None) -> SparseResult:
-    """Top-k S-SGD baseline: every worker gathers every local set and sums them.
-
-    The result is the union of all sets (up to P k entries), index-sorted, each value the sum
-    of the workers' values in rank order. Byte counters are those of a ring all-gather: this
-    worker receives every other worker's set and forwards all but one.
-    """
-    transport = as_transport(comm)
-    indices = np.ascontiguousarray(indices)
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    stats = ReductionStats(rounds=transport.size - 1)
-    start = time.perf_counter()
-    counts = transport.allgather(np.array([indices.size], dtype=np.int64))[:, 0]
-    all_indices = transport.allgatherv(indices, counts)
-    all_values = transport.allgatherv(values, counts)
-    stats.comm_seconds = time.perf_counter() - start
-
-    start = time.perf_counter()
-    union, position = np.unique(all_indices, return_inverse=True)
-    summed = np.zeros(union.size, dtype=np.float32)
-    np.add.at(summed, position, all_values)  # unbuffered: sums in rank order on every worker
-    stats.merge_seconds = time.perf_counter() - start
-
-    entry = indices.itemsize + 4
-    others = counts.sum() - indices.size
-    stats.bytes_received = int(entry * others + 8 * (transport.size - 1))
-    forwarded = counts.sum() - counts[(transport.rank + 1) % transport.size]
-    if transport.size > 1:
-        stats.bytes_sent = int(entry * forwarded + 8 * (transport.size - 1))
-    stats.messages_sent = 3 * (transport.size - 1)
-    return SparseResult(union, summed, np.ones(indices.size, bool), stats)
 
 
-def dense_allreduce(array: np.ndarray, comm: Any = None) -> ReductionStats:
-    """Dense S-SGD baseline: array = sum over workers, in place (MPI_Allreduce).
+@REDUCTIONS.register("gtopk")
+class GTopkReduction(Reduction):
+    """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one)."""
 
-    Byte counters are those of a ring all-reduce: 2 (P-1)/P of the array each way.
-    """
-    transport = as_transport(comm)
-    start = time.perf_counter()
-    if transport.size > 1:
-        transport.allreduce_sum(array)
-    stats = ReductionStats(comm_seconds=time.perf_counter() - start)
-    ring_bytes = 2 * (transport.size - 1) * array.nbytes // transport.size
-    stats.bytes_sent = stats.bytes_received = int(ring_bytes)
-    stats.rounds = 2 * (transport.size - 1)
-    return stats
+    def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
+        super().__init__(transport, index_dtype, wire_dtype)
+        self._reducers: dict[int, GTopkReducer] = {}
+
+    def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
+        reducer = self._reducers.get(k)
+        if reducer is None:
+            reducer = self._reducers[k] = GTopkReducer(k, self.index_dtype, self.wire_dtype,
+                                                       self.transport)
+        return reducer.allreduce(indices.astype(self.index_dtype, copy=False), values)

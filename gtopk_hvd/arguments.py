@@ -1,0 +1,67 @@
+"""Horovod's optimizer arguments, checked once for every adapter (torch, TF tape, Keras).
+
+`parse_arguments` fills Horovod's defaults (op=Average, the global process set), refuses what a
+compression cannot do with a clear error, and returns what the step needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gtopk_hvd.compression import DenseCompression, SparseCompression
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """What the adapters' steps use of Horovod's arguments."""
+
+    compression: DenseCompression | SparseCompression
+    op: Any
+    average: bool  # op is Average (else Sum)
+    predivide: float  # gradient_predivide_factor
+    process_set: Any
+    passes: int  # backward_passes_per_step
+
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.compression, SparseCompression)
+
+
+def parse_arguments(hvd: Any, compression: object, op: object = None,
+                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                    groups: object = None, process_set: object = None,
+                    backward_passes_per_step: int = 1, dense_by_horovod: bool = False
+                    ) -> Arguments:
+    """Checks Horovod's arguments for `compression`. hvd: the adapter's Horovod module
+    (horovod.torch or horovod.tensorflow). dense_by_horovod: a dense compression is handed to
+    Horovod's own wrapper, which checks its arguments itself."""
+    op = hvd.Average if op is None else op
+    process_set = hvd.global_process_set if process_set is None else process_set
+    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1):
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
+                         f"got {backward_passes_per_step!r}")
+    if isinstance(compression, SparseCompression):
+        if num_groups or groups is not None:
+            raise NotImplementedError(
+                "num_groups / groups: sparse compression fuses every gradient into one "
+                "selection (use granularity='bucket' for per-tensor shares)")
+        if process_set is not hvd.global_process_set:
+            raise NotImplementedError("sparse compression runs on the global process set only")
+    elif isinstance(compression, DenseCompression):
+        if not dense_by_horovod and (num_groups or groups is not None):
+            raise NotImplementedError("num_groups / groups are not supported: each gradient is "
+                                      "allreduced on its own")
+    else:
+        framework = hvd.__name__.split(".")[-1]
+        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.{framework}."
+                         "Compression.none, .fp16, .topk(density) or .gtopk(density)")
+    if not (dense_by_horovod and isinstance(compression, DenseCompression)):
+        kind = "sparse" if isinstance(compression, SparseCompression) else "dense"
+        if op not in (hvd.Average, hvd.Sum):
+            raise NotImplementedError(f"{kind} compression supports op=hvd.Average or hvd.Sum")
+        if gradient_predivide_factor != 1.0 and op != hvd.Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+    return Arguments(compression, op, op == hvd.Average, float(gradient_predivide_factor),
+                     process_set, backward_passes_per_step)

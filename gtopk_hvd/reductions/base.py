@@ -1,0 +1,43 @@
+"""The `Reduction` interface and its registry (`REDUCTIONS`).
+
+A reduction turns every worker's local set of (index, value) entries into one global set,
+identical on every worker, with values summed over the workers that sent each index:
+
+    (I, V) = reduce((I_p, V_p) for p in workers),  survived_p = [i in I for i in I_p]
+
+A new one is a subclass in its own module, registered with `@REDUCTIONS.register(name)` and
+imported by `gtopk_hvd.reductions`; `SparseCompression(reduction=name)` then selects it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gtopk_hvd.reductions.result import SparseResult
+from gtopk_hvd.registry import Registry
+from gtopk_hvd.transports import Transport
+from gtopk_hvd.wire import WIRE_VALUE_TYPES
+
+
+class Reduction(ABC):
+    """One reduction's state for one sparse step (a transport, an index dtype, a wire dtype)."""
+
+    needs_shared_indices: ClassVar[bool] = False
+    """True when correct only if every worker selects the same indices (no indices are sent)."""
+    wire_dtypes: ClassVar[tuple[str, ...]] = WIRE_VALUE_TYPES
+    """The value dtypes it can send."""
+
+    def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
+        self.transport = transport
+        self.index_dtype = np.dtype(index_dtype)
+        self.wire_dtype = wire_dtype
+
+    @abstractmethod
+    def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
+        """The global set of this worker's index-sorted local set (at most k entries)."""
+
+
+REDUCTIONS: Registry[type[Reduction]] = Registry("reduction")

@@ -1,0 +1,44 @@
+"""The `Sparsifier` interface and its registry (`SPARSIFIERS`).
+
+A sparsifier is the selection rule of error-feedback sparsification. On worker p, with gradient
+g and residual r (flat float32, d values) and a budget of k entries:
+
+    acc = r + g;   I_p = choose(acc, k);   V_p = acc[I_p];   r = acc with the entries at I_p = 0
+
+`select` does all of it in place (one pass where the rule allows) and returns (I_p, V_p), I_p
+strictly increasing, of any integer dtype (the step converts it). A new rule is a subclass in
+its own module, registered with `@SPARSIFIERS.register(name)` and imported by
+`gtopk_hvd.sparsifiers`; `Compression.sparse(density, sparsifier=name)` then uses it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gtopk_hvd.registry import Registry
+
+if TYPE_CHECKING:
+    from gtopk_hvd.compression import SparseCompression
+
+
+class Sparsifier(ABC):
+    shared_indices: ClassVar[bool] = False
+    """True when every worker chooses the same I_p without communicating (then the "allreduce"
+    reduction applies: no indices are sent)."""
+    default_reduction: ClassVar[str] = "gtopk"
+    """The reduction `Compression.sparse` pairs it with unless told otherwise."""
+
+    def __init__(self, compression: SparseCompression) -> None:
+        self.compression = compression
+
+    @abstractmethod
+    def select(self, gradient: Any, residual: Any, k: int, clear_gradient: bool, step: int,
+               part: int) -> tuple[Any, Any]:
+        """(I_p, V_p) as above, updating `residual` in place; `gradient` is read only unless
+        clear_gradient (then it is all zeros on return). gradient and residual are numpy
+        arrays, or torch tensors on one device (the result is then on that device too).
+        step: the optimizer step; part: which bucket (0 for a model-wide selection)."""
+
+
+SPARSIFIERS: Registry[type[Sparsifier]] = Registry("sparsifier")

@@ -1,0 +1,55 @@
+"""What the reductions need from the network: the `Transport` interface.
+
+A Transport is a group of `size` workers, this one being `rank`, that can exchange byte buffers
+point to point, gather arrays, all-reduce dense arrays and end the job. The reductions and the
+sparse step use nothing else, so a new way to communicate (MPI, Horovod's collectives,
+torch.distributed, threads in a test) is one subclass, registered by name in
+`gtopk_hvd.transports`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Transport(ABC):
+    """A group of workers; implementations set `rank` and `size`."""
+
+    rank: int
+    size: int
+    mismatch_hint: str = ""
+    """Appended to the error when the transport's workers are not Horovod's (names the fix)."""
+
+    @abstractmethod
+    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
+                 receive: np.ndarray, source: int | None, tag: int) -> int:
+        """Sends send[:send_bytes] to dest while receiving into `receive` from source;
+        returns the number of bytes received. dest or source may be None (send or receive only).
+        """
+
+    @abstractmethod
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        """Stacks every worker's equal-shaped array: result[r] is worker r's."""
+
+    @abstractmethod
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Concatenates every worker's 1-D array in rank order; counts[r] = worker r's length."""
+
+    @abstractmethod
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        """In place: array = sum over workers (float32 or float64)."""
+
+    @abstractmethod
+    def abort(self, message: str) -> None:
+        """Ends every worker of the job with `message` printed; does not return."""
+
+
+def check_matches_horovod(transport: Transport, hvd_rank: int, hvd_size: int) -> None:
+    """Raises if the transport's workers are not Horovod's (same rank, same size)."""
+    if transport.size != hvd_size or transport.rank != hvd_rank:
+        raise RuntimeError(
+            f"gtopk_hvd needs a transport whose workers are Horovod's: "
+            f"{type(transport).__name__} sees rank {transport.rank} of {transport.size}, "
+            f"Horovod rank {hvd_rank} of {hvd_size}. {transport.mismatch_hint}".rstrip())
