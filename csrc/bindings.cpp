@@ -6,13 +6,13 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "gtopk/cpu_ops.h"
+#include "gtopk/types.h"
 #ifdef GTOPK_WITH_CUDA
 #include "gtopk/cuda_ops.h"
 #endif
@@ -70,10 +70,6 @@ py::array empty_like_values(const py::array& like, int64_t n) {
     return py::array(like.dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
 }
 
-template <typename Index> bool index_fits(int64_t d) {
-    return d <= static_cast<int64_t>(std::numeric_limits<Index>::max()) + 1;
-}
-
 py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>& hint,
                    const std::string& value_type) {
     require_contiguous_1d(x, "x");
@@ -99,7 +95,7 @@ py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>
             }
             return py::make_tuple(indices, values);
         };
-        return index_fits<int32_t>(d) ? run(int32_t{}) : run(int64_t{});
+        return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
     });
 }
 
@@ -144,7 +140,7 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
             }
             return py::make_tuple(indices, values);
         };
-        return index_fits<int32_t>(d) ? run(int32_t{}) : run(int64_t{});
+        return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
     });
 }
 
@@ -315,48 +311,75 @@ uint64_t read_pass(const py::array& x) {
     throw std::invalid_argument("read_pass takes float32 or float64");
 }
 
+void bind_types(py::module_& m) {
+    using gtopk::IndexType;
+    using gtopk::ValueType;
+    py::enum_<ValueType>(m, "ValueType", "Value dtype codes of the CUDA kernels (dtype names).")
+        .value("float32", ValueType::kFloat32)
+        .value("float64", ValueType::kFloat64)
+        .value("float16", ValueType::kFloat16)
+        .value("bfloat16", ValueType::kBFloat16);
+    py::enum_<IndexType>(m, "IndexType", "Index dtype codes of the CUDA kernels (dtype names).")
+        .value("int32", IndexType::kInt32)
+        .value("int64", IndexType::kInt64);
+    m.attr("INT32_INDEX_LIMIT") = gtopk::kInt32IndexLimit;
+    m.def("int32_indices_fit", &gtopk::int32_indices_fit, py::arg("d"),
+          "True iff the indices 0 .. d-1 of a dense length d fit in int32 "
+          "(d <= INT32_INDEX_LIMIT).");
+}
+
 #ifdef GTOPK_WITH_CUDA
 // CUDA entry points take device pointers as integers; gtopk_hvd/ops.py allocates the outputs
-// and passes the current stream.
+// and the workspace (workspace 0: the cached one) and passes the current stream.
 void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 void bind_cuda(py::module_& m) {
-    using gtopk::cuda::IndexType;
-    using gtopk::cuda::ValueType;
-    m.def("cuda_topk_abs", [](int value_type, int index_type, uintptr_t x, int64_t d, int64_t k,
-                              uintptr_t out_index, uintptr_t out_value, uintptr_t stream) {
+    using gtopk::IndexType;
+    using gtopk::ValueType;
+    using gtopk::cuda::Workspace;
+    m.def("cuda_select_workspace_bytes", &gtopk::cuda::select_workspace_bytes,
+          py::arg("value_type"), py::arg("index_type"), py::arg("d"), py::arg("k"),
+          "Workspace bytes of cuda_topk_abs and cuda_accumulate_select (0: none needed).");
+    m.def("cuda_merge_topk_workspace_bytes", &gtopk::cuda::merge_topk_workspace_bytes,
+          py::arg("value_type"), py::arg("index_type"), py::arg("n_a"), py::arg("n_b"),
+          py::arg("k"));
+    m.def("cuda_topk_abs", [](ValueType value_type, IndexType index_type, uintptr_t x, int64_t d,
+                              int64_t k, uintptr_t out_index, uintptr_t out_value,
+                              uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         py::gil_scoped_release release;
-        return gtopk::cuda::topk_abs(static_cast<ValueType>(value_type),
-                                     static_cast<IndexType>(index_type), as_pointer(x), d, k,
+        return gtopk::cuda::topk_abs(value_type, index_type, as_pointer(x), d, k,
                                      as_pointer(out_index), as_pointer(out_value),
-                                     as_pointer(stream));
+                                     as_pointer(stream),
+                                     Workspace{as_pointer(workspace), workspace_bytes});
     });
-    m.def("cuda_accumulate_select", [](int value_type, int index_type, uintptr_t gradient,
-                                       uintptr_t residual, int64_t d, int64_t k,
-                                       uintptr_t out_index, uintptr_t out_value, uintptr_t stream) {
+    m.def("cuda_accumulate_select", [](ValueType value_type, IndexType index_type,
+                                       uintptr_t gradient, uintptr_t residual, int64_t d,
+                                       int64_t k, uintptr_t out_index, uintptr_t out_value,
+                                       uintptr_t stream, uintptr_t workspace,
+                                       size_t workspace_bytes) {
         py::gil_scoped_release release;
         return gtopk::cuda::accumulate_select(
-            static_cast<ValueType>(value_type), static_cast<IndexType>(index_type),
-            as_pointer(gradient), as_pointer(residual), d, k, as_pointer(out_index),
-            as_pointer(out_value), as_pointer(stream));
+            value_type, index_type, as_pointer(gradient), as_pointer(residual), d, k,
+            as_pointer(out_index), as_pointer(out_value), as_pointer(stream),
+            Workspace{as_pointer(workspace), workspace_bytes});
     });
-    m.def("cuda_merge_topk", [](int value_type, int index_type, uintptr_t index_a,
+    m.def("cuda_merge_topk", [](ValueType value_type, IndexType index_type, uintptr_t index_a,
                                 uintptr_t value_a, int64_t n_a, uintptr_t index_b,
                                 uintptr_t value_b, int64_t n_b, int64_t k, uintptr_t out_index,
-                                uintptr_t out_value, uintptr_t stream) {
+                                uintptr_t out_value, uintptr_t stream, uintptr_t workspace,
+                                size_t workspace_bytes) {
         py::gil_scoped_release release;
-        return gtopk::cuda::merge_topk(static_cast<ValueType>(value_type),
-                                       static_cast<IndexType>(index_type), as_pointer(index_a),
+        return gtopk::cuda::merge_topk(value_type, index_type, as_pointer(index_a),
                                        as_pointer(value_a), n_a, as_pointer(index_b),
                                        as_pointer(value_b), n_b, k, as_pointer(out_index),
-                                       as_pointer(out_value), as_pointer(stream));
+                                       as_pointer(out_value), as_pointer(stream),
+                                       Workspace{as_pointer(workspace), workspace_bytes});
     });
-    m.def("cuda_restore_residual", [](int value_type, int index_type, uintptr_t residual,
-                                      uintptr_t index, uintptr_t value, uintptr_t restore,
-                                      int64_t n, uintptr_t stream) {
+    m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
+                                      uintptr_t residual, uintptr_t index, uintptr_t value,
+                                      uintptr_t restore, int64_t n, uintptr_t stream) {
         py::gil_scoped_release release;
-        gtopk::cuda::restore_residual(static_cast<ValueType>(value_type),
-                                      static_cast<IndexType>(index_type), as_pointer(residual),
+        gtopk::cuda::restore_residual(value_type, index_type, as_pointer(residual),
                                       as_pointer(index), as_pointer(value),
                                       static_cast<const uint8_t*>(as_pointer(restore)), n,
                                       as_pointer(stream));
@@ -386,6 +409,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("read_pass", &read_pass, py::arg("x"),
           "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));
+    bind_types(m);
 #ifdef GTOPK_WITH_CUDA
     m.attr("built_with_cuda") = true;
     bind_cuda(m);

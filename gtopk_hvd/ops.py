@@ -3,8 +3,9 @@
 Selection order (the same everywhere, CPU and CUDA): entry (i, v) comes before (j, w) iff
 |v| > |w|, or |v| == |w| and i < j. NaN counts as larger than every number (all NaNs equal), so
 a NaN is always selected and reaches the caller; -0.0 == 0.0. Top-k = the first k entries in that
-order. Every function returns its (indices, values) sorted by index, indices int32 when the
-dense length d < 2^31 and int64 beyond, values in the input's dtype, as the caller's array type.
+order. Every function returns its (indices, values) sorted by index, indices of dtype
+index_dtype_for(d) (int32 when the dense length d <= INT32_INDEX_LIMIT = 2^31, int64 beyond),
+values in the input's dtype, as the caller's array type.
 
 Inputs are read in place (no copy): they must be contiguous; any shape is flattened.
 """
@@ -29,6 +30,8 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "cuda_built",
+    "INT32_INDEX_LIMIT",
+    "index_dtype_for",
 ]
 
 cuda_built: bool = bool(_C.built_with_cuda)
@@ -48,8 +51,15 @@ def get_num_threads() -> int:
     """Threads the CPU kernels use for large inputs (small ones run on one)."""
     return int(_C.get_num_threads())
 
-_CUDA_VALUE_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
-_CUDA_INDEX_TYPES = {"int32": 0, "int64": 1}
+
+INT32_INDEX_LIMIT: int = int(_C.INT32_INDEX_LIMIT)
+"""The longest dense length whose indices 0 .. d-1 all fit in int32 (2^31)."""
+
+
+def index_dtype_for(d: int) -> type[np.signedinteger]:
+    """The index dtype of a dense length d: np.int32 when its indices fit in int32, else
+    np.int64 (the kernels' rule, gtopk/types.h)."""
+    return np.int32 if _C.int32_indices_fit(d) else np.int64
 
 
 def _hint_array(threshold_hint: float | None, view: NumpyView) -> np.ndarray | None:
@@ -213,20 +223,42 @@ def _cuda_check(tensor: Any, what: str, device: Any) -> None:
         raise ValueError(f"{what} must be contiguous; call .contiguous() first")
 
 
+def _cuda_value_type(dtype: Any) -> Any:
+    """The kernels' code of a value dtype (_C.ValueType members are named like dtypes)."""
+    code = _C.ValueType.__members__.get(dtype_name(dtype))
+    if code is None:
+        raise TypeError(f"unsupported dtype {dtype}")
+    return code
+
+
+def _cuda_index_type(dtype: Any) -> Any:
+    """The kernels' code of an index dtype (_C.IndexType members are named like dtypes)."""
+    code = _C.IndexType.__members__.get(dtype_name(dtype))
+    if code is None:
+        raise TypeError(f"indices must be int32 or int64, got {dtype}")
+    return code
+
+
 def _cuda_outputs(like_values: Any, n: int, d: int,
-                  index_dtype: Any = None) -> tuple[Any, Any, int, int]:
-    """Output tensors for n entries, values like `like_values`; indices int32 when the dense
-    length d <= 2^31 (int64 beyond) unless index_dtype is given; and the kernels' type codes."""
+                  index_dtype: Any = None) -> tuple[Any, Any, Any, Any]:
+    """Output tensors for n entries, values like `like_values`; indices of index_dtype_for(d)
+    unless index_dtype is given; and the kernels' type codes."""
     import torch
 
     if index_dtype is None:
-        index_dtype = torch.int32 if d <= 2**31 else torch.int64
+        index_dtype = getattr(torch, index_dtype_for(d).__name__)
+    value_type = _cuda_value_type(like_values.dtype)
     indices = torch.empty(n, dtype=index_dtype, device=like_values.device)
     values = torch.empty(n, dtype=like_values.dtype, device=like_values.device)
-    value_type = _CUDA_VALUE_TYPES.get(dtype_name(like_values.dtype))
-    if value_type is None:
-        raise TypeError(f"unsupported dtype {like_values.dtype}")
-    return indices, values, value_type, _CUDA_INDEX_TYPES[dtype_name(index_dtype)]
+    return indices, values, value_type, _cuda_index_type(index_dtype)
+
+
+def _workspace(nbytes: int, device: Any) -> Any:
+    """Scratch memory of one kernel call from torch's caching allocator (on the current stream,
+    the one the call is enqueued on)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _stream(device: Any) -> int:
@@ -248,8 +280,11 @@ def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
     d = x.numel()
     indices, values, value_type, index_type = _cuda_outputs(x, min(k, d), d)
     with _on_device(x.device):
+        workspace = _workspace(_C.cuda_select_workspace_bytes(value_type, index_type, d, k),
+                               x.device)
         _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
-                         values.data_ptr(), _stream(x.device))
+                         values.data_ptr(), _stream(x.device), workspace.data_ptr(),
+                         workspace.numel())
     return indices, values
 
 
@@ -263,9 +298,12 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
     d = gradient.numel()
     indices, values, value_type, index_type = _cuda_outputs(gradient, min(k, d), d)
     with _on_device(gradient.device):
+        workspace = _workspace(_C.cuda_select_workspace_bytes(value_type, index_type, d, k),
+                               gradient.device)
         _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(),
                                   residual.data_ptr(), d, k, indices.data_ptr(),
-                                  values.data_ptr(), _stream(gradient.device))
+                                  values.data_ptr(), _stream(gradient.device),
+                                  workspace.data_ptr(), workspace.numel())
         if clear_gradient:  # on the same stream, after the kernel has read it
             gradient.zero_()
     return indices, values
@@ -286,10 +324,13 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
     indices, values, value_type, index_type = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b,
                                                             index_a.dtype)
     with _on_device(device):
+        workspace = _workspace(
+            _C.cuda_merge_topk_workspace_bytes(value_type, index_type, n_a, n_b, k), device)
         n = _C.cuda_merge_topk(value_type, index_type,
                                index_a.data_ptr(), value_a.data_ptr(), n_a, index_b.data_ptr(),
                                value_b.data_ptr(), n_b, k, indices.data_ptr(),
-                               values.data_ptr(), _stream(device))
+                               values.data_ptr(), _stream(device), workspace.data_ptr(),
+                               workspace.numel())
     return indices[:n], values[:n]
 
 
@@ -304,7 +345,6 @@ def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: An
     if mask.numel() != indices.numel() or values.numel() != indices.numel():
         raise ValueError("indices, values and restore must have the same length")
     with _on_device(device):
-        _C.cuda_restore_residual(_CUDA_VALUE_TYPES[dtype_name(values.dtype)],
-                                 _CUDA_INDEX_TYPES[dtype_name(indices.dtype)],
+        _C.cuda_restore_residual(_cuda_value_type(values.dtype), _cuda_index_type(indices.dtype),
                                  residual.data_ptr(), indices.data_ptr(), values.data_ptr(),
                                  mask.data_ptr(), indices.numel(), _stream(device))

@@ -77,12 +77,13 @@ class SparseState:
     signature: what else every worker must agree on (the layout's names, shapes and dtypes, the
     adapter's options); checked with the sizes and compression at the first step.
     horovod: the adapter's Horovod module, if any: the transport must then have its workers.
+    what: what the sources are called in errors ("parameter", "source").
     """
 
     def __init__(self, compression: SparseCompression, sizes: Sequence[int],
                  transport: Transport | str | None = None, average: bool = True,
                  predivide: float = 1.0, zeros: Callable[[int], Any] | None = None,
-                 signature: str = "", horovod: Any = None) -> None:
+                 signature: str = "", horovod: Any = None, what: str = "parameter") -> None:
         if not sizes or sum(sizes) == 0:
             raise ValueError("the model has no parameters with gradients to compress")
         if predivide <= 0:
@@ -96,13 +97,14 @@ class SparseState:
             check_matches_horovod(self.transport, horovod.rank(), horovod.size())
         self.average = average
         self.predivide = float(predivide)
-        self.index_dtype = np.dtype(np.int32 if self.d < 2**31 else np.int64)
+        self.index_dtype = np.dtype(ops.index_dtype_for(self.d))
         zeros = zeros or (lambda n: np.zeros(n, dtype=np.float32))
         self.residual = zeros(self.d)
         self.velocity = zeros(self.d) if compression.momentum_correction else None
         self.sparsifier = SPARSIFIERS.get(compression.sparsifier)(compression)
         self.reduction = REDUCTIONS.get(compression.reduction)(
             self.transport, self.index_dtype, compression.wire_dtype)
+        self.what = what
         self.signature = (f"{signature}|sizes={self.sizes}|{compression}|average={average}"
                           f"|predivide={self.predivide}")
         self.step_count = 0
@@ -171,8 +173,9 @@ def sparse_step(state: SparseState, gradient: Any,
     at most): the indices may be a view of the reduction's buffers, valid until the next step.
     """
     if not state._workers_agree:
-        check_same_on_all_workers(state.transport, "parameter layout and compression",
-                                  state.signature)
+        check_same_on_all_workers(
+            state.transport, f"{state.what} names, shapes, dtypes and compression",
+            state.signature)
         state._workers_agree = True
     compression = state.compression
     start = time.perf_counter()

@@ -1,6 +1,8 @@
 """Wire format of a sparse set: one contiguous message of n indices followed by n values.
 
-    message = indices (n x int32; int64 when d >= 2^31) ++ values (n x float32|float16|bfloat16)
+    message = indices (n x int32; int64 when d > 2^31) ++ values (n x float32|float16|bfloat16)
+
+(the index dtype is `ops.index_dtype_for(d)`).
 
 No header: the receiver learns n from the message length, n = bytes / (index bytes + value bytes).
 Values travel in the wire dtype and are merged in float32; a sender rounds its own set to the

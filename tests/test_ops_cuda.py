@@ -8,7 +8,7 @@ import pytest
 from reference import merge_reference, topk_reference
 from test_ops import KINDS, make_input
 
-from gtopk_hvd import ops
+from gtopk_hvd import _C, ops
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built),
@@ -67,3 +67,48 @@ def test_cuda_merge_matches_reference_and_is_symmetric(n: int, d: int, k: int) -
     np.testing.assert_array_equal(values.cpu().numpy(), expected_value)
     swapped = ops.merge_topk(gpu[2], gpu[3], gpu[0], gpu[1], k)
     assert torch.equal(swapped[0], indices) and torch.equal(swapped[1], values)
+
+
+def test_cuda_workspace_from_torch_or_from_the_cache() -> None:
+    d, k = 1 << 20, 1000
+    x = on_gpu(make_input("normal", d, np.float64), "float32")
+    value_type, index_type = _C.ValueType.float32, _C.IndexType.int32
+    nbytes = _C.cuda_select_workspace_bytes(value_type, index_type, d, k)
+    assert nbytes > 0
+    assert _C.cuda_select_workspace_bytes(value_type, index_type, d, d) == 0
+    expected = ops.topk_abs(x, k)  # a workspace from torch
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run(workspace: int, workspace_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        indices = torch.empty(k, dtype=torch.int32, device=x.device)
+        values = torch.empty(k, dtype=x.dtype, device=x.device)
+        _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
+                         values.data_ptr(), stream, workspace, workspace_bytes)
+        return indices, values
+
+    for _ in range(2):  # the cached workspace: grown by the first call, reused by the second
+        indices, values = run(0, 0)
+        assert torch.equal(indices, expected[0]) and torch.equal(values, expected[1])
+    small = torch.empty(nbytes + 256, dtype=torch.uint8, device=x.device)
+    with pytest.raises(ValueError, match="bytes"):
+        run(small.data_ptr(), nbytes - 1)
+    with pytest.raises(ValueError, match="aligned"):
+        run(small.data_ptr() + 1, nbytes)
+
+
+def test_cuda_merge_workspace_from_the_cache() -> None:
+    rng = np.random.default_rng(3)
+    n, d, k = 50_000, 120_000, 20_000
+    sets = [np.sort(rng.choice(d, size=n, replace=False)).astype(np.int32) for _ in range(2)]
+    gpu = [torch.from_numpy(a).cuda() for a in (sets[0], rng.standard_normal(n).astype(
+        np.float32), sets[1], rng.standard_normal(n).astype(np.float32))]
+    expected = ops.merge_topk(*gpu, k)
+    value_type, index_type = _C.ValueType.float32, _C.IndexType.int32
+    assert _C.cuda_merge_topk_workspace_bytes(value_type, index_type, n, n, k) > 0
+    indices = torch.empty(k, dtype=torch.int32, device="cuda")
+    values = torch.empty(k, dtype=torch.float32, device="cuda")
+    count = _C.cuda_merge_topk(value_type, index_type, gpu[0].data_ptr(), gpu[1].data_ptr(), n,
+                               gpu[2].data_ptr(), gpu[3].data_ptr(), n, k, indices.data_ptr(),
+                               values.data_ptr(), torch.cuda.current_stream().cuda_stream, 0, 0)
+    assert count == expected[0].numel()
+    assert torch.equal(indices[:count], expected[0]) and torch.equal(values[:count], expected[1])

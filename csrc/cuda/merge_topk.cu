@@ -113,49 +113,59 @@ __global__ void restore_kernel(T* residual, const Index* index, const T* value,
 
 int grid_for(int64_t n) { return static_cast<int>(detail::blocks_for(n, kThreads)); }
 
-template <typename T, typename Index>
-int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
-                         const void* index_b, const void* value_b, int64_t n_b, int64_t k,
-                         void* out_index, void* out_value, cudaStream_t stream) {
-    n_a = std::max<int64_t>(n_a, 0);
-    n_b = std::max<int64_t>(n_b, 0);
-    const int64_t n_merged = n_a + n_b;
-    if (k <= 0 || n_merged == 0) {
-        GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
-        return 0;
-    }
+// Where merge_topk's scratch lies in the workspace. The engine's share comes last, sized for the
+// largest selection it can be asked for: min(k, n_merged) of at most n_merged union entries.
+template <typename T, typename Index> struct MergeLayout {
+    size_t scan_bytes;
+    size_t at_merged_index, at_merged_value, at_keep, at_position, at_union_index, at_union_value,
+        at_selected, at_scan, at_select, bytes;
+};
 
-    size_t scan_bytes = 0;
-    detail::check_cuda(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+template <typename T, typename Index>
+MergeLayout<T, Index> merge_layout(int64_t n_merged, int64_t k) {
+    MergeLayout<T, Index> m{};
+    detail::check_cuda(cub::DeviceScan::InclusiveSum(nullptr, m.scan_bytes,
                                                      static_cast<const int64_t*>(nullptr),
-                                                     static_cast<int64_t*>(nullptr), n_merged,
-                                                     stream),
+                                                     static_cast<int64_t*>(nullptr), n_merged),
                        "cub::DeviceScan::InclusiveSum (size query)", __FILE__, __LINE__);
-    detail::Scratch scratch(stream);
-    const size_t at_merged_index = scratch.reserve<Index>(n_merged);
-    const size_t at_merged_value = scratch.reserve<T>(n_merged);
-    const size_t at_keep = scratch.reserve<int64_t>(n_merged);
-    const size_t at_position = scratch.reserve<int64_t>(n_merged);
-    const size_t at_union_index = scratch.reserve<Index>(n_merged);
-    const size_t at_union_value = scratch.reserve<T>(n_merged);
-    const size_t at_selected = scratch.reserve<Index>(std::min(k, n_merged));
-    const size_t at_scan = scratch.reserve<char>(scan_bytes);
-    scratch.allocate();
-    Index* merged_index = scratch.at<Index>(at_merged_index);
-    T* merged_value = scratch.at<T>(at_merged_value);
-    int64_t* keep = scratch.at<int64_t>(at_keep);
-    int64_t* position = scratch.at<int64_t>(at_position);
-    Index* union_index = scratch.at<Index>(at_union_index);
-    T* union_value = scratch.at<T>(at_union_value);
-    Index* selected = scratch.at<Index>(at_selected);
+    const int64_t n_max = std::min(k, n_merged);
+    detail::Layout layout;
+    m.at_merged_index = layout.add<Index>(n_merged);
+    m.at_merged_value = layout.add<T>(n_merged);
+    m.at_keep = layout.add<int64_t>(n_merged);
+    m.at_position = layout.add<int64_t>(n_merged);
+    m.at_union_index = layout.add<Index>(n_merged);
+    m.at_union_value = layout.add<T>(n_merged);
+    m.at_selected = layout.add<Index>(n_max);
+    m.at_scan = layout.add<char>(static_cast<int64_t>(m.scan_bytes));
+    const size_t select_bytes =
+        n_max < n_merged ? detail::select_bytes_bound<T, Index>(n_merged, n_max) : 0;
+    m.at_select = layout.add<char>(static_cast<int64_t>(select_bytes));
+    m.bytes = layout.bytes();
+    return m;
+}
+
+template <typename T, typename Index>
+int64_t merge_in_workspace(const MergeLayout<T, Index>& layout, const Index* index_a,
+                           const T* value_a, int64_t n_a, const Index* index_b, const T* value_b,
+                           int64_t n_b, int64_t k, Index* index_out, T* value_out,
+                           const Workspace& scratch, cudaStream_t stream) {
+    const int64_t n_merged = n_a + n_b;
+    Index* merged_index = detail::piece<Index>(scratch, layout.at_merged_index);
+    T* merged_value = detail::piece<T>(scratch, layout.at_merged_value);
+    int64_t* keep = detail::piece<int64_t>(scratch, layout.at_keep);
+    int64_t* position = detail::piece<int64_t>(scratch, layout.at_position);
+    Index* union_index = detail::piece<Index>(scratch, layout.at_union_index);
+    T* union_value = detail::piece<T>(scratch, layout.at_union_value);
+    Index* selected = detail::piece<Index>(scratch, layout.at_selected);
 
     merge_by_rank_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
-        static_cast<const Index*>(index_a), static_cast<const T*>(value_a), n_a,
-        static_cast<const Index*>(index_b), static_cast<const T*>(value_b), n_b, merged_index,
-        merged_value, keep);
+        index_a, value_a, n_a, index_b, value_b, n_b, merged_index, merged_value, keep);
     GTOPK_CUDA_CHECK_LAUNCH("merge_by_rank_kernel");
-    detail::check_cuda(cub::DeviceScan::InclusiveSum(scratch.at<char>(at_scan), scan_bytes, keep,
-                                                     position, n_merged, stream),
+    size_t scan_bytes = layout.scan_bytes;
+    detail::check_cuda(cub::DeviceScan::InclusiveSum(detail::piece<char>(scratch, layout.at_scan),
+                                                     scan_bytes, keep, position, n_merged,
+                                                     stream),
                        "cub::DeviceScan::InclusiveSum", __FILE__, __LINE__);
     compact_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
         merged_index, merged_value, keep, position, n_merged, union_index, union_value);
@@ -165,8 +175,6 @@ int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
                                      cudaMemcpyDeviceToHost, stream));
     GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-    Index* index_out = static_cast<Index*>(out_index);
-    T* value_out = static_cast<T*>(out_value);
     const int64_t n = std::min(k, n_union);
     if (n == n_union) {
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(index_out, union_index, n * sizeof(Index),
@@ -174,8 +182,11 @@ int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, n * sizeof(T),
                                          cudaMemcpyDeviceToDevice, stream));
     } else {
-        detail::select_topk<T, Index>(detail::ReadValues<T>{union_value}, union_value, n_union,
-                                      n, selected, value_out, nullptr, stream);
+        const Workspace engine_scratch{detail::piece<char>(scratch, layout.at_select),
+                                       layout.bytes - layout.at_select};
+        detail::select_topk<T, Index>(detail::plan_select<T, Index>(n_union, n),
+                                      detail::ReadValues<T>{union_value}, union_value, selected,
+                                      value_out, nullptr, engine_scratch, stream);
         gather_index_kernel<Index><<<grid_for(n), kThreads, 0, stream>>>(union_index, selected, n,
                                                                          index_out);
         GTOPK_CUDA_CHECK_LAUNCH("gather_index_kernel");
@@ -184,19 +195,35 @@ int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
     return n;
 }
 
-template <typename T>
-int64_t merge_topk_for_value(IndexType index_type, const void* index_a, const void* value_a,
-                             int64_t n_a, const void* index_b, const void* value_b, int64_t n_b,
-                             int64_t k, void* out_index, void* out_value, cudaStream_t stream) {
-    switch (index_type) {
-        case IndexType::kInt32:
-            return merge_topk_typed<T, int32_t>(index_a, value_a, n_a, index_b, value_b, n_b, k,
-                                                out_index, out_value, stream);
-        case IndexType::kInt64:
-            return merge_topk_typed<T, int64_t>(index_a, value_a, n_a, index_b, value_b, n_b, k,
-                                                out_index, out_value, stream);
+template <typename T, typename Index>
+size_t merge_bytes(int64_t n_a, int64_t n_b, int64_t k) {
+    const int64_t n_merged = std::max<int64_t>(n_a, 0) + std::max<int64_t>(n_b, 0);
+    return k <= 0 || n_merged == 0 ? 0 : merge_layout<T, Index>(n_merged, k).bytes;
+}
+
+template <typename T, typename Index>
+int64_t merge_topk_typed(const void* index_a, const void* value_a, int64_t n_a,
+                         const void* index_b, const void* value_b, int64_t n_b, int64_t k,
+                         void* out_index, void* out_value, cudaStream_t stream,
+                         const Workspace& workspace) {
+    n_a = std::max<int64_t>(n_a, 0);
+    n_b = std::max<int64_t>(n_b, 0);
+    const int64_t n_merged = n_a + n_b;
+    if (k <= 0 || n_merged == 0) {
+        GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return 0;
     }
-    throw std::invalid_argument("gtopk::cuda::merge_topk: unsupported index type");
+    const auto layout = merge_layout<T, Index>(n_merged, k);
+    int64_t n = 0;
+    detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
+        n = merge_in_workspace(layout, static_cast<const Index*>(index_a),
+                               static_cast<const T*>(value_a), n_a,
+                               static_cast<const Index*>(index_b),
+                               static_cast<const T*>(value_b), n_b, k,
+                               static_cast<Index*>(out_index), static_cast<T*>(out_value),
+                               scratch, stream);
+    });
+    return n;
 }
 
 template <typename T>
@@ -222,22 +249,24 @@ void restore_residual_for_value(IndexType index_type, void* residual, const void
 
 }  // namespace
 
+size_t merge_topk_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n_a,
+                                  int64_t n_b, int64_t k) {
+    return detail::with_types<false>(value_type, index_type, "merge_topk_workspace_bytes",
+                                     [&](auto v, auto i) {
+        return merge_bytes<decltype(v), decltype(i)>(n_a, n_b, k);
+    });
+}
+
 int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index_a,
                    const void* value_a, int64_t n_a, const void* index_b, const void* value_b,
-                   int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream) {
+                   int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream,
+                   Workspace workspace) {
     const auto s = static_cast<cudaStream_t>(stream);
-    switch (value_type) {
-        case ValueType::kFloat32:
-            return merge_topk_for_value<float>(index_type, index_a, value_a, n_a, index_b,
-                                               value_b, n_b, k, out_index, out_value, s);
-        case ValueType::kFloat64:
-            return merge_topk_for_value<double>(index_type, index_a, value_a, n_a, index_b,
-                                                value_b, n_b, k, out_index, out_value, s);
-        default:
-            break;
-    }
-    throw std::invalid_argument(
-        "gtopk::cuda::merge_topk: only float32 and float64 values are supported");
+    return detail::with_types<false>(value_type, index_type, "merge_topk", [&](auto v, auto i) {
+        return merge_topk_typed<decltype(v), decltype(i)>(index_a, value_a, n_a, index_b, value_b,
+                                                          n_b, k, out_index, out_value, s,
+                                                          workspace);
+    });
 }
 
 void restore_residual(ValueType value_type, IndexType index_type, void* residual,

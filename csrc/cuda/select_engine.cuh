@@ -38,9 +38,11 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "cuda_check.cuh"
+#include "device.cuh"
 #include "gtopk/cuda_ops.h"
 #include "gtopk/magnitude_order.h"
 
@@ -77,9 +79,37 @@ template <typename T> constexpr int kMaxBins = 1 << KeyLayout<T>::kFirstDigit;
 // Host helpers
 
 inline void require_index_fits(IndexType index_type, int64_t d) {
-    if (index_type == IndexType::kInt32 && d - 1 > INT32_MAX) {
-        throw std::invalid_argument("gtopk: int32 indices cannot address more than 2^31 entries");
+    if (index_type == IndexType::kInt32 && !int32_indices_fit(d)) {
+        throw std::invalid_argument("gtopk: int32 indices cannot address more than " +
+                                    std::to_string(kInt32IndexLimit) + " entries");
     }
+}
+
+// Calls body(T{}, Index{}) with the C++ types that the codes name; `what` names the caller in
+// errors. 16-bit value types are accepted only With16Bit.
+template <bool With16Bit, typename Body>
+auto with_types(ValueType value_type, IndexType index_type, const char* what, Body&& body) {
+    auto with_index = [&](auto value_tag) {
+        switch (index_type) {
+            case IndexType::kInt32: return body(value_tag, int32_t{});
+            case IndexType::kInt64: return body(value_tag, int64_t{});
+        }
+        throw std::invalid_argument(std::string("gtopk::cuda::") + what +
+                                    ": unsupported index type");
+    };
+    switch (value_type) {
+        case ValueType::kFloat32: return with_index(float{});
+        case ValueType::kFloat64: return with_index(double{});
+        case ValueType::kFloat16:
+            if constexpr (With16Bit) return with_index(float16_bits{});
+            break;
+        case ValueType::kBFloat16:
+            if constexpr (With16Bit) return with_index(bfloat16_bits{});
+            break;
+    }
+    throw std::invalid_argument(std::string("gtopk::cuda::") + what +
+                                (With16Bit ? ": unsupported value type"
+                                           : ": only float32 and float64 values are supported"));
 }
 
 inline int64_t blocks_for(int64_t count, int64_t per_block) {
@@ -90,43 +120,13 @@ inline int64_t blocks_for(int64_t count, int64_t per_block) {
 // than 2^30 entries per block (its shared-memory counters are 32-bit).
 template <typename T, typename Kernel>
 int tile_grid(Kernel kernel, int64_t count) {
-    int device = 0, sms = 0, per_sm = 0;
-    GTOPK_CUDA_CHECK(cudaGetDevice(&device));
-    GTOPK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    GTOPK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    const int device = current_device();
+    const int sms = sm_count(device);
+    const int per_sm = max_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, device);
     const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
     const int64_t wanted = std::max(resident, blocks_for(count, int64_t{1} << 30));
     return static_cast<int>(std::min(wanted, blocks_for(count, kTile<T>)));
 }
-
-// Scratch memory of one call: reserve the pieces, allocate once with cudaMallocAsync on the
-// stream, freed with cudaFreeAsync on the same stream when the object goes out of scope.
-class Scratch {
-public:
-    explicit Scratch(cudaStream_t stream) : stream_(stream) {}
-    Scratch(const Scratch&) = delete;
-    Scratch& operator=(const Scratch&) = delete;
-    ~Scratch() {
-        if (base_ != nullptr) cudaFreeAsync(base_, stream_);
-    }
-    template <typename U> size_t reserve(size_t count) {
-        size_ = (size_ + 255) / 256 * 256;
-        const size_t offset = size_;
-        size_ += count * sizeof(U);
-        return offset;
-    }
-    void allocate() {
-        if (size_ > 0) GTOPK_CUDA_CHECK(cudaMallocAsync(&base_, size_, stream_));
-    }
-    template <typename U> U* at(size_t offset) const {
-        return reinterpret_cast<U*>(static_cast<char*>(base_) + offset);
-    }
-
-private:
-    cudaStream_t stream_;
-    void* base_ = nullptr;
-    size_t size_ = 0;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The digit schedule and the device state
@@ -563,53 +563,96 @@ __global__ void zero_at_kernel(T* residual, const Index* index, int64_t n) {
 template <typename T> using BitsOf = KeyOf<T>;  // unsigned integer of T's width
 template <typename Index> using UnsignedOf = std::make_unsigned_t<Index>;
 
-// Top-n of the d values into (out_index, out_value), sorted by index; 0 < n < d.
+// What select_topk decides on the host for d values and n = min(k, d) outputs, 0 < n < d, and
+// where its scratch lies in the workspace.
+template <typename T, typename Index> struct SelectPlan {
+    int64_t d, n;
+    bool guess;
+    int64_t samples, stride, sample_rank, capacity;
+    int end_bit;  // bits of d - 1, the largest index: the sort's key width
+    size_t sort_bytes;
+    size_t at_state, at_histogram, at_sample_histogram, at_buffer_index, at_buffer_value,
+        at_stage_index, at_stage_value, at_sort, bytes;
+
+    void lay_out() {
+        Layout layout;
+        at_state = layout.add<SelectState>(1);
+        at_histogram = layout.add<u64>(kMaxBins<T>);
+        at_sample_histogram = layout.add<u64>(kMaxBins<T>);
+        at_buffer_index = layout.add<Index>(capacity);
+        at_buffer_value = layout.add<T>(capacity);
+        at_stage_index = layout.add<Index>(n);
+        at_stage_value = layout.add<T>(n);
+        at_sort = layout.add<char>(static_cast<int64_t>(sort_bytes));
+        bytes = layout.bytes();
+    }
+};
+
+template <typename T, typename Index> SelectPlan<T, Index> plan_select(int64_t d, int64_t n) {
+    SelectPlan<T, Index> plan{};
+    plan.d = d;
+    plan.n = n;
+    const bool guessable = n * kGuessMaxFraction <= d && d > kSmallInput;
+    plan.samples = std::min(kSampleSize, d);
+    plan.stride = d / plan.samples;
+    const double expected = static_cast<double>(n) * plan.samples / d;
+    plan.sample_rank =
+        1 + static_cast<int64_t>(std::ceil(expected + 4.0 * std::sqrt(expected) + 4.0));
+    plan.guess = guessable && plan.sample_rank <= plan.samples;
+    plan.capacity = std::min(
+        d, std::max(2 * n, plan.guess ? 2 * plan.sample_rank * plan.stride : 0) + kCapacitySlack);
+
+    const u64 last = static_cast<u64>(d - 1);
+    plan.end_bit = 1;
+    while (plan.end_bit < 64 && (last >> plan.end_bit) != 0) ++plan.end_bit;
+    using UIndex = UnsignedOf<Index>;
+    using Bits = BitsOf<T>;
+    check_cuda(cub::DeviceRadixSort::SortPairs(
+                   nullptr, plan.sort_bytes, static_cast<const UIndex*>(nullptr),
+                   static_cast<UIndex*>(nullptr), static_cast<const Bits*>(nullptr),
+                   static_cast<Bits*>(nullptr), n, 0, plan.end_bit),
+               "cub::DeviceRadixSort::SortPairs (size query)", __FILE__, __LINE__);
+    plan.lay_out();
+    return plan;
+}
+
+// Workspace bytes enough for select_topk over any d' <= d values with any n' <= n: the plan for
+// (d, n) with the buffer at the largest capacity any plan can have, d.
+template <typename T, typename Index> size_t select_bytes_bound(int64_t d, int64_t n) {
+    SelectPlan<T, Index> plan = plan_select<T, Index>(d, n);
+    plan.capacity = d;
+    plan.lay_out();
+    return plan.bytes;
+}
+
+// Top-n of the d values into (out_index, out_value), sorted by index, as planned by
+// plan_select(d, n), in a workspace of at least plan.bytes.
 // Pass 1 reads through `values` (which may update `input` as it reads); later passes read
 // `input`. If residual_to_zero is set, residual_to_zero[selected] = 0 afterwards.
 template <typename T, typename Index, typename Values>
-void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out_index,
-                 T* out_value, T* residual_to_zero, cudaStream_t stream) {
+void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input,
+                 Index* out_index, T* out_value, T* residual_to_zero, const Workspace& workspace,
+                 cudaStream_t stream) {
+    if (workspace.bytes < plan.bytes) {
+        throw std::logic_error("gtopk: select_topk was given a workspace of " +
+                               std::to_string(workspace.bytes) + " bytes, it needs " +
+                               std::to_string(plan.bytes));
+    }
+    const int64_t d = plan.d, n = plan.n, capacity = plan.capacity;
+    const int64_t samples = plan.samples, stride = plan.stride, sample_rank = plan.sample_rank;
+    const bool guess = plan.guess;
     const Schedule schedule = make_schedule<T>(d);
     const u64 last = static_cast<u64>(d - 1);
-
-    bool guess = n * kGuessMaxFraction <= d && d > kSmallInput;
-    const int64_t samples = std::min(kSampleSize, d);
-    const int64_t stride = d / samples;
-    const double expected = static_cast<double>(n) * samples / d;
-    const int64_t sample_rank =
-        1 + static_cast<int64_t>(std::ceil(expected + 4.0 * std::sqrt(expected) + 4.0));
-    guess = guess && sample_rank <= samples;
-    const int64_t capacity =
-        std::min(d, std::max(2 * n, guess ? 2 * sample_rank * stride : 0) + kCapacitySlack);
-
-    int end_bit = 1;
-    while (end_bit < 64 && (last >> end_bit) != 0) ++end_bit;
     using UIndex = UnsignedOf<Index>;
     using Bits = BitsOf<T>;
-    size_t sort_bytes = 0;
-    check_cuda(cub::DeviceRadixSort::SortPairs(
-                   nullptr, sort_bytes, static_cast<const UIndex*>(nullptr),
-                   static_cast<UIndex*>(nullptr), static_cast<const Bits*>(nullptr),
-                   static_cast<Bits*>(nullptr), n, 0, end_bit, stream),
-               "cub::DeviceRadixSort::SortPairs (size query)", __FILE__, __LINE__);
 
-    Scratch scratch(stream);
-    const size_t at_state = scratch.reserve<SelectState>(1);
-    const size_t at_histogram = scratch.reserve<u64>(kMaxBins<T>);
-    const size_t at_sample_histogram = scratch.reserve<u64>(kMaxBins<T>);
-    const size_t at_buffer_index = scratch.reserve<Index>(capacity);
-    const size_t at_buffer_value = scratch.reserve<T>(capacity);
-    const size_t at_stage_index = scratch.reserve<Index>(n);
-    const size_t at_stage_value = scratch.reserve<T>(n);
-    const size_t at_sort = scratch.reserve<char>(sort_bytes);
-    scratch.allocate();
-    SelectState* state = scratch.at<SelectState>(at_state);
-    u64* histogram = scratch.at<u64>(at_histogram);
-    u64* sample_histogram = scratch.at<u64>(at_sample_histogram);
-    Index* buffer_index = scratch.at<Index>(at_buffer_index);
-    T* buffer_value = scratch.at<T>(at_buffer_value);
-    Index* stage_index = scratch.at<Index>(at_stage_index);
-    T* stage_value = scratch.at<T>(at_stage_value);
+    SelectState* state = piece<SelectState>(workspace, plan.at_state);
+    u64* histogram = piece<u64>(workspace, plan.at_histogram);
+    u64* sample_histogram = piece<u64>(workspace, plan.at_sample_histogram);
+    Index* buffer_index = piece<Index>(workspace, plan.at_buffer_index);
+    T* buffer_value = piece<T>(workspace, plan.at_buffer_value);
+    Index* stage_index = piece<Index>(workspace, plan.at_stage_index);
+    T* stage_value = piece<T>(workspace, plan.at_stage_value);
 
     GTOPK_CUDA_CHECK(cudaMemsetAsync(histogram, 0, kMaxBins<T> * sizeof(u64), stream));
     GTOPK_CUDA_CHECK(cudaMemsetAsync(sample_histogram, 0, kMaxBins<T> * sizeof(u64), stream));
@@ -663,11 +706,12 @@ void select_topk(Values values, const T* input, int64_t d, int64_t n, Index* out
         GTOPK_CUDA_CHECK_LAUNCH("zero_at_kernel");
     }
 
+    size_t sort_bytes = plan.sort_bytes;
     check_cuda(cub::DeviceRadixSort::SortPairs(
-                   scratch.at<char>(at_sort), sort_bytes,
+                   piece<char>(workspace, plan.at_sort), sort_bytes,
                    reinterpret_cast<const UIndex*>(stage_index),
                    reinterpret_cast<UIndex*>(out_index), reinterpret_cast<const Bits*>(stage_value),
-                   reinterpret_cast<Bits*>(out_value), n, 0, end_bit, stream),
+                   reinterpret_cast<Bits*>(out_value), n, 0, plan.end_bit, stream),
                "cub::DeviceRadixSort::SortPairs", __FILE__, __LINE__);
 }
 

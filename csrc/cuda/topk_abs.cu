@@ -62,10 +62,20 @@ int elementwise_grid(int64_t d) {
     return static_cast<int>(std::min<int64_t>(detail::blocks_for(d, kThreads), 1 << 16));
 }
 
+int64_t selected_count(int64_t d, int64_t k) {
+    return std::clamp<int64_t>(k, 0, std::max<int64_t>(d, 0));
+}
+
+// Only the engine (0 < n < d) takes scratch.
+template <typename T, typename Index> size_t select_bytes(int64_t d, int64_t k) {
+    const int64_t n = selected_count(d, k);
+    return n > 0 && n < d ? detail::plan_select<T, Index>(d, n).bytes : 0;
+}
+
 template <typename T, typename Index>
 int64_t topk_abs_typed(const void* x, int64_t d, int64_t k, void* out_index, void* out_value,
-                       cudaStream_t stream) {
-    const int64_t n = std::clamp<int64_t>(k, 0, std::max<int64_t>(d, 0));
+                       cudaStream_t stream, const Workspace& workspace) {
+    const int64_t n = selected_count(d, k);
     if (n == 0) return 0;
     const T* values = static_cast<const T*>(x);
     Index* index_out = static_cast<Index*>(out_index);
@@ -76,16 +86,20 @@ int64_t topk_abs_typed(const void* x, int64_t d, int64_t k, void* out_index, voi
         GTOPK_CUDA_CHECK_LAUNCH("take_all_kernel");
         return n;
     }
-    detail::select_topk<T, Index>(detail::ReadValues<T>{values}, values, d, n, index_out,
-                                  value_out, nullptr, stream);
+    const auto plan = detail::plan_select<T, Index>(d, n);
+    detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
+        detail::select_topk<T, Index>(plan, detail::ReadValues<T>{values}, values, index_out,
+                                      value_out, nullptr, scratch, stream);
+    });
     return n;
 }
 
 template <typename T, typename Index>
 int64_t accumulate_select_typed(const void* gradient, void* residual, int64_t d, int64_t k,
-                                void* out_index, void* out_value, cudaStream_t stream) {
+                                void* out_index, void* out_value, cudaStream_t stream,
+                                const Workspace& workspace) {
     if (d <= 0) return 0;
-    const int64_t n = std::clamp<int64_t>(k, 0, d);
+    const int64_t n = selected_count(d, k);
     const T* g = static_cast<const T*>(gradient);
     T* r = static_cast<T*>(residual);
     Index* index_out = static_cast<Index*>(out_index);
@@ -101,74 +115,44 @@ int64_t accumulate_select_typed(const void* gradient, void* residual, int64_t d,
         GTOPK_CUDA_CHECK_LAUNCH("accumulate_take_all_kernel");
         return n;
     }
-    detail::select_topk<T, Index>(detail::AccumulateValues<T>{g, r}, r, d, n, index_out,
-                                  value_out, r, stream);
+    const auto plan = detail::plan_select<T, Index>(d, n);
+    detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
+        detail::select_topk<T, Index>(plan, detail::AccumulateValues<T>{g, r}, r, index_out,
+                                      value_out, r, scratch, stream);
+    });
     return n;
-}
-
-template <typename T>
-int64_t topk_abs_for_value(IndexType index_type, const void* x, int64_t d, int64_t k,
-                           void* out_index, void* out_value, cudaStream_t stream) {
-    switch (index_type) {
-        case IndexType::kInt32:
-            return topk_abs_typed<T, int32_t>(x, d, k, out_index, out_value, stream);
-        case IndexType::kInt64:
-            return topk_abs_typed<T, int64_t>(x, d, k, out_index, out_value, stream);
-    }
-    throw std::invalid_argument("gtopk::cuda::topk_abs: unsupported index type");
-}
-
-template <typename T>
-int64_t accumulate_select_for_value(IndexType index_type, const void* gradient, void* residual,
-                                    int64_t d, int64_t k, void* out_index, void* out_value,
-                                    cudaStream_t stream) {
-    switch (index_type) {
-        case IndexType::kInt32:
-            return accumulate_select_typed<T, int32_t>(gradient, residual, d, k, out_index,
-                                                       out_value, stream);
-        case IndexType::kInt64:
-            return accumulate_select_typed<T, int64_t>(gradient, residual, d, k, out_index,
-                                                       out_value, stream);
-    }
-    throw std::invalid_argument("gtopk::cuda::accumulate_select: unsupported index type");
 }
 
 }  // namespace
 
+size_t select_workspace_bytes(ValueType value_type, IndexType index_type, int64_t d, int64_t k) {
+    return detail::with_types<true>(value_type, index_type, "select_workspace_bytes",
+                                    [&](auto v, auto i) {
+        return select_bytes<decltype(v), decltype(i)>(d, k);
+    });
+}
+
 int64_t topk_abs(ValueType value_type, IndexType index_type, const void* x, int64_t d, int64_t k,
-                 void* out_index, void* out_value, void* stream) {
+                 void* out_index, void* out_value, void* stream, Workspace workspace) {
     detail::require_index_fits(index_type, d);
     const auto s = static_cast<cudaStream_t>(stream);
-    switch (value_type) {
-        case ValueType::kFloat32:
-            return topk_abs_for_value<float>(index_type, x, d, k, out_index, out_value, s);
-        case ValueType::kFloat64:
-            return topk_abs_for_value<double>(index_type, x, d, k, out_index, out_value, s);
-        case ValueType::kFloat16:
-            return topk_abs_for_value<float16_bits>(index_type, x, d, k, out_index, out_value, s);
-        case ValueType::kBFloat16:
-            return topk_abs_for_value<bfloat16_bits>(index_type, x, d, k, out_index, out_value, s);
-    }
-    throw std::invalid_argument("gtopk::cuda::topk_abs: unsupported value type");
+    return detail::with_types<true>(value_type, index_type, "topk_abs", [&](auto v, auto i) {
+        return topk_abs_typed<decltype(v), decltype(i)>(x, d, k, out_index, out_value, s,
+                                                        workspace);
+    });
 }
 
 int64_t accumulate_select(ValueType value_type, IndexType index_type, const void* gradient,
                           void* residual, int64_t d, int64_t k, void* out_index, void* out_value,
-                          void* stream) {
+                          void* stream, Workspace workspace) {
     detail::require_index_fits(index_type, d);
     const auto s = static_cast<cudaStream_t>(stream);
-    switch (value_type) {
-        case ValueType::kFloat32:
-            return accumulate_select_for_value<float>(index_type, gradient, residual, d, k,
-                                                      out_index, out_value, s);
-        case ValueType::kFloat64:
-            return accumulate_select_for_value<double>(index_type, gradient, residual, d, k,
-                                                       out_index, out_value, s);
-        default:
-            break;
-    }
-    throw std::invalid_argument(
-        "gtopk::cuda::accumulate_select: only float32 and float64 values are supported");
+    return detail::with_types<false>(value_type, index_type, "accumulate_select",
+                                     [&](auto v, auto i) {
+        return accumulate_select_typed<decltype(v), decltype(i)>(gradient, residual, d, k,
+                                                                 out_index, out_value, s,
+                                                                 workspace);
+    });
 }
 
 }  // namespace gtopk::cuda

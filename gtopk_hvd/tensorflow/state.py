@@ -70,7 +70,7 @@ class GTopkState(trackable_base.Trackable):
         self.sparse = SparseState(arguments.compression, layout.sizes, transport,
                                   average=arguments.average, predivide=arguments.predivide,
                                   signature=f"{layout.signature}|passes={arguments.passes}",
-                                  horovod=hvd)
+                                  horovod=hvd, what="source")
         self._signature = signature
         if self._pending is not None:
             pending, self._pending = self._pending, None

@@ -2,12 +2,13 @@
 //
 // Every function writes its result sorted by index, with unique indices, and returns the
 // number of entries written. Output buffers must hold min(k, number of candidates) entries.
-// Index is int32_t (d < 2^31) or int64_t.
+// Index is int32_t (when int32_indices_fit(d), types.h) or int64_t.
 #pragma once
 
 #include <cstdint>
 
 #include "gtopk/magnitude_order.h"
+#include "gtopk/types.h"
 
 namespace gtopk::cpu {
 

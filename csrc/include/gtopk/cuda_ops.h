@@ -1,38 +1,55 @@
 // CUDA kernels of gtopk_hvd: the same operations and contracts as cpu_ops.h, on device memory.
 //
-// All pointers are device pointers. `stream` is a cudaStream_t passed as void* (nullptr: the
-// legacy default stream); work is enqueued on it and scratch memory is taken with
-// cudaMallocAsync on it. Functions whose result count is data-dependent (merge_topk) synchronise
-// the stream to return it; the others return min(k, d) without synchronising.
-// Errors (CUDA failures) are thrown as std::runtime_error naming the CUDA call.
+// All pointers are device pointers of the current device. `stream` is a cudaStream_t passed as
+// void* (nullptr: the legacy default stream); work is enqueued on it. Functions whose result
+// count is data-dependent (merge_topk) synchronise the stream to return it; the others return
+// min(k, d) without synchronising. Errors (CUDA failures) are thrown as std::runtime_error
+// naming the CUDA call; bad arguments as std::invalid_argument.
+//
+// Scratch memory: `workspace` is device memory of at least the bytes that the matching
+// *_workspace_bytes function returns for the same arguments, 256-byte aligned, left to the
+// work this call enqueues on `stream` (e.g. a tensor from torch's caching allocator on that
+// stream). Without one (data == nullptr), the call uses a workspace cached per device, grown as
+// needed and shared in turn by every stream of the device.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "gtopk/magnitude_order.h"
+#include "gtopk/types.h"
 
 namespace gtopk::cuda {
 
-enum class ValueType : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
-enum class IndexType : int { kInt32 = 0, kInt64 = 1 };
+struct Workspace {
+    void* data = nullptr;
+    size_t bytes = 0;
+};
+
+// Workspace of topk_abs and of accumulate_select.
+size_t select_workspace_bytes(ValueType value_type, IndexType index_type, int64_t d, int64_t k);
 
 // Top-min(k, d) entries of x by magnitude (order and NaN rule: magnitude_order.h), written
 // sorted by index into out_index (IndexType) and out_value (ValueType).
 int64_t topk_abs(ValueType value_type, IndexType index_type, const void* x, int64_t d, int64_t k,
-                 void* out_index, void* out_value, void* stream);
+                 void* out_index, void* out_value, void* stream, Workspace workspace = {});
 
 // residual += gradient; top-k of residual; residual[selected] = 0. float32 / float64 only.
 int64_t accumulate_select(ValueType value_type, IndexType index_type, const void* gradient,
                           void* residual, int64_t d, int64_t k, void* out_index, void* out_value,
-                          void* stream);
+                          void* stream, Workspace workspace = {});
+
+size_t merge_topk_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n_a,
+                                  int64_t n_b, int64_t k);
 
 // union of two index-sorted sets with values summed, then top-k, index-sorted.
 // float32 / float64 only. Symmetric in (a, b) bit for bit. Synchronises `stream`.
 int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index_a,
                    const void* value_a, int64_t n_a, const void* index_b, const void* value_b,
-                   int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream);
+                   int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream,
+                   Workspace workspace = {});
 
-// residual[index[j]] += value[j] where restore[j] != 0. float32 / float64 only.
+// residual[index[j]] += value[j] where restore[j] != 0. float32 / float64 only. No scratch.
 void restore_residual(ValueType value_type, IndexType index_type, void* residual,
                       const void* index, const void* value, const uint8_t* restore, int64_t n,
                       void* stream);
