@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from mpi_launcher import REPO_ROOT, run_mpi
+from helpers.mpi_launcher import REPO_ROOT, run_mpi
 
 
 def bench(*args: str) -> str:

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from mpi_launcher import MPI_PROGRAMS, REPO_ROOT
+from helpers.mpi_launcher import MPI_PROGRAMS, REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "emulated_cluster.py"
 

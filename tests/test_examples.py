@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from mpi_launcher import run_mpi
+from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from mpi_launcher import mpirun_command, run_mpi, run_with_time_limit
+from helpers.mpi_launcher import mpirun_command, run_mpi, run_with_time_limit
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mpi_launcher import run_mpi
+from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 

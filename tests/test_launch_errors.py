@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi_launcher import MPI_PROGRAMS, run_with_time_limit
+from helpers.mpi_launcher import MPI_PROGRAMS, run_with_time_limit
 
 pytestmark = pytest.mark.mpi  # launches horovodrun and fresh interpreters
 

@@ -1,13 +1,13 @@
-"""gtopk_hvd.ops on the CPU against the numpy references in tests/reference.py."""
+"""gtopk_hvd.ops on the CPU against the numpy references in tests/helpers/reference.py."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers.reference import magnitude_order, merge_reference, topk_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import magnitude_order, merge_reference, topk_reference
 
 from gtopk_hvd import ops
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi_launcher import run_mpi
+from helpers.mpi_launcher import run_mpi
 
 from gtopk_hvd.wire import WireFormat
 

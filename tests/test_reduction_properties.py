@@ -1,14 +1,14 @@
 """Property tests of the gTop-k schedule, in one process (workers are threads), against the
-numpy replay of tests/reference.py: any P, any set sizes, ties, wire dtypes."""
+numpy replay of tests/helpers/reference.py: any P, any set sizes, ties, wire dtypes."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+from helpers.reference import gtopk_schedule_reference
+from helpers.thread_transport import ThreadGroup
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import gtopk_schedule_reference
-from thread_transport import ThreadGroup
 
 from gtopk_hvd.reductions import GTopkReducer
 

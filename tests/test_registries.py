@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from thread_transport import ThreadGroup
+from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import SparseState, sparse_step

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from thread_transport import ThreadGroup
+from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression

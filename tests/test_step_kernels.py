@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import merge_reference, topk_reference
+from helpers.reference import merge_reference, topk_reference
 
 from gtopk_hvd import ops
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from mpi_launcher import run_mpi
+from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 

@@ -5,7 +5,7 @@ without gradients, tiny tensors."""
 from __future__ import annotations
 
 import pytest
-from mpi_launcher import run_mpi
+from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from thread_transport import ThreadGroup
+from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.transports import Transport
 

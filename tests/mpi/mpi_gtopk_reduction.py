@@ -1,7 +1,7 @@
 """Under mpirun (any P): gtopk_allreduce and topk_allgather against a replay in numpy.
 
-Every rank reduces its own set; rank 0 gathers every local set, replays the schedule with the
-merge of tests/reference.py and checks, for every rank: the global set bit for bit, that it is
+Every rank reduces its own set; rank 0 gathers every local set, replays the schedule with the merge
+of tests/helpers/reference.py and checks, for every rank: the global set bit for bit, that it is
 the same on all ranks, the survivor mask, and the byte counters against the cost model.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 from harness import run_on_all_ranks
+from helpers.reference import gtopk_schedule_reference
 from mpi4py import MPI
-from reference import gtopk_schedule_reference
 
 from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
 

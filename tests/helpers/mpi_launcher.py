@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gtopk_hvd._mpirun import stop_mpirun
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = TESTS_DIR.parent
 MPI_PROGRAMS = TESTS_DIR / "mpi"
 
