@@ -15,10 +15,10 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-from mpi4py import MPI
 
+from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
-from gtopk_hvd.transports.mpi import default_transport
+from gtopk_hvd.transports import resolve_transport
 
 MODELS = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032}
 
@@ -35,22 +35,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def slowest_worker_seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     """Median over repeats of the slowest worker's time for fn(); also fn's last result."""
-    comm = default_transport().comm
+    transport = resolve_transport(None)
     result = None
 
     def timed() -> float:
         nonlocal result
-        comm.Barrier()
+        barrier(transport)
         start = time.perf_counter()
         result = fn()
-        return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        return slowest(transport, time.perf_counter() - start)
 
     timed()  # warm-up
     return float(np.median([timed() for _ in range(repeats)])), result
 
 
 def run(args: argparse.Namespace) -> None:
-    transport = default_transport()
+    transport = resolve_transport(None)
     rank, size = transport.rank, transport.size
     rows = []
     for model in args.models:

@@ -26,8 +26,8 @@ import numpy as np
 
 import gtopk_hvd.torch as gtopk  # before horovod: loads mpi4py first
 from gtopk_hvd import _C, ops
-from gtopk_hvd.bench.timing import median_seconds
-from gtopk_hvd.transports.mpi import default_transport
+from gtopk_hvd.bench.timing import barrier, median_seconds, slowest
+from gtopk_hvd.transports import resolve_transport
 
 RESNET50 = 25_557_032
 PHASES = ("select", "communicate", "merge", "write")
@@ -67,30 +67,24 @@ class Workload:
         loss.backward()
 
 
-def slowest(seconds: float) -> float:
-    from mpi4py import MPI
-
-    return default_transport().comm.allreduce(seconds, op=MPI.MAX)
-
-
 def time_iterations(optimizer: object, workload: Workload, steps: int,
                     on_step: Callable[[], None] = lambda: None) -> tuple[float, float]:
     """Median slowest-worker seconds of step() and of zero_grad()."""
     step_times, zero_times = [], []
-    comm = default_transport().comm
+    transport = resolve_transport(None)
     for iteration in range(steps + 2):
         start = time.perf_counter()
         optimizer.zero_grad()
         zero_s = time.perf_counter() - start
         workload.backward()
-        comm.Barrier()
+        barrier(transport)
         start = time.perf_counter()
         optimizer.step()
-        step_s = slowest(time.perf_counter() - start)
+        step_s = slowest(transport, time.perf_counter() - start)
         on_step()
         if iteration >= 2:
             step_times.append(step_s)
-            zero_times.append(slowest(zero_s))
+            zero_times.append(slowest(transport, zero_s))
     return statistics.median(step_times), statistics.median(zero_times)
 
 
@@ -131,11 +125,12 @@ def run(args: argparse.Namespace) -> None:
         named_parameters=[(f"p{i}", p) for i, p in enumerate(workload.parameters)],
         compression=compression)
     phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    transport = resolve_transport(None)
 
     def record() -> None:
         stats = ours.last_stats
         for name in PHASES:
-            phases[name].append(slowest(getattr(stats, f"{name}_seconds")))
+            phases[name].append(slowest(transport, getattr(stats, f"{name}_seconds")))
 
     ours_step, ours_zero = time_iterations(ours, workload, args.steps, record)
     phase_s = {name: statistics.median(values[2:]) for name, values in phases.items()}
