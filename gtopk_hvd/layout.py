@@ -34,15 +34,10 @@ class FusedLayout:
             if not source.floating:
                 raise ValueError(f"{what} {source.name!r} has dtype {source.dtype}; gradients "
                                  f"can only be compressed for floating-point {what}s")
-        self.sources = list(sources)
-        self.sizes = [math.prod(source.shape) for source in self.sources]
+        self.sizes = [math.prod(source.shape) for source in sources]
         self.offsets = [0]
         for size in self.sizes:
             self.offsets.append(self.offsets[-1] + size)
         self.d = self.offsets[-1]
         self.signature = ";".join(f"{source.name}:{list(source.shape)}:{source.dtype}"
-                                  for source in self.sources)
-
-    def bounds(self) -> list[tuple[int, int]]:
-        """(begin, end) of every source in the fused vector."""
-        return list(zip(self.offsets[:-1], self.offsets[1:]))
+                                  for source in sources)

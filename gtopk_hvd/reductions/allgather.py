@@ -47,7 +47,7 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray,
 
 @REDUCTIONS.register("allgather")
 class AllgatherReduction(Reduction):
-    """Every worker's set, summed (the wire is float32 whatever wire_dtype says)."""
+    """Every worker's set, summed; values travel as float32 (other wire dtypes are refused)."""
 
     wire_dtypes = ("float32",)
 

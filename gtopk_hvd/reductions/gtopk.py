@@ -229,4 +229,4 @@ class GTopkReduction(Reduction):
         if reducer is None:
             reducer = self._reducers[k] = GTopkReducer(k, self.index_dtype, self.wire_dtype,
                                                        self.transport)
-        return reducer.allreduce(indices.astype(self.index_dtype, copy=False), values)
+        return reducer.allreduce(indices, values)

@@ -7,12 +7,11 @@ all-reduce of k float32 values, and every local entry survives.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
-from gtopk_hvd.reductions.result import ReductionStats, SparseResult
+from gtopk_hvd.reductions.dense import dense_allreduce
+from gtopk_hvd.reductions.result import SparseResult
 
 
 @REDUCTIONS.register("allreduce")
@@ -22,12 +21,5 @@ class SharedIndexAllreduce(Reduction):
 
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
         summed = np.array(values, dtype=np.float32)  # a copy: the caller's set stays as it was
-        stats = ReductionStats()
-        size = self.transport.size
-        if size > 1:
-            start = time.perf_counter()
-            self.transport.allreduce_sum(summed)
-            stats.comm_seconds = time.perf_counter() - start
-            stats.bytes_sent = stats.bytes_received = 2 * (size - 1) * summed.nbytes // size
-            stats.rounds = 2 * (size - 1)
+        stats = dense_allreduce(summed, self.transport)
         return SparseResult(np.asarray(indices), summed, np.ones(len(indices), bool), stats)
