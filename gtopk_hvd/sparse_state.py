@@ -71,7 +71,8 @@ class SparseState:
     """Residuals, momentum and step count of one distributed optimizer.
 
     sizes: the number of values of each parameter, in the fused order (the same on every worker).
-    transport: a Transport, a registered name, or None (MPI over COMM_WORLD).
+    transport: a Transport, a registered name, or None (`gtopk_hvd.transports`: MPI when an
+    MPI launcher started the job, else Horovod's collectives when `horovod` is given).
     zeros: zeros(n) makes a float32 array of n zeros where the residual and velocity live
     (default: numpy on the host; e.g. torch.zeros on the gradients' device).
     signature: what else every worker must agree on (the layout's names, shapes and dtypes, the
@@ -92,7 +93,7 @@ class SparseState:
         self.sizes = list(sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.d = int(self.offsets[-1])
-        self.transport = resolve_transport(transport)
+        self.transport = resolve_transport(transport, horovod)
         if horovod is not None:
             check_matches_horovod(self.transport, horovod.rank(), horovod.size())
         self.average = average

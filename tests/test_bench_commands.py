@@ -38,3 +38,15 @@ def test_bench_step_under_mpirun() -> None:
     output = run_mpi("gtopk_hvd/bench/__main__.py", 2, "step", "--parameters", "200000",
                      "--tensors", "7", "--steps", "2", "--scheme", "topk", timeout_s=300)
     assert "workers: 2" in output and "communicate" in output, output[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("launcher", "transport"), [("mpirun", "mpi"),
+                                                     ("horovodrun", "horovod")])
+def test_bench_comm_on_each_transport(launcher: str, transport: str) -> None:
+    output = run_mpi("gtopk_hvd/bench/__main__.py", 2, "comm", "--transport", transport,
+                     "--models", "resnet20", "--densities", "0.01", "--repeats", "1",
+                     timeout_s=300, launcher=launcher)
+    assert f"workers: 2; transport: {transport}" in output, output[-3000:]
+    row = next(line for line in output.splitlines() if "resnet20" in line)
+    assert len(row.split("|")) == 5, row  # model, dense, topk, gtopk, ratios

@@ -1,4 +1,4 @@
-"""The examples run end to end under mpirun."""
+"""The examples run end to end under mpirun (and horovodrun --gloo, torchrun)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ def parse_digits_run(output: str, workers: int) -> dict[str, str]:
     return fields
 
 
-@pytest.mark.parametrize("workers", [4, 3])
-def test_pytorch_digits_gtopk_reaches_95_percent(workers: int) -> None:
+@pytest.mark.parametrize(("launcher", "workers"), [("mpirun", 4), ("mpirun", 3),
+                                                  ("horovodrun", 4)])  # --gloo: no MPI at all
+def test_pytorch_digits_gtopk_reaches_95_percent(launcher: str, workers: int) -> None:
     output = run_mpi("examples/pytorch_digits.py", workers, "--compression", "gtopk",
-                     "--density", "0.01", "--quiet", timeout_s=900)
+                     "--density", "0.01", "--quiet", timeout_s=900, launcher=launcher)
     fields = parse_digits_run(output, workers)
     assert float(fields["test_accuracy"]) >= 0.95, fields
     k = -(-int(fields["params"]) // 100)  # ceil(0.01 * d)

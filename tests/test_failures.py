@@ -13,15 +13,30 @@ from helpers.mpi_launcher import mpirun_command, run_mpi, run_with_time_limit
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
 
 
-def test_a_worker_raising_mid_training_ends_the_job_with_its_error() -> None:
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_worker_raising_mid_training_ends_the_job_with_its_error(launcher: str) -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as failure:
-        run_mpi("mpi_worker_dies.py", 3, timeout_s=120)
+        run_mpi("mpi_worker_dies.py", 3, timeout_s=120, launcher=launcher)
     message = str(failure.value)
     assert "exited with" in message, message  # ended by itself, not by the 120 s limit
     assert "worker 1 failed while loading its next batch" in message, message
-    assert "aborting the MPI job" in message, message
+    if launcher == "mpirun":
+        assert "aborting the MPI job" in message, message
     assert time.monotonic() - start < 100
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_worker_that_never_joins_ends_the_job_within_the_wait_bound(launcher: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as failure:
+        run_mpi("stuck_worker.py", 3, timeout_s=150, launcher=launcher)
+    message = str(failure.value)
+    assert "exited with" in message, message  # ended by the bound, not by the 150 s limit
+    assert "worker 1 is stuck" in message, message
+    assert "waited more than 5 s for" in message, message
+    assert "GTOPK_HVD_WAIT_TIMEOUT" in message, message
+    assert time.monotonic() - start < 120
 
 
 def test_a_job_past_its_time_limit_is_ended_with_every_rank() -> None:

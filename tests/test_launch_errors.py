@@ -1,5 +1,5 @@
-"""Launch mistakes are errors that name the fix: `horovodrun --gloo` (no MPI world for
-gtopk_hvd's transport) and a missing hvd.init()."""
+"""Launch mistakes are errors that name the fix: the MPI transport asked for under
+`horovodrun --gloo` (no MPI world) and a missing hvd.init()."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi  # launches horovodrun and fresh interpreters
 TIMEOUT_S = 120
 
 
-def test_horovodrun_gloo_fails_on_every_worker_naming_the_fix() -> None:
+def test_the_mpi_transport_under_horovodrun_gloo_fails_on_every_worker_naming_the_fix() -> None:
     horovodrun = Path(sys.executable).with_name("horovodrun")  # the venv's, next to python
     assert horovodrun.exists(), horovodrun
     command = [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,

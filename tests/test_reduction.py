@@ -13,7 +13,20 @@ from gtopk_hvd.wire import WireFormat
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 6, 8])
 def test_gtopk_allreduce_matches_replay_on_every_worker(workers: int) -> None:
     output = run_mpi("mpi_gtopk_reduction.py", workers, timeout_s=600)
-    assert f"gtopk reduction ok on {workers} workers" in output
+    assert f"gtopk reduction ok on {workers} workers over mpi" in output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("launcher", "workers", "transport"), [
+    ("horovodrun", 4, "horovod"),  # horovodrun --gloo: no MPI world at all
+    ("horovodrun", 3, "horovod"),  # non-power-of-two: idle workers join the fold phases
+    ("mpirun", 3, "horovod"),      # Horovod's collectives over its MPI controller
+])
+def test_gtopk_allreduce_matches_replay_over_other_transports(launcher: str, workers: int,
+                                                              transport: str) -> None:
+    output = run_mpi("mpi_gtopk_reduction.py", workers, "--transport", transport,
+                     timeout_s=600, launcher=launcher)
+    assert f"gtopk reduction ok on {workers} workers over {transport}" in output
 
 
 @pytest.mark.parametrize("value_type", ["float32", "float16", "bfloat16"])

@@ -71,3 +71,19 @@ def test_torch_tensors_in_and_out() -> None:
         assert isinstance(result.indices, torch.Tensor) and result.indices.device.type == "cpu"
         assert result.indices.tolist() == [5, 6, 7]  # sums: 1 -> 1, 5 -> -3, 6 -> 3, 7 -> 2
         assert result.values.tolist() == [-3.0, 3.0, 2.0]
+
+
+def test_every_worker_joins_every_phase_of_the_schedule() -> None:
+    """A collective transport (Horovod's alltoall) needs each phase called on every worker, idle
+    ones included: fold-in, log2(P') rounds, fold-out, in the same order everywhere."""
+    for workers in range(1, 11):
+        group = ThreadGroup(workers, check_phases=True)
+        sets = [(np.array([rank, 20 + rank], dtype=np.int32), np.array([1.0, -2.0], np.float32))
+                for rank in range(workers)]
+        group.run(lambda t, sets=sets: GTopkReducer(2, np.int32, "float32", t).allreduce(
+            *sets[t.rank]))
+        base = 1 << (workers.bit_length() - 1)
+        folds = [1] if workers > base else []
+        rounds = base.bit_length() - 1
+        expected = [11] * len(folds) + [12] * rounds + [13] * len(folds)
+        assert group.phases == expected, (workers, group.phases)

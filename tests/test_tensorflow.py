@@ -24,6 +24,12 @@ def test_tensorflow_under_mpirun() -> None:
     assert f"tensorflow ok on {WORKERS} workers" in output
 
 
+def test_tensorflow_under_horovodrun_gloo_uses_horovods_collectives() -> None:
+    output = run_mpi("mpi_tensorflow.py", 2, "--transport-checks", timeout_s=600,
+                     launcher="horovodrun")
+    assert "tensorflow ok on 2 workers over HorovodTransport" in output
+
+
 def test_tf_keras_under_mpirun() -> None:
     output = run_mpi("mpi_tensorflow.py", WORKERS, "--tf-keras", timeout_s=600)
     assert f"tf-keras ok on {WORKERS} workers" in output

@@ -1,6 +1,8 @@
-"""Per-step communication: dense all-reduce vs Top-k all-gather vs gTop-k, under mpirun.
+"""Per-step communication: dense all-reduce vs Top-k all-gather vs gTop-k, on any transport.
 
-    mpirun -np 4 python -m gtopk_hvd.bench comm
+    mpirun -np 4 python -m gtopk_hvd.bench comm                          (mpi4py)
+    horovodrun --gloo -np 4 python -m gtopk_hvd.bench comm --transport horovod
+    torchrun --standalone --nproc_per_node 4 -m gtopk_hvd.bench comm --transport torch
 
 Gradient sizes of ResNet-20, VGG-16 and ResNet-50; each worker's local set is k random indices
 with Gaussian values (selection is not timed: kernels have their own benchmark). A step's time is
@@ -18,7 +20,8 @@ import numpy as np
 
 from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
-from gtopk_hvd.transports import resolve_transport
+from gtopk_hvd.transports import Transport
+from gtopk_hvd.transports.launch import LAUNCHABLE, open_transport
 
 MODELS = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032}
 
@@ -29,13 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--wire-dtype", default="float32", choices=["float32", "float16",
                                                                     "bfloat16"])
+    parser.add_argument("--transport", default="mpi", choices=LAUNCHABLE,
+                        help="how the workers communicate (start them with its launcher)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help="also write the rows to PATH as JSON (rank 0), for the cost model")
 
 
-def slowest_worker_seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+def slowest_worker_seconds(transport: Transport, fn: Callable[[], Any],
+                           repeats: int) -> tuple[float, Any]:
     """Median over repeats of the slowest worker's time for fn(); also fn's last result."""
-    transport = resolve_transport(None)
     result = None
 
     def timed() -> float:
@@ -50,7 +55,7 @@ def slowest_worker_seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, 
 
 
 def run(args: argparse.Namespace) -> None:
-    transport = resolve_transport(None)
+    transport = open_transport(args.transport)
     rank, size = transport.rank, transport.size
     rows = []
     for model in args.models:
@@ -58,25 +63,26 @@ def run(args: argparse.Namespace) -> None:
         rng = np.random.default_rng([rank, d])
         gradient = rng.standard_normal(d).astype(np.float32)
         dense_time, dense_stats = slowest_worker_seconds(
-            lambda g=gradient: dense_allreduce(g.copy()), args.repeats)
+            transport, lambda g=gradient: dense_allreduce(g.copy(), transport), args.repeats)
         for density in args.densities:
             k = max(1, int(d * density))
             indices = np.sort(rng.choice(d, size=k, replace=False)).astype(np.int32)
             values = rng.standard_normal(k).astype(np.float32)
             topk_time, topk_result = slowest_worker_seconds(
-                lambda i=indices, v=values: topk_allgather(i, v), args.repeats)
-            gtopk_time, gtopk_result = slowest_worker_seconds(
-                lambda i=indices, v=values, k=k: gtopk_allreduce(i, v, k,
-                                                                 wire_dtype=args.wire_dtype),
+                transport, lambda i=indices, v=values: topk_allgather(i, v, transport),
                 args.repeats)
+            gtopk_time, gtopk_result = slowest_worker_seconds(
+                transport, lambda i=indices, v=values, k=k: gtopk_allreduce(
+                    i, v, k, transport, wire_dtype=args.wire_dtype), args.repeats)
             rows.append((model, d, density, k, dense_time, dense_stats.bytes_sent, topk_time,
                          topk_result.stats.bytes_sent, gtopk_time, gtopk_result.stats.bytes_sent,
                          gtopk_result.stats.merge_seconds))
     if rank == 0 and args.json:
         write_json(args.json, size, args.wire_dtype, rows)
     if rank == 0:
-        print(f"workers: {size}; wire values: {args.wire_dtype}; times: slowest worker, median "
-              f"of {args.repeats}; bytes: sent per worker per step")
+        print(f"workers: {size}; transport: {args.transport} ({type(transport).__name__}); "
+              f"wire values: {args.wire_dtype}; times: slowest worker, median of "
+              f"{args.repeats}; bytes: sent per worker per step")
         header = (f"{'model':9} {'d':>11} {'density':>7} {'k':>8} | {'dense ms':>9} "
                   f"{'dense MB':>8} | {'topk ms':>8} {'topk MB':>8} | {'gtopk ms':>8} "
                   f"{'gtopk MB':>8} {'merge ms':>8} | {'dense/gtopk':>11} {'topk/gtopk':>10}")

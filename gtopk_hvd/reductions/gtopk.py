@@ -79,22 +79,35 @@ class GTopkReducer:
 
     def _schedule(self, current: tuple[np.ndarray, np.ndarray],
                   stats: ReductionStats) -> tuple[np.ndarray, np.ndarray]:
+        """Every worker takes part in every phase (an idle one with no partner), as a
+        collective transport needs."""
         rank, size = self.transport.rank, self.transport.size
         base = 1 << (size.bit_length() - 1)  # P'
-        if rank >= base:
-            self._send_set(current, rank - base, TAG_FOLD_IN, stats)
-            return self._receive_set(rank - base, TAG_FOLD_OUT, stats)
-        if rank < size - base:
-            current = self._merge(current, self._receive_set(rank + base, TAG_FOLD_IN, stats),
-                                  stats)
+        folded = size - base  # workers beyond P'
+        if folded:
+            if rank >= base:
+                self._send_set(current, rank - base, TAG_FOLD_IN, stats)
+            elif rank < folded:
+                received = self._receive_set(rank + base, TAG_FOLD_IN, stats)
+                current = self._merge(current, received, stats)
+            else:
+                self._idle(TAG_FOLD_IN)
         distance = 1
         while distance < base:
-            received = self._exchange(current, rank ^ distance, stats)
-            current = self._merge(current, received, stats)
-            stats.rounds += 1
+            if rank < base:
+                received = self._exchange(current, rank ^ distance, stats)
+                current = self._merge(current, received, stats)
+                stats.rounds += 1
+            else:
+                self._idle(TAG_ROUND)
             distance <<= 1
-        if rank < size - base:
-            self._send_set(current, rank + base, TAG_FOLD_OUT, stats)
+        if folded:
+            if rank >= base:
+                current = self._receive_set(rank - base, TAG_FOLD_OUT, stats)
+            elif rank < folded:
+                self._send_set(current, rank + base, TAG_FOLD_OUT, stats)
+            else:
+                self._idle(TAG_FOLD_OUT)
         return current
 
     def _merge(self, mine: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray],
@@ -138,6 +151,9 @@ class GTopkReducer:
         stats.comm_seconds += time.perf_counter() - start
         stats.bytes_received += received
         return self.wire.unpack(self._receive, received)
+
+    def _idle(self, tag: int) -> None:
+        self.transport.sendrecv(self._send, 0, None, self._receive, None, tag)
 
     # -- checks -----------------------------------------------------------------------------
 

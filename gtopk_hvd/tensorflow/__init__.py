@@ -2,7 +2,7 @@
 TensorFlow 2 scripts, `DistributedOptimizer` for Keras optimizers (as Horovod's, it hands them
 to `gtopk_hvd.tensorflow.keras`).
 
-    import gtopk_hvd.tensorflow as gtopk     # before hvd.init(): it loads mpi4py first
+    import gtopk_hvd.tensorflow as gtopk     # before hvd.init() (under mpirun it loads mpi4py)
     import horovod.tensorflow as hvd
     hvd.init()
     ...
@@ -14,10 +14,12 @@ to `gtopk_hvd.tensorflow.keras`).
     gradients = tape.gradient(loss, model.trainable_variables)
 """
 
-import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.tensorflow.tape import DistributedGradientTape
+from gtopk_hvd.transports import load_mpi_if_launched
+
+load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
 
 __all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer", "GTopkState"]

@@ -140,7 +140,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     global one raise NotImplementedError (all gradients are fused into one selection).
     gtopk_state: where the residual lives (module docstring); None: one kept per list of
     sources. transport: how the sparse reduction communicates (`gtopk_hvd.transports`; default
-    MPI over mpi4py).
+    MPI under an MPI launcher, else Horovod's collectives).
     """
     import horovod.tensorflow as hvd
 

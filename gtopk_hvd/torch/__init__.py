@@ -1,6 +1,6 @@
 """gtopk_hvd.torch: drop-in `DistributedOptimizer` and `Compression` for Horovod PyTorch scripts.
 
-    import gtopk_hvd.torch as gtopk          # before hvd.init(): it loads mpi4py first
+    import gtopk_hvd.torch as gtopk          # before hvd.init() (under mpirun it loads mpi4py)
     import horovod.torch as hvd
     hvd.init()
     ...
@@ -8,8 +8,10 @@
                                            compression=gtopk.Compression.gtopk(density=0.001))
 """
 
-import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import DGC_WARMUP, Compression
 from gtopk_hvd.torch.optimizer import DistributedOptimizer
+from gtopk_hvd.transports import load_mpi_if_launched
+
+load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
 
 __all__ = ["DGC_WARMUP", "Compression", "DistributedOptimizer"]

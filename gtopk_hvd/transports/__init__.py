@@ -1,21 +1,46 @@
 """Transports by name: `resolve_transport` turns what a user passes as `transport=` into one.
 
-    None             the default: MPI over mpi4py on a duplicate of COMM_WORLD ("mpi")
-    "mpi"            the same
+    None             the default: "mpi" when an MPI launcher (mpirun, `horovodrun --mpi`)
+                     started this process, else "horovod" when the adapter runs on Horovod
+                     (e.g. `horovodrun --gloo`), else "mpi"
+    "mpi"            MPI over mpi4py on a duplicate of COMM_WORLD (`transports/mpi.py`)
+    "horovod"        Horovod's own collectives: alltoall, allgather, allreduce
+                     (`transports/horovod.py`; Gloo, MPI or NCCL, whatever Horovod runs on)
+    "torch"          torch.distributed over its default process group
+                     (`transports/torch_distributed.py`; after init_process_group, e.g.
+                     under torchrun)
     a Transport      itself (e.g. MPITransport(comm) for another mpi4py communicator)
 
 A transport module registers a factory (no arguments, returns the process-wide instance) with
-`@TRANSPORTS.register(name)`; only that module imports its communication library.
+`@TRANSPORTS.register(name)`; only that module imports its communication library, so a script
+that never runs under an MPI launcher never loads mpi4py.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import Any
 
 from gtopk_hvd.registry import Registry
 from gtopk_hvd.transports.base import Transport, check_matches_horovod
 
 TRANSPORTS: Registry[Callable[[], Transport]] = Registry("transport")
+
+# Set in every process that an MPI launcher starts (OpenMPI, MPICH/Hydra, PMIx, Slurm's PMI).
+MPI_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK")
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher started this process (so an MPI world with every worker exists)."""
+    return any(name in os.environ for name in MPI_LAUNCHER_VARIABLES)
+
+
+def load_mpi_if_launched() -> None:
+    """Under an MPI launcher, loads mpi4py now: the adapters call it on import, so that mpi4py
+    initialises MPI before `hvd.init()` does."""
+    if launched_by_mpi():
+        import gtopk_hvd.transports.mpi  # noqa: F401
 
 
 @TRANSPORTS.register("mpi")
@@ -25,12 +50,34 @@ def _mpi() -> Transport:
     return default_transport()
 
 
-def resolve_transport(transport: Transport | str | None) -> Transport:
-    """None -> the default ("mpi"); a registered name -> its process-wide transport; a
-    Transport -> itself."""
+@TRANSPORTS.register("horovod")
+def _horovod() -> Transport:
+    from gtopk_hvd.transports.horovod import horovod_transport
+
+    return horovod_transport()
+
+
+@TRANSPORTS.register("torch")
+def _torch_distributed() -> Transport:
+    from gtopk_hvd.transports.torch_distributed import default_transport
+
+    return default_transport()
+
+
+def resolve_transport(transport: Transport | str | None, horovod: Any = None) -> Transport:
+    """None -> the default (module docstring; `horovod` is the adapter's Horovod module, if
+    any); a registered name -> its process-wide transport; a Transport -> itself."""
     if transport is None:
+        if horovod is not None and not launched_by_mpi():
+            from gtopk_hvd.transports.horovod import horovod_transport
+
+            return horovod_transport(horovod)
         transport = "mpi"
     if isinstance(transport, str):
+        if transport == "horovod" and horovod is not None:
+            from gtopk_hvd.transports.horovod import horovod_transport
+
+            return horovod_transport(horovod)
         return TRANSPORTS.get(transport)()
     if isinstance(transport, Transport):
         return transport
@@ -39,4 +86,5 @@ def resolve_transport(transport: Transport | str | None) -> Transport:
                     "mpi4py communicator as gtopk_hvd.transports.mpi.MPITransport(comm)")
 
 
-__all__ = ["TRANSPORTS", "Transport", "check_matches_horovod", "resolve_transport"]
+__all__ = ["TRANSPORTS", "Transport", "check_matches_horovod", "launched_by_mpi",
+           "load_mpi_if_launched", "resolve_transport"]

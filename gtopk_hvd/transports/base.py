@@ -27,6 +27,11 @@ class Transport(ABC):
                  receive: np.ndarray, source: int | None, tag: int) -> int:
         """Sends send[:send_bytes] to dest while receiving into `receive` from source;
         returns the number of bytes received. dest or source may be None (send or receive only).
+
+        One phase of a schedule: every worker calls it, in the same order, a worker without a
+        partner in the phase with dest=None and source=None (a no-op for point-to-point
+        transports; a collective one, e.g. Horovod's alltoall, joins sending nothing).
+        `tag` names the phase; messages of one phase match by (source, tag).
         """
 
     @abstractmethod

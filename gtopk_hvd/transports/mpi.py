@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from gtopk_hvd.transports.base import Transport
+from gtopk_hvd.transports.wait_bound import WaitBound
 
 
 class MPITransport(Transport):
@@ -31,39 +32,46 @@ class MPITransport(Transport):
     mismatch_hint = ("Launch with mpirun (or `horovodrun --mpi`), not `horovodrun --gloo`, and "
                      "make sure Horovod and mpi4py use the same MPI library.")
 
-    def __init__(self, comm: Any = None) -> None:
+    def __init__(self, comm: Any = None, wait_timeout_s: float | None = None) -> None:
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._status = MPI.Status()
+        self._bound = WaitBound(self.abort, wait_timeout_s)  # mpi4py waits without the GIL
 
     def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
                  receive: np.ndarray, source: int | None, tag: int) -> int:
-        if dest is None:
-            self.comm.Recv([receive, MPI.BYTE], source=source, tag=tag, status=self._status)
-        elif source is None:
-            self.comm.Send([send, send_bytes, MPI.BYTE], dest=dest, tag=tag)
+        if dest is None and source is None:
             return 0
-        else:
-            self.comm.Sendrecv([send, send_bytes, MPI.BYTE], dest, tag, [receive, MPI.BYTE],
-                               source, tag, status=self._status)
+        with self._bound.waiting(f"MPI message tag {tag} (to {dest}, from {source})"):
+            if dest is None:
+                self.comm.Recv([receive, MPI.BYTE], source=source, tag=tag, status=self._status)
+            elif source is None:
+                self.comm.Send([send, send_bytes, MPI.BYTE], dest=dest, tag=tag)
+                return 0
+            else:
+                self.comm.Sendrecv([send, send_bytes, MPI.BYTE], dest, tag, [receive, MPI.BYTE],
+                                   source, tag, status=self._status)
         return self._status.Get_count(MPI.BYTE)
 
     def allgather(self, local: np.ndarray) -> np.ndarray:
         gathered = np.empty((self.size, *local.shape), dtype=local.dtype)
-        self.comm.Allgather(np.ascontiguousarray(local), gathered)
+        with self._bound.waiting("MPI_Allgather"):
+            self.comm.Allgather(np.ascontiguousarray(local), gathered)
         return gathered
 
     def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
         gathered = np.empty(int(counts.sum()), dtype=local.dtype)
         displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        self.comm.Allgatherv(np.ascontiguousarray(local),
-                             [gathered, counts.tolist(), displacements.tolist(),
-                              MPI._typedict[local.dtype.char]])
+        with self._bound.waiting("MPI_Allgatherv"):
+            self.comm.Allgatherv(np.ascontiguousarray(local),
+                                 [gathered, counts.tolist(), displacements.tolist(),
+                                  MPI._typedict[local.dtype.char]])
         return gathered
 
     def allreduce_sum(self, array: np.ndarray) -> None:
-        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        with self._bound.waiting("MPI_Allreduce"):
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
 
     def abort(self, message: str) -> None:
         print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)

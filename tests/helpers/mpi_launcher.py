@@ -29,6 +29,28 @@ def mpirun_command(n_workers: int, program: list[str]) -> list[str]:
     ]
 
 
+# What mpirun's -x passes (mpirun_command), for the launchers that pass their environment on.
+QUIET_THREADS = ["env", "OMP_NUM_THREADS=1", "TF_CPP_MIN_LOG_LEVEL=3"]
+
+
+def horovodrun_command(n_workers: int, program: list[str]) -> list[str]:
+    """`horovodrun --gloo` on this host (no MPI world: Horovod's own Gloo rendezvous)."""
+    horovodrun = Path(sys.executable).with_name("horovodrun")  # the venv's, next to python
+    return [*QUIET_THREADS, str(horovodrun), "--gloo", "-np", str(n_workers),
+            "-H", f"localhost:{n_workers}", *program]
+
+
+def torchrun_command(n_workers: int, program: list[str]) -> list[str]:
+    """`torchrun` on this host (Gloo; the rendezvous on a free local port)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return [*QUIET_THREADS, str(torchrun), "--standalone", "--nproc_per_node", str(n_workers),
+            *program]
+
+
+LAUNCHERS = {"mpirun": mpirun_command, "horovodrun": horovodrun_command,
+             "torchrun": torchrun_command}
+
+
 def run_with_time_limit(command: list[str], timeout_s: float, what: str) -> tuple[int, str]:
     """Runs `command` in its own session with tests/ on PYTHONPATH; returns (exit status,
     stdout and stderr together). Past timeout_s, kills its whole process group and fails."""
@@ -42,17 +64,20 @@ def run_with_time_limit(command: list[str], timeout_s: float, what: str) -> tupl
         stop_mpirun(process)  # mpirun ends the ranks, which have process groups of their own
         output, _ = process.communicate()
         raise AssertionError(f"{what} did not finish in {timeout_s} s; killed. "
-                             f"Output:\n{output[-6000:]}") from None
+                             f"Output:\n{output[-12000:]}") from None
     return process.returncode, output
 
 
-def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300) -> str:
+def run_mpi(script: str, n_workers: int, *args: str, timeout_s: float = 300,
+            launcher: str = "mpirun") -> str:
     """Runs tests/mpi/<script> (or <script> relative to the repository root) on n_workers
-    ranks; returns its output, or fails the test."""
+    ranks started by `launcher` (mpirun, horovodrun --gloo or torchrun); returns its output,
+    or fails the test."""
     path = MPI_PROGRAMS / script if (MPI_PROGRAMS / script).exists() else REPO_ROOT / script
-    command = mpirun_command(n_workers, [sys.executable, str(path), *args])
-    what = f"{script} on {n_workers} workers"
+    program = [str(path), *args] if launcher == "torchrun" else [sys.executable, str(path), *args]
+    command = LAUNCHERS[launcher](n_workers, program)
+    what = f"{script} on {n_workers} workers ({launcher})"
     returncode, output = run_with_time_limit(command, timeout_s, what)
     if returncode != 0:
-        raise AssertionError(f"{what} exited with {returncode}. Output:\n{output[-6000:]}")
+        raise AssertionError(f"{what} exited with {returncode}. Output:\n{output[-12000:]}")
     return output

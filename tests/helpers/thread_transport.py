@@ -18,8 +18,13 @@ from gtopk_hvd.transports import Transport
 
 
 class ThreadGroup:
-    def __init__(self, size: int) -> None:
+    """size workers. check_phases: every sendrecv is also a barrier that fails unless every
+    worker calls it with the same tag (what a collective transport such as Horovod's needs)."""
+
+    def __init__(self, size: int, check_phases: bool = False) -> None:
         self.size = size
+        self.check_phases = check_phases
+        self.phases: list[int] = []  # the tags of the phases, in order (with check_phases)
         self._links: defaultdict[tuple, queue.Queue] = defaultdict(queue.Queue)
         self._lock = threading.Lock()
         self._barrier = threading.Barrier(size)
@@ -50,6 +55,12 @@ class ThreadTransport(Transport):
 
     def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None, receive: np.ndarray,
                  source: int | None, tag: int) -> int:
+        if self.group.check_phases:
+            tags = self.group.exchange(self.rank, tag)
+            if len(set(tags)) != 1:
+                raise AssertionError(f"workers are in different phases: tags {tags}")
+            if self.rank == 0:
+                self.group.phases.append(tag)
         if dest is not None:
             self.group.link(self.rank, dest, tag).put(send[:send_bytes].tobytes())
         if source is None:

@@ -1,6 +1,7 @@
 """Launched by `horovodrun --gloo -np 2` (tests/test_launch_errors.py), not by mpirun: builds
-gtopk_hvd.torch's DistributedOptimizer with a sparse compression, which must fail on every
-worker with gtopk_hvd's message naming the fix. The job is expected to exit non-zero."""
+gtopk_hvd.torch's DistributedOptimizer with a sparse compression and the MPI transport asked for
+explicitly, which must fail on every worker with gtopk_hvd's message naming the fix (there is no
+MPI world). The job is expected to exit non-zero."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def main() -> None:
     try:
         gtopk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
-                                   compression=gtopk.Compression.gtopk(density=0.1))
+                                   compression=gtopk.Compression.gtopk(density=0.1),
+                                   transport="mpi")
     except RuntimeError as error:
         print(f"rank {hvd.rank()} of {hvd.size()} refused: {error}", flush=True)
         # horovodrun kills the other workers as soon as one exits: let every worker print its

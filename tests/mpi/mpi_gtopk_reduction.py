@@ -1,4 +1,8 @@
-"""Under mpirun (any P): gtopk_allreduce and topk_allgather against a replay in numpy.
+"""Any P, any transport: gtopk_allreduce and topk_allgather against a replay in numpy.
+
+    mpirun -np P python mpi_gtopk_reduction.py [--transport mpi|horovod]
+    horovodrun --gloo -np P python mpi_gtopk_reduction.py --transport horovod
+    torchrun --nproc_per_node P mpi_gtopk_reduction.py --transport torch
 
 Every rank reduces its own set; rank 0 gathers every local set, replays the schedule with the merge
 of tests/helpers/reference.py and checks, for every rank: the global set bit for bit, that it is
@@ -9,14 +13,13 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from harness import run_on_all_ranks
 from helpers.reference import gtopk_schedule_reference
-from mpi4py import MPI
+from helpers.worlds import run_on_all_ranks, world_from_arguments
 
 from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
 
-COMM = MPI.COMM_WORLD
-RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+WORLD = world_from_arguments()
+RANK, SIZE, TRANSPORT = WORLD.rank, WORLD.size, WORLD.transport
 
 ROUNDING = {
     "float32": lambda v: v,
@@ -49,8 +52,8 @@ def local_set(case: str, d: int, k: int, seed: int, index_dtype: type) -> tuple:
 def check_gtopk(case: str, d: int, k: int, seed: int, index_dtype: type = np.int32,
                 wire: str = "float32") -> None:
     index, value = local_set(case, d, k, seed, index_dtype)
-    result = gtopk_allreduce(index, value, k, wire_dtype=wire)
-    gathered = COMM.gather((index, value, result), root=0)
+    result = gtopk_allreduce(index, value, k, transport=TRANSPORT, wire_dtype=wire)
+    gathered = WORLD.allgather_objects((index, value, result))
     problem = None
     if RANK == 0:
         entry_bytes = np.dtype(index_dtype).itemsize + (4 if wire == "float32" else 2)
@@ -81,14 +84,14 @@ def check_gtopk(case: str, d: int, k: int, seed: int, index_dtype: type = np.int
             model = (base.bit_length() - 1) * entry_bytes * k  # log2(P) * 8k for int32/float32
             if gathered[0][2].stats.bytes_sent != model:
                 problem = f"{case}: {gathered[0][2].stats.bytes_sent} bytes, model {model}"
-    problem = COMM.bcast(problem, root=0)
+    problem = WORLD.allgather_objects(problem)[0]
     assert problem is None, problem
 
 
 def check_topk_allgather(d: int, k: int, seed: int) -> None:
     index, value = local_set("random", d, k, seed, np.int32)
-    result = topk_allgather(index, value)
-    gathered = COMM.allgather((index, value))
+    result = topk_allgather(index, value, transport=TRANSPORT)
+    gathered = WORLD.allgather_objects((index, value))
     totals: dict[int, np.float32] = {}
     for local_index, local_value in gathered:  # rank order
         for i, v in zip(local_index.tolist(), local_value):
@@ -104,16 +107,16 @@ def check_topk_allgather(d: int, k: int, seed: int) -> None:
 
 def check_dense(d: int, seed: int) -> None:
     mine = np.random.default_rng([seed, RANK]).standard_normal(d).astype(np.float32)
-    everyone = COMM.allgather(mine)
+    everyone = WORLD.allgather_objects(mine)
     summed = mine.copy()
-    stats = dense_allreduce(summed)
+    stats = dense_allreduce(summed, transport=TRANSPORT)
     np.testing.assert_allclose(summed, np.sum(everyone, axis=0, dtype=np.float64), rtol=1e-5,
                                atol=1e-5)
-    assert all(summed.tobytes() == other.tobytes() for other in COMM.allgather(summed))
+    assert all(summed.tobytes() == other.tobytes() for other in WORLD.allgather_objects(summed))
     assert stats.bytes_sent == 2 * (SIZE - 1) * 4 * d // SIZE
 
 
-def main() -> None:
+def main(world: object) -> None:
     seed = 0
     for case in ("random", "same_indices", "disjoint", "ties", "zeros", "short"):
         for d, k in ((5000, 64), (200_000, 1000), (40, 25)):
@@ -128,8 +131,8 @@ def main() -> None:
     check_topk_allgather(100_000, 300, 300)
     check_dense(10_001, 400)
     if RANK == 0:
-        print(f"gtopk reduction ok on {SIZE} workers", flush=True)
+        print(f"gtopk reduction ok on {SIZE} workers over {WORLD.name}", flush=True)
 
 
 if __name__ == "__main__":
-    run_on_all_ranks(main)
+    run_on_all_ranks(main, WORLD)

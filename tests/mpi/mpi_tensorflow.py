@@ -28,6 +28,7 @@ from harness import run_on_all_ranks  # noqa: E402
 import gtopk_hvd.tensorflow as gtopk  # noqa: E402
 import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
 from gtopk_hvd.compression import DenseCompression  # noqa: E402
+from gtopk_hvd.transports import resolve_transport  # noqa: E402
 
 keras = tf.keras  # Keras 3, or tf-keras under TF_USE_LEGACY_KERAS=1
 STEPS = 20
@@ -420,6 +421,15 @@ def main() -> None:
         timed(check_keras_optimizer_checkpoint)
         if hvd.rank() == 0:
             print(f"tf-keras ok on {hvd.size()} workers", flush=True)
+        return
+    if "--transport-checks" in sys.argv:  # e.g. under horovodrun --gloo: Horovod's transport
+        timed(check_tape_replicas_stay_identical)
+        timed(check_density_one_equals_dense_average)
+        timed(check_nan_on_one_rank_raises_on_all)
+        timed(check_keras_fit)
+        if hvd.rank() == 0:
+            transport = type(resolve_transport(None, hvd)).__name__  # what the wrappers used
+            print(f"tensorflow ok on {hvd.size()} workers over {transport}", flush=True)
         return
     timed(check_bad_arguments)
     timed(check_tape_replicas_stay_identical)

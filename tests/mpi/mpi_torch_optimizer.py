@@ -1,10 +1,11 @@
-"""Under mpirun: gtopk_hvd.torch.DistributedOptimizer with real Horovod. Any failure on any rank
-ends the job (harness.run_on_all_ranks)."""
+"""Under mpirun or horovodrun --gloo: gtopk_hvd.torch.DistributedOptimizer with real Horovod. Any
+failure on any rank ends the job (harness.run_on_all_ranks)."""
 
 from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import horovod.torch as hvd
 import torch
@@ -16,6 +17,7 @@ from torch_replicas import (
 )
 
 import gtopk_hvd.torch as gtopk
+from gtopk_hvd.transports import launched_by_mpi, resolve_transport
 
 STEPS = 200
 
@@ -188,8 +190,11 @@ def main() -> None:
     check_backward_passes_per_step()
     check_nan_on_one_rank_raises_on_all()
     check_disagreeing_ranks_fail_everywhere()
+    if not launched_by_mpi():  # horovodrun --gloo: nothing loaded MPI
+        assert "mpi4py" not in sys.modules, "mpi4py was imported without an MPI launcher"
     if hvd.rank() == 0:
-        print(f"torch optimizer ok on {hvd.size()} workers", flush=True)
+        transport = type(resolve_transport(None, hvd)).__name__  # what the optimizers used
+        print(f"torch optimizer ok on {hvd.size()} workers over {transport}", flush=True)
 
 
 if __name__ == "__main__":

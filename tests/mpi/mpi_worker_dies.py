@@ -1,6 +1,7 @@
-"""Under mpirun: one worker raises in the middle of training while the others go on into the
-next step's reduction. The job must end promptly, with that worker's error printed (gtopk_hvd
-aborts the MPI job on an uncaught exception). Deliberately not wrapped in harness.py."""
+"""Under mpirun or horovodrun --gloo: one worker raises in the middle of training while the
+others go on into the next step's reduction. The job must end promptly, with that worker's error
+printed (gtopk_hvd aborts the MPI job on an uncaught exception; horovodrun ends the others when
+one exits non-zero). Deliberately not wrapped in harness.py."""
 
 from __future__ import annotations
 

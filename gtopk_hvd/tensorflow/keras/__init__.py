@@ -1,7 +1,7 @@
 """gtopk_hvd.tensorflow.keras: drop-in `DistributedOptimizer`, `Compression` and a broadcast
 callback for Horovod Keras scripts, on Keras 3 (TensorFlow's default) and tf-keras.
 
-    import gtopk_hvd.tensorflow.keras as gtopk   # before hvd.init(): it loads mpi4py first
+    import gtopk_hvd.tensorflow.keras as gtopk   # before hvd.init() (under mpirun it loads mpi4py)
     import horovod.tensorflow as hvd
     hvd.init()
     ...
@@ -11,7 +11,6 @@ callback for Horovod Keras scripts, on Keras 3 (TensorFlow's default) and tf-ker
     model.fit(x_shard, y_shard, callbacks=[gtopk.BroadcastGlobalVariablesCallback(0)])
 """
 
-import gtopk_hvd.transports.mpi  # noqa: F401  (mpi4py before hvd.init())
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -19,6 +18,9 @@ from gtopk_hvd.tensorflow.keras.callbacks import (
 )
 from gtopk_hvd.tensorflow.keras.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState
+from gtopk_hvd.transports import load_mpi_if_launched
+
+load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
 
 __all__ = ["BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",
            "GTopkState", "broadcast_variables"]
