@@ -23,7 +23,6 @@ import digits_common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from mpi4py import MPI  # loaded before hvd.init()
 
 import gtopk_hvd.tensorflow.keras as gtopk
 
@@ -86,7 +85,8 @@ def main() -> None:
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     sent, density = digits_common.communication(args.compression, args.density,
                                                 optimizer.last_stats, params, workers)
-    MPI.COMM_WORLD.Barrier()  # rank 0's epoch lines printed before any rank's results
+    # rank 0's epoch lines are printed before any rank's results
+    hvd.allreduce(tf.zeros([]), name="barrier")
     if rank == 0:
         digits_common.emit(digits_common.result_line(
             compression=args.compression, density=density, workers=workers, epochs=args.epochs,

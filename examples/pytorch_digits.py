@@ -23,11 +23,20 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI  # noqa: F401  (loaded before hvd.init(), see README)
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
+from torch_digits import (
+    build_model,
+    checksum,
+    evaluate,
+    load_data,
+    parameter_count,
+    sparse_compression,
+)
 from tqdm import tqdm
+
+import gtopk_hvd.torch as gtopk  # before hvd.init(): under mpirun it loads MPI first
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -57,25 +66,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def load_data() -> tuple[TensorDataset, TensorDataset]:
-    """The digits as 1x8x8 images, split 80/20 the same way on every worker."""
-    x_train, y_train, x_test, y_test = digits_common.load_digits_split((1, 8, 8))
-    return (TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
-            TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test)))
-
-
-def build_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
-        nn.Linear(64, 10),
-    )
-
-
 def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
                           model: nn.Module, steps_per_epoch: int) -> torch.optim.Optimizer:
     """The one place that differs from a plain Horovod script."""
@@ -84,17 +74,9 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=compression,
             backward_passes_per_step=args.backward_passes_per_step)
-    import gtopk_hvd.torch as gtopk  # only needed for the sparsified optimizers
-
-    factory = getattr(gtopk.Compression, args.compression)  # .topk or .gtopk (argparse choices)
-    stages = tuple(density for density in gtopk.DGC_WARMUP if density > args.density)
-    stage_steps = round(args.warmup_epochs * steps_per_epoch / len(stages)) if stages else 0
-    compression = factory(density=args.density, warmup_densities=stages,
-                          warmup_steps=stage_steps if args.warmup_epochs > 0 else 0,
-                          momentum_correction=args.momentum_correction,
-                          momentum=args.momentum)
     return gtopk.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), compression=compression,
+        optimizer, named_parameters=model.named_parameters(),
+        compression=sparse_compression(args, steps_per_epoch),
         backward_passes_per_step=args.backward_passes_per_step)
 
 
@@ -136,26 +118,6 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Data
         progress.update(1)
         progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     return float(np.mean(losses)) if losses else float("nan")
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, test_set: TensorDataset) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy over the whole test set (same on every replica)."""
-    model.eval()
-    images, labels = test_set.tensors
-    logits = model(images)
-    loss = F.cross_entropy(logits, labels).item()
-    accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
-    return accuracy, loss
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def checksum(model: nn.Module) -> str:
-    return digits_common.sha256_hex(
-        tensor.detach().cpu().numpy() for tensor in model.state_dict().values())
 
 
 def main() -> None:

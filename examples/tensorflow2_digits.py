@@ -28,7 +28,8 @@ import digits_common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from mpi4py import MPI  # loaded before hvd.init()
+
+import gtopk_hvd.tensorflow as gtopk  # before hvd.init(): under mpirun it loads MPI first
 
 keras = tf.keras
 
@@ -64,8 +65,6 @@ def distributed_tape(args: argparse.Namespace, tape: tf.GradientTape,
                      gtopk_state: Any) -> tf.GradientTape:
     """The one place that differs from a plain Horovod script. Dense choices use gtopk_hvd's tape
     too: Horovod 0.28's own DistributedGradientTape fails on Keras 3 variables."""
-    import gtopk_hvd.tensorflow as gtopk
-
     if args.compression in ("none", "fp16"):
         return gtopk.DistributedGradientTape(
             tape, compression=getattr(gtopk.Compression, args.compression))
@@ -104,9 +103,7 @@ def main() -> None:
     optimizer.build(model.trainable_variables)
     gtopk_state = None
     if args.compression not in ("none", "fp16"):
-        import gtopk_hvd.tensorflow as gtopk
-
-        gtopk_state = gtopk.GTopkState()
+            gtopk_state = gtopk.GTopkState()
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     saved = {"model": model, "optimizer": optimizer, "epoch": epoch}
     if gtopk_state is not None:
@@ -148,7 +145,7 @@ def main() -> None:
                                                 workers)
     if args.checkpoint:
         checkpoint.write(os.path.join(args.checkpoint, f"rank{rank}", "ckpt"))
-    MPI.COMM_WORLD.Barrier()  # every rank's epochs printed before the results
+    hvd.allreduce(tf.zeros([]), name="barrier")  # every rank's epochs printed before the results
     if rank == 0:
         digits_common.emit(digits_common.result_line(
             compression=args.compression, density=density, workers=workers, epochs=args.epochs,

@@ -42,7 +42,8 @@ def test_bench_step_under_mpirun() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(("launcher", "transport"), [("mpirun", "mpi"),
-                                                     ("horovodrun", "horovod")])
+                                                     ("horovodrun", "horovod"),
+                                                     ("torchrun", "torch")])
 def test_bench_comm_on_each_transport(launcher: str, transport: str) -> None:
     output = run_mpi("gtopk_hvd/bench/__main__.py", 2, "comm", "--transport", transport,
                      "--models", "resnet20", "--densities", "0.01", "--repeats", "1",

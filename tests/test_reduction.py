@@ -21,6 +21,8 @@ def test_gtopk_allreduce_matches_replay_on_every_worker(workers: int) -> None:
     ("horovodrun", 4, "horovod"),  # horovodrun --gloo: no MPI world at all
     ("horovodrun", 3, "horovod"),  # non-power-of-two: idle workers join the fold phases
     ("mpirun", 3, "horovod"),      # Horovod's collectives over its MPI controller
+    ("torchrun", 4, "torch"),      # torch.distributed over Gloo
+    ("torchrun", 3, "torch"),
 ])
 def test_gtopk_allreduce_matches_replay_over_other_transports(launcher: str, workers: int,
                                                               transport: str) -> None:

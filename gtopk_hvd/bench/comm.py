@@ -21,7 +21,7 @@ import numpy as np
 from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.reductions import dense_allreduce, gtopk_allreduce, topk_allgather
 from gtopk_hvd.transports import Transport
-from gtopk_hvd.transports.launch import LAUNCHABLE, open_transport
+from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
 MODELS = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032}
 
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> None:
                   f"{b_dense / 1e6:8.2f} | {t_topk * 1e3:8.2f} {b_topk / 1e6:8.3f} | "
                   f"{t_gtopk * 1e3:8.2f} {b_gtopk / 1e6:8.3f} {merge * 1e3:8.2f} | "
                   f"{t_dense / t_gtopk:11.1f} {t_topk / t_gtopk:10.2f}", flush=True)
+    close_transports()
 
 
 def write_json(path: str, workers: int, wire_dtype: str, rows: list[tuple]) -> None:

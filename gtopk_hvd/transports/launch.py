@@ -12,6 +12,7 @@ from __future__ import annotations
 from gtopk_hvd.transports import Transport, resolve_transport
 
 LAUNCHABLE = ("mpi", "horovod", "torch")
+_opened: set[str] = set()  # what open_transport initialised, for close_transports
 
 
 def open_transport(name: str) -> Transport:
@@ -29,7 +30,19 @@ def open_transport(name: str) -> Transport:
 
         if not dist.is_initialized():
             dist.init_process_group("gloo")
+            _opened.add(name)
         return resolve_transport("torch")
     if name == "mpi":
         return resolve_transport("mpi")
     raise ValueError(f"unknown transport {name!r}; one of {LAUNCHABLE}")
+
+
+def close_transports() -> None:
+    """At a tool's normal end, on every worker: takes down what open_transport initialised
+    (a torch.distributed group left to the interpreter's exit may abort its Gloo threads)."""
+    if "torch" in _opened:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+        _opened.discard("torch")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd.transports import Transport
-from gtopk_hvd.transports.launch import open_transport
+from gtopk_hvd.transports.launch import close_transports, open_transport
 
 
 class World:
@@ -57,3 +57,4 @@ def run_on_all_ranks(main: Callable[[World], None], world: World) -> None:
         main(world)
     except BaseException:  # noqa: BLE001 - every failure must end every rank, not hang them
         world.transport.abort(f"FAILED:\n{traceback.format_exc()}")
+    close_transports()

@@ -1,0 +1,202 @@
+"""The Transport over torch.distributed (Gloo, NCCL, ...): the only module that imports it.
+
+`TorchDistributedTransport(process_group)` runs the reductions on a torch.distributed process
+group (default: the default group, as `init_process_group` made it), e.g. for the DDP hook
+(`gtopk_hvd.torch.ddp`) or under `torchrun`. Registered as "torch": `transport="torch"` is one
+process-wide instance over the default group.
+
+The reductions pass host numpy arrays; they are wrapped as tensors without a copy
+(`torch.from_numpy`). With the NCCL backend, whose tensors must be on the current CUDA device,
+each buffer is copied to that device and the result back.
+
+Point to point (`sendrecv`): the receiver knows only its buffer's capacity, and Gloo silently
+receives a shorter message into a longer buffer (what lies past the message is garbage, and
+nothing says how much arrived), so every message is two: its length as one int64, then exactly
+that many bytes. Both directions of an exchange are posted together (`batch_isend_irecv`), so
+two partners that both send first do not deadlock.
+
+`abort` ends this process with exit status 1; `torchrun`'s agent then ends every other worker
+(SIGTERM) and exits non-zero itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gtopk_hvd.transports.base import Transport
+from gtopk_hvd.transports.wait_bound import WaitBound
+
+
+class TorchDistributedTransport(Transport):
+    """Transport over a torch.distributed process group (None: the default group).
+
+    wait_timeout_s: the bound on any one wait (`gtopk_hvd.transports.wait_bound`; None: from
+    GTOPK_HVD_WAIT_TIMEOUT, default 600 s; 0: none), past which the job is aborted.
+    """
+
+    mismatch_hint = ("Initialise torch.distributed (init_process_group) with the same workers "
+                     "as Horovod: the same world size and each process's rank, e.g. "
+                     "dist.init_process_group(backend, rank=hvd.rank(), "
+                     "world_size=hvd.size()), or use transport='mpi' under mpirun.")
+
+    def __init__(self, process_group: Any = None, wait_timeout_s: float | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("TorchDistributedTransport needs torch.distributed initialised: "
+                               "call torch.distributed.init_process_group first (torchrun sets "
+                               "its environment)")
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.size = dist.get_world_size(process_group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the process group given")
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if dist.get_backend(process_group) == "nccl" else torch.device("cpu"))
+        self._length_out = np.zeros(1, dtype=np.int64)
+        self._length_in = np.zeros(1, dtype=np.int64)
+        self._bound = WaitBound(self.abort, wait_timeout_s)
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
+                 receive: np.ndarray, source: int | None, tag: int) -> int:
+        if dest is None and source is None:
+            return 0
+        if dest == self.rank and source == self.rank:  # to itself: no network (Gloo has none)
+            if send_bytes > receive.nbytes:
+                raise ValueError(f"sendrecv: {send_bytes} bytes to itself, buffer of "
+                                 f"{receive.nbytes}")
+            _bytes(receive)[:send_bytes] = _bytes(send)[:send_bytes]
+            return int(send_bytes)
+        if self.rank in (dest, source):
+            raise ValueError(f"sendrecv: rank {self.rank} cannot send to or receive from itself "
+                             "alone (dest and source must both be itself, or neither)")
+        self._length_out[0] = send_bytes
+        self._length_in[0] = 0
+        with self._bound.waiting(f"torch.distributed message tag {tag} (to {dest}, from "
+                                 f"{source})"):
+            self._exchange(self._length_out, dest, self._length_in, source, tag)
+            received = int(self._length_in[0]) if source is not None else 0
+            if received > receive.nbytes:
+                self.abort(f"sendrecv: rank {source} sent {received} bytes for tag {tag}, more "
+                           f"than the {receive.nbytes} this worker can receive")
+            payload_in = _bytes(receive)[:received] if received else None
+            payload_out = _bytes(send)[:send_bytes] if dest is not None and send_bytes else None
+            self._exchange(payload_out, dest if payload_out is not None else None,
+                           payload_in, source if payload_in is not None else None, tag)
+        return received
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        local = np.ascontiguousarray(local)
+        gathered = np.empty((self.size, *local.shape), dtype=local.dtype)
+        if local.nbytes:
+            with self._bound.waiting("torch.distributed all-gather"):
+                self._all_gather_bytes(local.reshape(-1).view(np.uint8),
+                                       gathered.reshape(-1).view(np.uint8))
+        return gathered
+
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """A padded all-gather: every worker sends max(counts) values (padding after its own)."""
+        local = np.ascontiguousarray(local).reshape(-1)
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.size != self.size or counts[self.rank] != local.size:
+            raise ValueError(f"allgatherv: counts {counts.tolist()} do not match {self.size} "
+                             f"workers and this worker's {local.size} values")
+        width = int(counts.max()) if counts.size else 0
+        if width == 0:
+            return np.empty(0, dtype=local.dtype)
+        padded = np.zeros(width, dtype=local.dtype)
+        padded[:local.size] = local
+        gathered = np.empty((self.size, width), dtype=local.dtype)
+        with self._bound.waiting("torch.distributed all-gather (variable sizes)"):
+            self._all_gather_bytes(padded.view(np.uint8), gathered.reshape(-1).view(np.uint8))
+        return np.concatenate([gathered[r, :counts[r]] for r in range(self.size)])
+
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        if array.size == 0:
+            return
+        work = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        tensor = torch.from_numpy(work)
+        on_device = self._to_device(tensor)
+        with self._bound.waiting("torch.distributed all-reduce"):
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=self.group)
+        if on_device is not tensor:
+            tensor.copy_(on_device)
+        if work is not array:
+            array[...] = work
+
+    def abort(self, message: str) -> None:
+        print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _peer(self, group_rank: int) -> int:
+        """The global rank that point-to-point calls take for a rank of our group."""
+        if self.group is None or self.group is dist.group.WORLD:
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if tensor.device == self.device else tensor.to(self.device)
+
+    def _exchange(self, send: np.ndarray | None, dest: int | None, receive: np.ndarray | None,
+                  source: int | None, tag: int) -> None:
+        """Posts the send and the receive together and waits for both (either may be None)."""
+        operations = []
+        incoming = None
+        if dest is not None and send is not None:
+            outgoing = self._to_device(_tensor(send))
+            operations.append(dist.P2POp(dist.isend, outgoing, self._peer(dest), self.group,
+                                         tag))
+        if source is not None and receive is not None:
+            incoming = torch.from_numpy(receive)
+            target = self._to_device(incoming)
+            operations.append(dist.P2POp(dist.irecv, target, self._peer(source), self.group,
+                                         tag))
+        if not operations:
+            return
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
+        if incoming is not None and target is not incoming:
+            incoming.copy_(target)
+
+    def _all_gather_bytes(self, local: np.ndarray, out: np.ndarray) -> None:
+        """out (size * local.size bytes) = every worker's bytes, in rank order."""
+        source = self._to_device(_tensor(local))
+        result = torch.from_numpy(out)
+        target = self._to_device(result)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(target, source, group=self.group)
+        if target is not result:
+            result.copy_(target)
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's memory as a flat uint8 view (never a copy)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("sendrecv buffers must be C-contiguous")
+    return array.reshape(-1).view(np.uint8)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """The array as a tensor sharing its memory (a copy if it is read-only: torch has no
+    read-only tensors)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+_default: TorchDistributedTransport | None = None
+
+
+def default_transport() -> TorchDistributedTransport:
+    """One TorchDistributedTransport over the default process group per process."""
+    global _default
+    if _default is None:
+        _default = TorchDistributedTransport()
+    return _default

@@ -1,0 +1,118 @@
+"""Under torchrun (Gloo, any P): TorchDistributedTransport's own operations.
+
+Messages shorter than the buffer, one-sided and idle phases, several dtypes, a transport over a
+sub-group (group ranks differ from global ranks) and the "torch" name of the registry. The
+reductions through this transport are checked against numpy by tests/mpi/mpi_gtopk_reduction.py
+(`--transport torch`, tests/test_reduction.py).
+
+`--abort` instead makes the last rank call transport.abort while the others wait in a
+collective: torchrun must end them all and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch.distributed as dist
+from helpers.reference import gtopk_schedule_reference
+
+from gtopk_hvd.reductions import gtopk_allreduce
+from gtopk_hvd.transports import resolve_transport
+from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
+
+
+def check_operations(transport: TorchDistributedTransport) -> None:
+    """The transport's own contract, one operation at a time."""
+    rank, size = transport.rank, transport.size
+    # allgather of several dtypes and shapes (sent as bytes)
+    for dtype in (np.int64, np.int32, np.float32, np.float64, np.uint16, np.bool_):
+        local = (np.arange(6).reshape(2, 3) + 10 * rank).astype(dtype)
+        gathered = transport.allgather(local)
+        assert gathered.shape == (size, 2, 3) and gathered.dtype == dtype
+        for r in range(size):
+            assert np.array_equal(gathered[r], (np.arange(6).reshape(2, 3) + 10 * r).astype(dtype))
+    assert transport.allgather(np.zeros(0, np.float32)).shape == (size, 0)
+    # allgatherv with uneven and empty pieces
+    counts = np.array([(r * 3) % 4 for r in range(size)], dtype=np.int64)
+    local = np.arange(counts[rank], dtype=np.int64) + 100 * rank
+    expected = np.concatenate([np.arange(c, dtype=np.int64) + 100 * r
+                               for r, c in enumerate(counts)])
+    assert np.array_equal(transport.allgatherv(local, counts), expected)
+    assert transport.allgatherv(np.zeros(0, np.float32), np.zeros(size, np.int64)).size == 0
+    # sendrecv in a ring: both partners send first; the message is shorter than the buffer and
+    # its length differs per rank; the tail of the buffer is left untouched
+    receive = np.full(64, 255, dtype=np.uint8)
+    send = np.full(64, rank, dtype=np.uint8)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    got = transport.sendrecv(send, 5 + rank, right, receive, left, tag=21)
+    assert got == 5 + left and np.all(receive[:got] == left) and np.all(receive[got:] == 255)
+    # one-sided phases and idle ones: rank 0 sends to the last rank, the rest idle
+    receive[:] = 255
+    if rank == 0 and size > 1:
+        assert transport.sendrecv(send, 7, size - 1, receive, None, tag=22) == 0
+    elif rank == size - 1 and size > 1:
+        assert transport.sendrecv(send, 0, None, receive, 0, tag=22) == 7
+        assert np.all(receive[:7] == 0)
+    else:
+        assert transport.sendrecv(send, 0, None, receive, None, tag=22) == 0
+    # an empty message
+    assert transport.sendrecv(send, 0, right, receive, left, tag=23) == 0
+    # all-reduce in place, also into a non-contiguous view
+    whole = np.ones(20, dtype=np.float32)
+    strided = whole[::2]
+    transport.allreduce_sum(strided)
+    assert np.all(strided == size) and np.all(whole[1::2] == 1)
+    # the name "torch" is one process-wide transport over the default group
+    named = resolve_transport("torch")
+    assert named is resolve_transport("torch") and (named.rank, named.size) == (rank, size)
+
+
+def check_subgroup() -> None:
+    """A transport over the odd (or all but rank 0) ranks: group ranks != global ranks, so
+    point-to-point peers must be translated."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        return
+    members = list(range(1, size)) if size > 2 else [0, 1]
+    group = dist.new_group(members)  # every rank takes part in new_group
+    if rank not in members:
+        return
+    transport = TorchDistributedTransport(group)
+    assert transport.size == len(members) and transport.rank == members.index(rank)
+    k, d = 40, 3000
+    rng = np.random.default_rng([7, transport.rank])
+    index = np.sort(rng.choice(d, size=k, replace=False)).astype(np.int32)
+    value = rng.standard_normal(k).astype(np.float32)
+    result = gtopk_allreduce(index, value, k, transport=transport)
+    sets = transport.allgather(np.concatenate([index.astype(np.float64),
+                                               value.astype(np.float64)]).reshape(1, -1))
+    local_sets = [(row[0, :k].astype(np.int32), row[0, k:].astype(np.float32)) for row in sets]
+    expected, _, _ = gtopk_schedule_reference(local_sets, k, 8, lambda v: v)
+    assert np.array_equal(result.indices, expected[transport.rank][0])
+    assert result.values.tobytes() == expected[transport.rank][1].tobytes()
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    transport = TorchDistributedTransport()
+    rank, size = transport.rank, transport.size
+    assert (rank, size) == (dist.get_rank(), dist.get_world_size())
+    if "--abort" in sys.argv:
+        if rank == size - 1:
+            time.sleep(0.5)
+            transport.abort("test abort from the last rank")
+        transport.allreduce_sum(np.zeros(4, np.float32))  # waits for the last rank forever
+        print(f"rank {rank} was not ended", flush=True)
+        return
+    check_operations(transport)
+    check_subgroup()
+    dist.barrier()
+    if rank == 0:
+        print(f"torch.distributed transport ok on {size} workers", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

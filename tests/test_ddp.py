@@ -1,0 +1,321 @@
+"""torch.distributed transport and the DDP communication hook (gtopk_hvd.torch.ddp).
+
+The tests marked mpi launch workers with torchrun (Gloo on localhost, OMP_NUM_THREADS=1, a hard
+time limit): tests/mpi/torchrun_transport.py and tests/mpi/torchrun_ddp_hook.py check
+everything on every rank against numpy replays, and the DDP digits example must learn. The
+others run in this process on a one-worker Gloo group: the hook's step against numpy on
+hand-made buckets, its warm-up, dtypes, errors and checkpoints, a restore into a new DDP model,
+and the transport's own operations.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from helpers.mpi_launcher import MPI_PROGRAMS, REPO_ROOT, run_with_time_limit, torchrun_command
+from helpers.reference import topk_reference
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.transports import TRANSPORTS, check_matches_horovod
+from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
+
+
+def torchrun(workers: int, program: str, *args: str, timeout_s: float = 300) -> tuple[int, str]:
+    command = torchrun_command(workers, [program, *args])
+    return run_with_time_limit(command, timeout_s, f"{program} on {workers} workers")
+
+
+def run_ok(workers: int, program: str, *args: str, timeout_s: float = 300) -> str:
+    returncode, output = torchrun(workers, program, *args, timeout_s=timeout_s)
+    assert returncode == 0, f"exit status {returncode}. Output:\n{output[-6000:]}"
+    return output
+
+
+# -- under torchrun -------------------------------------------------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers", [4, 3])
+def test_torch_distributed_transport_operations(workers: int) -> None:
+    output = run_ok(workers, str(MPI_PROGRAMS / "torchrun_transport.py"))
+    assert f"torch.distributed transport ok on {workers} workers" in output
+
+
+@pytest.mark.mpi
+def test_abort_ends_every_worker_under_torchrun() -> None:
+    returncode, output = torchrun(3, str(MPI_PROGRAMS / "torchrun_transport.py"), "--abort",
+                                  timeout_s=120)
+    assert returncode != 0, output[-3000:]
+    assert "gtopk_hvd [rank 2]: test abort from the last rank" in output
+    assert "was not ended" not in output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers", [4, 3])
+def test_ddp_hook_matches_replay_and_restores_exactly(workers: int) -> None:
+    output = run_ok(workers, str(MPI_PROGRAMS / "torchrun_ddp_hook.py"))
+    assert f"ddp hook ok on {workers} workers" in output
+
+
+@pytest.mark.mpi
+def test_ddp_digits_example_learns_with_gtopk() -> None:
+    output = run_ok(4, str(REPO_ROOT / "examples" / "ddp_digits.py"), "--compression", "gtopk",
+                    "--density", "0.01", "--epochs", "10", "--quiet", timeout_s=400)
+    result = re.search(r"RESULT (.*)", output)
+    assert result, output[-3000:]
+    fields = dict(item.split("=", 1) for item in result.group(1).split())
+    assert fields["workers"] == "4" and fields["compression"] == "gtopk"
+    assert float(fields["test_accuracy"]) >= 0.85, fields
+    k = -(-int(fields["params"]) // 100)  # one bucket: log2(4) rounds of k entries, 8 bytes each
+    assert int(fields["bytes_per_step"]) == 2 * 8 * k, fields
+    checksums = re.findall(r"CHECKSUM rank=(\d+) ([0-9a-f]{64})", output)
+    assert sorted(int(rank) for rank, _ in checksums) == [0, 1, 2, 3]
+    assert len({digest for _, digest in checksums}) == 1, checksums
+
+
+# -- in this process: a one-worker Gloo group ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    created = not dist.is_initialized()
+    if created:
+        store = dist.FileStore(str(tmp_path_factory.mktemp("ddp") / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+class Bucket:
+    """What gtopk_hook reads of a dist.GradBucket."""
+
+    def __init__(self, index: int, parameters: list[torch.Tensor], gradient: torch.Tensor,
+                 last: bool = True) -> None:
+        self._index, self._parameters, self._buffer, self._last = (index, parameters,
+                                                                   gradient, last)
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._parameters
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def test_state_arguments_are_checked() -> None:
+    for start_iter in (1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="start_iter"):
+            GTopkHookState(start_iter=start_iter)
+    with pytest.raises(ValueError, match="not both"):
+        GTopkHookState(density=0.1, compression=Compression.gtopk(0.1))
+    with pytest.raises(TypeError, match="sparse"):
+        GTopkHookState(compression=Compression.none)
+    with pytest.raises(ValueError, match="density"):
+        GTopkHookState(density=0.0)
+    with pytest.raises(ValueError, match="allgather"):
+        GTopkHookState(density=0.1, reduction="nonsense")
+    state = GTopkHookState(density=0.05, reduction="allgather", momentum_correction=True,
+                           selection="bucket")
+    assert state.compression == Compression.topk(0.05, momentum_correction=True,
+                                                 granularity="bucket")
+    assert GTopkHookState().compression == Compression.gtopk(0.01)
+    assert GTopkHookState().start_iter == 2
+
+
+def run_hook(state: GTopkHookState, buckets: list[Bucket]) -> list[torch.Tensor]:
+    """As DDP does: the hook on every bucket, then waits for their futures."""
+    futures = [gtopk_hook(state, bucket) for bucket in buckets]
+    return [future.wait() for future in futures]
+
+
+def reference_step(residual: np.ndarray, gradient: np.ndarray, k: int) -> np.ndarray:
+    """One worker: the update is the top-k of residual + gradient; the residual the rest."""
+    acc = residual + gradient
+    chosen = topk_reference(acc, k)
+    update = np.zeros_like(acc)
+    update[chosen] = acc[chosen]
+    residual[:] = acc
+    residual[chosen] = 0.0
+    return update
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_hook_warms_up_then_steps_like_numpy(one_worker: None, dtype: torch.dtype) -> None:
+    parameters = [torch.zeros(30, 2, dtype=dtype), torch.zeros(40, dtype=dtype)]
+    d, k = 100, 5
+    state = GTopkHookState(density=0.05, start_iter=3)
+    residual = np.zeros(d, np.float32)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(7):
+        gradient = torch.randn(d, generator=generator).to(dtype)
+        expected = gradient.clone()  # one worker: the plain all-reduce average is itself
+        if step >= state.start_iter:
+            update = reference_step(residual, gradient.to(torch.float32).numpy(), k)
+            expected = torch.from_numpy(update).to(dtype)
+        buffer = gradient.clone()
+        (got,) = run_hook(state, [Bucket(0, parameters, buffer)])
+        assert got.dtype == dtype and got.data_ptr() == buffer.data_ptr()
+        assert torch.equal(got, expected), f"step {step}"
+        assert state.iter == step + 1
+        assert bool(state.last_stats) == (step >= state.start_iter)
+    np.testing.assert_array_equal(state._buckets[0][1].residual, residual)
+    assert state.last_stats[0].k == k and state.last_stats[0].step == 6
+
+
+def test_iterations_count_on_the_last_bucket(one_worker: None) -> None:
+    state = GTopkHookState(density=0.5)
+    parameters = [[torch.zeros(4)], [torch.zeros(6)]]
+    for step in range(4):
+        buckets = [Bucket(i, parameters[i], torch.ones(n), last=i == 1)
+                   for i, n in enumerate((4, 6))]
+        run_hook(state, buckets)
+        assert state.iter == step + 1
+    assert sorted(state.last_stats) == [0, 1]
+    assert [state.last_stats[i].k for i in (0, 1)] == [2, 3]
+
+
+def test_a_bucket_that_changes_is_refused(one_worker: None) -> None:
+    state = GTopkHookState(density=0.5, start_iter=2)
+    for _ in range(3):
+        run_hook(state, [Bucket(0, [torch.zeros(3), torch.zeros(5)], torch.ones(8))])
+    with pytest.raises(RuntimeError, match="bucket 0 changed"):
+        run_hook(state, [Bucket(0, [torch.zeros(5), torch.zeros(3)], torch.ones(8))])
+
+
+@pytest.mark.parametrize("route", ["pickle", "state_dict"])
+def test_a_saved_state_continues_identically(one_worker: None, route: str) -> None:
+    compression = Compression.gtopk(0.1, momentum_correction=True,
+                                    warmup_densities=(0.5, 0.25), warmup_steps=2)
+    parameters = [[torch.zeros(20)], [torch.zeros(7, 3)]]
+    state = GTopkHookState(compression=compression)
+    generator = torch.Generator().manual_seed(1)
+
+    def buckets() -> list[Bucket]:
+        return [Bucket(i, parameters[i], torch.randn(n, generator=generator), last=i == 1)
+                for i, n in enumerate((20, 21))]
+
+    for _ in range(5):
+        run_hook(state, buckets())
+    if route == "pickle":
+        restored = pickle.loads(pickle.dumps(state))
+    else:
+        saved = io.BytesIO()
+        torch.save(state.state_dict(), saved)
+        saved.seek(0)
+        restored = GTopkHookState(compression=compression)
+        restored.load_state_dict(torch.load(saved, weights_only=True))
+    assert restored.iter == 5 and restored.process_group is None
+    for _ in range(4):
+        same = buckets()
+        copies = [Bucket(b.index(), b.parameters(), b.buffer().clone(), b.is_last())
+                  for b in same]
+        for ours, theirs in zip(run_hook(state, same), run_hook(restored, copies)):
+            assert torch.equal(ours, theirs)
+    for index in (0, 1):
+        ours, theirs = state._buckets[index][1], restored._buckets[index][1]
+        assert ours.step_count == theirs.step_count == 9
+        np.testing.assert_array_equal(ours.residual, theirs.residual)
+        np.testing.assert_array_equal(ours.velocity, theirs.velocity)
+
+
+class Mixed(torch.nn.Module):
+    """float32 and float64 layers: DDP makes one bucket per dtype, then rebuilds them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(6, 40)
+        self.b = torch.nn.Linear(40, 20, dtype=torch.float64)
+        self.c = torch.nn.Linear(20, 30)
+        self.d = torch.nn.Linear(30, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.b(torch.tanh(self.a(x)).double())).float()
+        return self.d(torch.tanh(self.c(h)))
+
+
+@pytest.mark.parametrize("saved_at", [1, 2, 4])  # in the warm-up, at its end, after it
+def test_restore_into_a_new_ddp_model_continues_exactly(one_worker: None,
+                                                        saved_at: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> None:
+        for step in steps:
+            generator = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,),
+                                                                         generator=generator)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    torch.manual_seed(0)
+    model = DDP(Mixed(), bucket_cap_mb=0.001)
+    state = GTopkHookState(density=0.05, momentum_correction=True)
+    model.register_comm_hook(state, gtopk_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+    train(model, optimizer, range(saved_at))
+    saved = io.BytesIO()
+    torch.save({"model": model.module.state_dict(), "hook": state}, saved)
+    train(model, optimizer, range(saved_at, 8))
+
+    saved.seek(0)
+    checkpoint = torch.load(saved, weights_only=False)
+    fresh = Mixed()
+    fresh.load_state_dict(checkpoint["model"])
+    restored_model = DDP(fresh, bucket_cap_mb=0.001)
+    restored = checkpoint["hook"]
+    if saved_at >= 2:  # DDP's first buckets (one per dtype) are not its final ones (3)
+        assert len(restored._construction["layouts"]) == 2 and len(restored._saved) == 3
+    restored_model.register_comm_hook(restored, gtopk_hook)
+    train(restored_model, torch.optim.SGD(restored_model.parameters(), lr=0.2),
+          range(saved_at, 8))
+    for ours, theirs in zip(model.parameters(), restored_model.parameters()):
+        assert torch.equal(ours, theirs)
+    assert restored.iter == state.iter == 8
+
+
+def test_a_restored_state_refuses_other_buckets(one_worker: None) -> None:
+    state = GTopkHookState(density=0.5)
+    for _ in range(3):
+        run_hook(state, [Bucket(0, [torch.zeros(8)], torch.ones(8))])
+    restored = pickle.loads(pickle.dumps(state))
+    with pytest.raises(RuntimeError, match="restored state"):
+        run_hook(restored, [Bucket(0, [torch.zeros(9)], torch.ones(9))])
+
+
+def test_transport_in_one_process(one_worker: None) -> None:
+    transport = TorchDistributedTransport()
+    assert (transport.rank, transport.size) == (0, 1)
+    local = np.arange(6, dtype=np.float64).reshape(2, 3)
+    np.testing.assert_array_equal(transport.allgather(local), local[None])
+    values = np.array([3, 1, 2], dtype=np.int32)
+    np.testing.assert_array_equal(transport.allgatherv(values, np.array([3])), values)
+    summed = np.array([1.5, -2.0], dtype=np.float32)
+    transport.allreduce_sum(summed)
+    np.testing.assert_array_equal(summed, [1.5, -2.0])
+    receive = np.zeros(8, np.uint8)
+    send = np.arange(8, dtype=np.uint8)
+    assert transport.sendrecv(send, 5, 0, receive, 0, tag=1) == 5
+    np.testing.assert_array_equal(receive, [0, 1, 2, 3, 4, 0, 0, 0])
+    assert transport.sendrecv(send, 5, None, receive, None, tag=2) == 0
+    with pytest.raises(ValueError, match="itself"):
+        transport.sendrecv(send, 5, 0, receive, None, tag=3)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        check_matches_horovod(transport, 0, 2)
+    assert "torch" in TRANSPORTS.names()
+
+
+def test_transport_needs_an_initialised_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        TorchDistributedTransport()
