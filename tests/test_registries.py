@@ -28,7 +28,7 @@ def test_bad_names_and_combinations_are_named(options: dict, message: str) -> No
 
 
 def test_transport_names_and_types_are_checked() -> None:
-    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'; known: mpi"):
+    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'; known: horovod, mpi, torch"):
         resolve_transport("carrier-pigeon")
     with pytest.raises(TypeError, match="MPITransport"):
         resolve_transport(object())
