@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gtopk_hvd.compression import DenseCompression, SparseCompression
+from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,10 @@ def parse_arguments(hvd: Any, compression: object, op: object = None,
                     ) -> Arguments:
     """Checks Horovod's arguments for `compression`. hvd: the adapter's Horovod module
     (horovod.torch or horovod.tensorflow). dense_by_horovod: a dense compression is handed to
-    Horovod's own wrapper, which checks its arguments itself."""
+    Horovod's own wrapper, which checks its arguments itself. Horovod's own
+    `hvd.Compression.none` / `.fp16` are taken as gtopk_hvd's: a script's unchanged
+    `compression=` argument keeps working with the one-line swap."""
+    compression = _ours(hvd, compression)
     op = hvd.Average if op is None else op
     process_set = hvd.global_process_set if process_set is None else process_set
     if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
@@ -56,7 +59,8 @@ def parse_arguments(hvd: Any, compression: object, op: object = None,
     else:
         framework = hvd.__name__.split(".")[-1]
         raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.{framework}."
-                         "Compression.none, .fp16, .topk(density) or .gtopk(density)")
+                         "Compression.none, .fp16, .topk(density) or .gtopk(density) (or "
+                         f"horovod.{framework}.Compression.none / .fp16)")
     if not (dense_by_horovod and isinstance(compression, DenseCompression)):
         kind = "sparse" if isinstance(compression, SparseCompression) else "dense"
         if op not in (hvd.Average, hvd.Sum):
@@ -65,3 +69,14 @@ def parse_arguments(hvd: Any, compression: object, op: object = None,
             raise ValueError("gradient_predivide_factor not supported with op != Average")
     return Arguments(compression, op, op == hvd.Average, float(gradient_predivide_factor),
                      process_set, backward_passes_per_step)
+
+
+def _ours(hvd: Any, compression: object) -> object:
+    """Horovod's `hvd.Compression.none` / `.fp16` (compressor classes) as gtopk_hvd's
+    Compression.none / .fp16, which run the same dense allreduce; anything else unchanged."""
+    horovod_compression = getattr(hvd, "Compression", None)
+    for name in ("none", "fp16"):
+        if horovod_compression is not None and compression is getattr(horovod_compression,
+                                                                      name, None):
+            return getattr(Compression, name)
+    return compression

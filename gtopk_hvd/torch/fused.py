@@ -19,9 +19,18 @@ bfloat16, float64, channels-last or other-device parameters) keep gradients of t
 into the buffer at the step and the update copied back, cast: the fallback. A gradient that is
 not the view (replaced by the user, or set to None by `model.zero_grad()` and made anew by
 backward) is copied in the same way at the step, and the view restored after it.
+
+Sparse gradients (`nn.Embedding(sparse=True)`): a hook on each parameter sees its first
+gradient; a sparse one moves the parameter to the fallback for good. Its gradient is densified
+into the buffer at the step and its update handed back as a sparse tensor (the update's nonzero
+entries), as Horovod's `sparse_as_dense=True` does, so optimizers that need sparse gradients
+(`torch.optim.SparseAdam`) work.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any
 
 import torch
 
@@ -47,9 +56,32 @@ class FusedGradients:
                       for buffer in self.buffers]
         self.exposed: int | None = None  # the buffer p.grad views point at (None: not yet)
         self.zero = [True, True]  # buffer known to be all zeros (never exposed since cleared)
+        self.sparse = [False] * len(parameters)  # gets sparse gradients: update made sparse
+        # Until a parameter's first gradient is seen: whether it is sparse (module docstring).
+        self._watching: dict[int, Any] = {
+            i: p.register_hook(functools.partial(self._first_gradient, i))
+            for i, p in enumerate(parameters) if p.requires_grad}
+        self._seen: list[int] = []
+
+    def _first_gradient(self, i: int, grad: torch.Tensor) -> None:
+        """Tensor hook: notes whether parameter i's gradients are sparse (the hook is removed
+        at the next step, not here: removing it while autograd runs it is not safe)."""
+        if grad.is_sparse and not self.sparse[i]:
+            self.sparse[i] = True
+            for views in self.views:
+                views[i] = None
+        self._seen.append(i)
+
+    def _stop_watching_seen(self) -> None:
+        for i in self._seen:
+            handle = self._watching.pop(i, None)
+            if handle is not None:
+                handle.remove()
+        self._seen.clear()
 
     def gather(self) -> torch.Tensor:
         """The buffer holding every parameter's accumulated gradient (zeros for None)."""
+        self._stop_watching_seen()
         source = 0 if self.exposed is None else self.exposed
         buffer = self.buffers[source]
         for parameter, (begin, end), view in zip(self.parameters, self.bounds,
@@ -58,9 +90,10 @@ class FusedGradients:
             if grad is None:  # unused or frozen this step: contributes zeros
                 buffer[begin:end].zero_()
             elif view is None or not _is_view(grad, view):
-                if grad.is_sparse:  # an embedding's sparse gradient: densified, as Horovod can
+                if grad.is_sparse:  # an embedding's sparse gradient: densified
                     grad = grad.to_dense()
-                buffer[begin:end].copy_(grad.detach().reshape(-1))
+                if grad.data_ptr() != buffer[begin:end].data_ptr():  # not already there
+                    buffer[begin:end].copy_(grad.detach().reshape(-1))
         self.exposed, self.zero[source] = source, False
         return buffer
 
@@ -76,11 +109,15 @@ class FusedGradients:
         """Points p.grad at the update (views, or casts copied into own gradients)."""
         position = self._position(update)
         self._point_at(position)
-        for parameter, (begin, end), view in zip(self.parameters, self.bounds, self.views[0]):
+        for i, (parameter, (begin, end), view) in enumerate(
+                zip(self.parameters, self.bounds, self.views[0])):
             if view is not None:  # viewable: _point_at did it
                 continue
             value = update[begin:end].view(parameter.shape).to(parameter.device, parameter.dtype)
-            if parameter.grad is None or parameter.grad.shape != parameter.shape:
+            if self.sparse[i]:
+                parameter.grad = value.to_sparse()  # a copy: the buffer is not shared
+            elif (parameter.grad is None or parameter.grad.shape != parameter.shape
+                  or parameter.grad.is_sparse):
                 parameter.grad = value.clone()
             else:
                 parameter.grad.copy_(value)

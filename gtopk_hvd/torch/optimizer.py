@@ -27,13 +27,25 @@ without nvcc) everything lives in host memory, gradients copied there.
 `transport=` chooses how the workers communicate (`gtopk_hvd.transports`; default MPI over
 mpi4py, whose workers must be Horovod's).
 
-`hvd.broadcast_optimizer_state` creates a new optimizer's state by calling `step()` once with
-zero gradients; here that is one sparse step with zero gradients: it changes no parameter and no
-residual, and counts as a step of the density warm-up.
+`hvd.broadcast_optimizer_state` creates the state of an optimizer whose state is empty by one
+step with zero gradients, on the ranks where it is empty only (a rank that loaded a checkpoint
+skips it). It recognises Horovod's own wrapper by its class's module and then calls the wrapped
+optimizer's step, with no collective; our class declares that module too, so the same happens
+here: no sparse step, no collective on some ranks only (which hung), no warm-up step counted.
+
+Horovod's other behaviours kept: `optimizer._parameter_names` ({parameter: name}, unnamed ones
+`allreduce.noname.<group>.<index>`); `step()` after `synchronize()` outside
+`skip_synchronize()` warns as Horovod does (Horovod then reduces the reduced gradients again;
+here the update stands, since a second sparse step would feed it back as a gradient); a
+parameter that stops requiring grad contributes zeros and still gets the reduced update.
+Parameters that did not require grad when the optimizer was built are not in the fused layout:
+if one requires grad later, `step()` raises NotImplementedError on every rank (Horovod leaves
+its gradient unreduced, so replicas would diverge silently).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,9 +68,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         import horovod.torch as hvd
 
+        names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = names
         parameters = [p for group in self.param_groups for p in group["params"]]
-        names = _parameter_names(parameters, named_parameters)
         self._parameters = [p for p in parameters if p.requires_grad]
+        self._left_out = [p for p in parameters if not p.requires_grad]
         layout = FusedLayout([Source(names[p], tuple(p.shape), str(p.dtype),
                                      p.is_floating_point()) for p in self._parameters])
         self.backward_passes_per_step = arguments.passes
@@ -80,6 +94,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Sparse all-reduce of the accumulated gradients; writes the update into p.grad."""
+        self._check_no_parameter_joined()
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
         # On the CPU the step runs on numpy views of the buffers: one array type inside it.
@@ -103,9 +118,32 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    def _check_no_parameter_joined(self) -> None:
+        """Raises before any collective if a parameter left out of the fused layout (it did not
+        require grad at construction) requires grad now. requires_grad is set by the same code
+        on every rank, so every rank raises at the same step."""
+        joined = [self._parameter_names[p] for p in self._left_out if p.requires_grad]
+        if joined:
+            raise NotImplementedError(
+                f"gtopk_hvd: parameters {joined[:10]} did not require grad when the "
+                "DistributedOptimizer was built and do now; the fused layout is fixed at "
+                "construction (Horovod would leave their gradients unreduced). Build the "
+                "optimizer after setting requires_grad=True on every parameter that will train "
+                "(one may stop requiring grad later), or build a new one.")
+
     def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
+        """synchronize() unless already done or inside skip_synchronize(), then the wrapped
+        optimizer's step on the update."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(). Horovod would synchronize again (a "
+                    "slowdown); gtopk_hvd applies the update of that synchronize() as it is. "
+                    "Use the optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.", stacklevel=2)
+            else:
+                self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
@@ -141,11 +179,15 @@ def _state_device(parameters: list[torch.Tensor]) -> torch.device:
     return torch.device("cpu")
 
 
-def _parameter_names(parameters: list[torch.Tensor],
+def _parameter_names(param_groups: list[dict],
                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None
                      ) -> dict[torch.Tensor, str]:
+    """{parameter: name} as Horovod's `_parameter_names`: the given names, checked, or
+    `allreduce.noname.<group>.<index>`."""
     if named_parameters is None:
-        return {p: f"allreduce.noname.{i}" for i, p in enumerate(parameters)}
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    parameters = [p for group in param_groups for p in group["params"]]
     named = list(named_parameters)
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
@@ -192,11 +234,15 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if not arguments.sparse:
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=named_parameters,
-            compression=hvd.Compression.fp16 if compression.name == "fp16"
+            compression=hvd.Compression.fp16 if arguments.compression.name == "fp16"
             else hvd.Compression.none,
             backward_passes_per_step=backward_passes_per_step, op=arguments.op,
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
             groups=groups, sparse_as_dense=sparse_as_dense, process_set=arguments.process_set)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_SparseDistributedOptimizer.__dict__))
+    from horovod.torch.optimizer import DistributedOptimizer as HorovodDistributedOptimizer
+
+    namespace = dict(_SparseDistributedOptimizer.__dict__)
+    # hvd.broadcast_optimizer_state tells Horovod's wrapper by this (module docstring).
+    namespace["__module__"] = HorovodDistributedOptimizer.__module__
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
     return cls(optimizer.param_groups, named_parameters, arguments, transport)

@@ -11,10 +11,17 @@ fused in variable order, selection with error feedback, sparse all-reduce, resid
 the tf.function that `fit` traces, through tf.py_function), and the wrapped optimizer then applies
 the global update, identical on every worker. `backward_passes_per_step` = N > 1: gradients are
 summed locally (averaged if `average_aggregated_gradients`) over N calls and the step and the
-update happen at every N-th call only; the other calls change no variable. The residual lives in
+update happen at every N-th call only; the other calls change no model variable, but count in
+`optimizer.iterations`, as with Horovod's wrapper. The residual lives in
 the optimizer's `gtopk_state` (a `GTopkState`), which tf.train.Checkpoint saves with the
 optimizer (`tf.train.Checkpoint(model=model, optimizer=optimizer)`); Keras' own
 `model.save_weights` / `.keras` files do not hold it. Each worker saves its own.
+
+Horovod's API besides: `register_local_var(var)` (that variable's gradient is not reduced, but
+divided by the number of workers, as Horovod's scale_local_gradients does); on tf-keras
+`_compute_gradients`, which returns this worker's gradients (Horovod's returns them reduced;
+here the reduction happens once, in apply_gradients); with backward_passes_per_step > 1,
+`_agg_helper.counter` (calls accumulated in the current cycle).
 
 Dense choices (Compression.none / fp16): on tf-keras, Horovod's own
 horovod.tensorflow.keras.DistributedOptimizer, unchanged. Horovod 0.28 does not support Keras 3,
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from gtopk_hvd.arguments import Arguments, parse_arguments
@@ -61,27 +69,140 @@ class _Reduction:
         self.sparse_as_dense = sparse_as_dense
         self.transport = transport
 
+        self.local = _LocalGradients(arguments.passes, average_passes)
+
     def __call__(self, state: GTopkState, gradients: list[Any], variables: list[Any]
                  ) -> tuple[list[Any], Any]:
-        """(reduced gradients, applied): `applied` says whether to apply them now."""
+        """(reduced gradients, applied): `applied` says whether to apply them now. Gradients of
+        variables registered as local are not reduced (`_LocalGradients`)."""
+        local = [self.local.holds(v) for v in variables]
+        if not any(local):
+            return self._reduce(state, gradients, variables)
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        mine = [i for i, is_local in enumerate(local) if is_local]
+        result: list[Any] = [None] * len(gradients)
+        own, applied = self.local([gradients[i] for i in mine], [variables[i] for i in mine])
+        if shared:  # its `applied` equals the local one: both count the same calls
+            reduced, applied = self._reduce(state, [gradients[i] for i in shared],
+                                            [variables[i] for i in shared])
+            for i, gradient in zip(shared, reduced):
+                result[i] = gradient
+        for i, gradient in zip(mine, own):
+            result[i] = gradient
+        return result, applied
+
+    def _reduce(self, state: GTopkState, gradients: list[Any], variables: list[Any]
+                ) -> tuple[list[Any], Any]:
         if self.arguments.sparse:
             return sparse_allreduce(state, gradients, variables, self.arguments,
                                     self.average_passes, self.transport)
         return dense_allreduce(gradients, self.arguments, self.sparse_as_dense), True
 
 
-def _when_applied(applied: Any, apply: Any) -> None:
-    """Runs apply() if `applied` (a bool, or a bool tensor inside a tf.function)."""
+class _LocalGradients:
+    """Gradients of the variables registered with `register_local_var`, as Horovod treats them
+    (its scale_local_gradients=True): not reduced, summed over backward_passes_per_step calls
+    like the others (averaged if average_aggregated_gradients) and divided by the number of
+    workers. None counts as zeros. Kept in numpy (in tf.py_function inside a tf.function), the
+    same way as the sparse step's accumulation, so both count the same calls."""
+
+    def __init__(self, passes: int, average_passes: bool) -> None:
+        self.passes = passes
+        self.average_passes = average_passes
+        self._ids: set[int] = set()
+        self._variables: list[Any] = []  # keeps the registered ones alive: ids stay theirs
+        self._sum: np.ndarray | None = None
+        self._calls = 0
+
+    def add(self, variable: Any) -> None:
+        if id(variable) not in self._ids:
+            self._ids.add(id(variable))
+            self._variables.append(variable)
+
+    def holds(self, variable: Any) -> bool:
+        return id(variable) in self._ids
+
+    def _step(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import horovod.tensorflow as hvd
+
+        if self.passes > 1:
+            self._sum = flat.copy() if self._sum is None else self._sum + flat
+            self._calls += 1
+            if self._calls < self.passes:
+                return np.zeros_like(flat), np.array(False)
+            flat, self._sum, self._calls = self._sum, None, 0
+            if self.average_passes:
+                flat = flat / np.float32(self.passes)
+        return (flat / np.float32(hvd.size())).astype(np.float32), np.array(True)
+
+    def __call__(self, gradients: list[Any], variables: list[Any]) -> tuple[list[Any], Any]:
+        shapes = [tf.TensorShape(v.shape) for v in variables]
+        sizes = [int(shape.num_elements()) for shape in shapes]
+        flat = tf.concat([tf.zeros([n], tf.float32) if g is None else
+                          tf.reshape(tf.cast(tf.convert_to_tensor(g), tf.float32), [-1])
+                          for g, n in zip(gradients, sizes)], axis=0)
+        if tf.executing_eagerly():
+            update, applied = self._step(flat.numpy())
+            update, applied = tf.convert_to_tensor(update), bool(applied)
+        else:
+            update, applied = tf.py_function(lambda f: self._step(f.numpy()), [flat],
+                                             [tf.float32, tf.bool], name="gtopk_local_grads")
+            update.set_shape([sum(sizes)])
+            applied.set_shape([])
+            if self.passes == 1:
+                applied = True
+        pieces = tf.split(update, sizes) if len(sizes) > 1 else [update]
+        return [tf.cast(tf.reshape(piece, shape), tf.as_dtype(v.dtype))
+                for piece, shape, v in zip(pieces, shapes, variables)], applied
+
+
+def _when_applied(applied: Any, apply: Any, otherwise: Any) -> None:
+    """Runs apply() if `applied` (a bool, or a bool tensor inside a tf.function), else
+    otherwise()."""
     if isinstance(applied, bool):
         if applied:
             apply()
+        else:
+            otherwise()
         return
 
     def run() -> tf.Tensor:
         apply()
         return tf.constant(True)
 
-    tf.cond(applied, run, lambda: tf.constant(False))
+    def skip() -> tf.Tensor:
+        otherwise()
+        return tf.constant(False)
+
+    tf.cond(applied, run, skip)
+
+
+class _AggregationProgress:
+    """`optimizer._agg_helper` of Horovod's Keras wrapper as far as its `counter` goes: how many
+    calls of the current cycle of backward_passes_per_step have been accumulated (Horovod's
+    tests read it; with backward_passes_per_step == 1 Horovod has no helper, nor do we)."""
+
+    def __init__(self, state: GTopkState) -> None:
+        self._state = state
+
+    @property
+    def counter(self) -> tf.Tensor:
+        return tf.constant(self._state._passes, dtype=tf.int32)
+
+
+class _Common:
+    """Methods of both subclasses."""
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's: `var`'s gradient is not reduced; this worker's own is applied, divided
+        by the number of workers (Horovod's scale_local_gradients). Register before the first
+        step: the sparse layout is fixed then."""
+        self._gtopk_reduction.local.add(var)
+
+    def _count_skipped_call(self) -> None:
+        """A call of apply that only accumulated still counts in `iterations`, as with
+        Horovod's wrapper (its iterations count calls, not applied steps)."""
+        self.iterations.assign_add(1)
 
 
 class _Keras3DistributedOptimizer:
@@ -102,7 +223,7 @@ class _Keras3DistributedOptimizer:
                 self.build(variables)
         reduced, applied = self._gtopk_reduction(self.gtopk_state, grads, variables)
         base = super(self.__class__, self)
-        _when_applied(applied, lambda: base.apply(reduced, variables))
+        _when_applied(applied, lambda: base.apply(reduced, variables), self._count_skipped_call)
 
     @property
     def last_stats(self) -> StepStats | None:
@@ -120,8 +241,21 @@ class _KerasDistributedOptimizer:
         base = super(self.__class__, self)
         _when_applied(applied,
                       lambda: base.apply_gradients(list(zip(reduced, variables)), *args,
-                                                   **kwargs))
+                                                   **kwargs),
+                      self._count_skipped_call)
         return self.iterations
+
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> list[tuple[Any, Any]]:
+        """This worker's gradients as (gradient, variable) pairs, for Horovod's private API
+        (its tests and PartialDistributedOptimizer call it). Horovod's wrapper reduces them
+        here; gtopk_hvd reduces once, in apply_gradients, which every path goes through, so
+        these are the local gradients."""
+        base = super(self.__class__, self)
+        tape = tf.GradientTape() if tape is None else tape
+        if hasattr(base, "_compute_gradients"):  # OptimizerV2 (legacy)
+            return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        return list(base.compute_gradients(loss, var_list, tape=tape))
 
     @property
     def last_stats(self) -> StepStats | None:
@@ -153,7 +287,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     device_dense / device_sparse are unused, IndexedSlices are densified, op may be Average or
     Sum, num_groups / groups and process sets other than the global one raise
     NotImplementedError. `name` is accepted for Horovod compatibility and not used. transport:
-    how the sparse reduction communicates (`gtopk_hvd.transports`; default MPI over mpi4py).
+    how the sparse reduction communicates (`gtopk_hvd.transports`; default: MPI under an MPI
+    launcher, else Horovod's collectives).
     """
     import horovod.tensorflow as hvd
 
@@ -167,7 +302,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             import horovod.tensorflow.keras as hvd_keras
 
             return hvd_keras.DistributedOptimizer(
-                optimizer, compression=hvd.Compression.fp16 if compression.name == "fp16"
+                optimizer, compression=hvd.Compression.fp16
+                if arguments.compression.name == "fp16"
                 else hvd.Compression.none,
                 sparse_as_dense=sparse_as_dense,
                 gradient_predivide_factor=gradient_predivide_factor, op=arguments.op,
@@ -180,12 +316,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
                 "Keras 3: use the optimizer's gradient_accumulation_steps")
     methods = _Keras3DistributedOptimizer if keras3 else _KerasDistributedOptimizer
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
-        key: value for key, value in methods.__dict__.items()
+        key: value for source in (_Common, methods) for key, value in source.__dict__.items()
         if key not in ("__dict__", "__weakref__")})
     distributed = cls.from_config(optimizer.get_config())
     distributed._gtopk_reduction = _Reduction(arguments, average_aggregated_gradients,
                                               sparse_as_dense, transport)
     distributed.gtopk_state = GTopkState()
+    if arguments.sparse and backward_passes_per_step > 1:
+        distributed._agg_helper = _AggregationProgress(distributed.gtopk_state)
     if hasattr(distributed, "_track_trackable"):  # tf-keras' OptimizerV2 does not auto-track
         distributed._track_trackable(distributed.gtopk_state, name="gtopk_state",
                                      overwrite=True)
