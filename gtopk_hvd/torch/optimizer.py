@@ -24,8 +24,8 @@ the k selected (index, value) pairs go to the host for the reduction and the glo
 comes back. Otherwise (CPU parameters; parameters on several devices; an extension built
 without nvcc) everything lives in host memory, gradients copied there.
 
-`transport=` chooses how the workers communicate (`gtopk_hvd.transports`; default MPI over
-mpi4py, whose workers must be Horovod's).
+`transport=` chooses how the workers communicate (`gtopk_hvd.transports`; default: MPI over
+mpi4py under an MPI launcher, else Horovod's own collectives; the workers must be Horovod's).
 
 `hvd.broadcast_optimizer_state` creates the state of an optimizer whose state is empty by one
 step with zero gradients, on the ranks where it is empty only (a rank that loaded a checkpoint
