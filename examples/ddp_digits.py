@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torch_digits import (
+    add_sparse_arguments,
     build_model,
     checksum,
     evaluate,
@@ -45,12 +46,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser, compression="gradient compression (none: DDP's all-reduce; fp16: PyTorch's "
                             "fp16 hook; topk/gtopk: gtopk_hvd's hook)",
         seed="seed of the model and the sampler")
-    parser.add_argument("--warmup-epochs", type=float, default=0.0,
-                        help="topk/gtopk: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
-                             "the stages above --density) spread over the first N epochs")
-    parser.add_argument("--momentum-correction", action="store_true",
-                        help="topk/gtopk: DGC's momentum correction (the momentum moves from "
-                             "SGD into the sparsified accumulation)")
+    add_sparse_arguments(parser)
     parser.add_argument("--start-iter", type=int, default=2,
                         help="topk/gtopk: iterations of plain all-reduce first (at least 2)")
     parser.add_argument("--backend", default="gloo", help="torch.distributed backend")

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torch_digits import (
+    add_sparse_arguments,
     build_model,
     checksum,
     evaluate,
@@ -49,12 +50,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                              "PATH.rank<r> (sparse compression keeps a residual per worker)")
     parser.add_argument("--resume", metavar="PATH", default=None,
                         help="resume from the files --checkpoint PATH wrote (same worker count)")
-    parser.add_argument("--warmup-epochs", type=float, default=0.0,
-                        help="topk/gtopk: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
-                             "the stages above --density) spread over the first N epochs")
-    parser.add_argument("--momentum-correction", action="store_true",
-                        help="topk/gtopk: DGC's momentum correction (the momentum moves from "
-                             "SGD into the sparsified accumulation)")
+    add_sparse_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--history", metavar="PATH", default=None,
                         help="rank 0 writes each epoch's training loss (mean over workers), "
