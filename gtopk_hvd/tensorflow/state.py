@@ -107,6 +107,12 @@ class GTopkState(trackable_base.Trackable):
         return update
 
     @property
+    def passes_accumulated(self) -> int:
+        """Calls summed so far in the current cycle of backward_passes_per_step (0 after a
+        step)."""
+        return self._passes
+
+    @property
     def last_stats(self) -> StepStats | None:
         """What the last step did on this worker (None before the first)."""
         return None if self.sparse is None else self.sparse.last_stats

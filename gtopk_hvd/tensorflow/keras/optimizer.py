@@ -187,7 +187,7 @@ class _AggregationProgress:
 
     @property
     def counter(self) -> tf.Tensor:
-        return tf.constant(self._state._passes, dtype=tf.int32)
+        return tf.constant(self._state.passes_accumulated, dtype=tf.int32)
 
 
 class _Common:
