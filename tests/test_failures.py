@@ -26,11 +26,15 @@ def test_a_worker_raising_mid_training_ends_the_job_with_its_error(launcher: str
     assert time.monotonic() - start < 100
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_a_worker_that_never_joins_ends_the_job_within_the_wait_bound(launcher: str) -> None:
+@pytest.mark.parametrize(("launcher", "program"), [
+    ("mpirun", ["stuck_worker.py"]), ("horovodrun", ["stuck_worker.py"]),
+    ("torchrun", ["stuck_reduction.py", "--transport", "torch"])])
+def test_a_worker_that_never_joins_ends_the_job_within_the_wait_bound(launcher: str,
+                                                                      program: list[str]
+                                                                      ) -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as failure:
-        run_mpi("stuck_worker.py", 3, timeout_s=150, launcher=launcher)
+        run_mpi(program[0], 3, *program[1:], timeout_s=150, launcher=launcher)
     message = str(failure.value)
     assert "exited with" in message, message  # ended by the bound, not by the 150 s limit
     assert "worker 1 is stuck" in message, message
