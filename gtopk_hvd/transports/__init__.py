@@ -68,16 +68,12 @@ def resolve_transport(transport: Transport | str | None, horovod: Any = None) ->
     """None -> the default (module docstring; `horovod` is the adapter's Horovod module, if
     any); a registered name -> its process-wide transport; a Transport -> itself."""
     if transport is None:
-        if horovod is not None and not launched_by_mpi():
-            from gtopk_hvd.transports.horovod import horovod_transport
+        transport = "horovod" if horovod is not None and not launched_by_mpi() else "mpi"
+    if transport == "horovod" and horovod is not None:  # the adapter's own Horovod module
+        from gtopk_hvd.transports.horovod import horovod_transport
 
-            return horovod_transport(horovod)
-        transport = "mpi"
+        return horovod_transport(horovod)
     if isinstance(transport, str):
-        if transport == "horovod" and horovod is not None:
-            from gtopk_hvd.transports.horovod import horovod_transport
-
-            return horovod_transport(horovod)
         return TRANSPORTS.get(transport)()
     if isinstance(transport, Transport):
         return transport

@@ -9,6 +9,8 @@ torch.distributed, threads in a test) is one subclass, registered by name in
 
 from __future__ import annotations
 
+import os
+import sys
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -46,9 +48,12 @@ class Transport(ABC):
     def allreduce_sum(self, array: np.ndarray) -> None:
         """In place: array = sum over workers (float32 or float64)."""
 
-    @abstractmethod
     def abort(self, message: str) -> None:
-        """Ends every worker of the job with `message` printed; does not return."""
+        """Ends every worker of the job with `message` printed; does not return. Default: exit
+        non-zero, which horovodrun, mpirun and torchrun turn into the end of every worker."""
+        print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 def check_matches_horovod(transport: Transport, hvd_rank: int, hvd_size: int) -> None:

@@ -20,7 +20,6 @@ through Horovod's CPU path (Gloo or MPI) whatever the model's device.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -127,12 +126,6 @@ class HorovodTransport(Transport):
                 summed = self.hvd.allreduce(self._tensors.tensor(array), op=self.hvd.Sum,
                                             name=name)
                 array[...] = self._tensors.array(summed)
-
-    def abort(self, message: str) -> None:
-        """Exits non-zero: horovodrun, mpirun and torchrun then end the other workers."""
-        print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
     def _allgather(self, local: np.ndarray, what: str) -> np.ndarray:
         name = f"gtopk_hvd.{what}.{local.dtype}"

@@ -20,11 +20,9 @@ def open_transport(name: str) -> Transport:
     if name == "horovod":
         import horovod.torch as hvd
 
-        from gtopk_hvd.transports.horovod import horovod_transport
-
         if not hvd.is_initialized():
             hvd.init()
-        return horovod_transport(hvd)
+        return resolve_transport(name, hvd)
     if name == "torch":
         import torch.distributed as dist
 
@@ -33,7 +31,7 @@ def open_transport(name: str) -> Transport:
             _opened.add(name)
         return resolve_transport("torch")
     if name == "mpi":
-        return resolve_transport("mpi")
+        return resolve_transport(name)
     raise ValueError(f"unknown transport {name!r}; one of {LAUNCHABLE}")
 
 

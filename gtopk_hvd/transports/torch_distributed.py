@@ -21,8 +21,6 @@ two partners that both send first do not deadlock.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -129,11 +127,6 @@ class TorchDistributedTransport(Transport):
             tensor.copy_(on_device)
         if work is not array:
             array[...] = work
-
-    def abort(self, message: str) -> None:
-        print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
     # -- helpers ----------------------------------------------------------------------------
 
