@@ -24,18 +24,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from sparse_options import add_sparse_arguments, sparse_compression
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torch_digits import (
-    add_sparse_arguments,
     build_model,
     checksum,
     evaluate,
     load_data,
     parameter_count,
-    sparse_compression,
 )
 from tqdm import tqdm
 

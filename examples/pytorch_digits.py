@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Optional
 
 import digits_common
@@ -23,17 +24,17 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sparse_options import add_sparse_arguments, sparse_compression
+from step_timing import StepTimer, timed_step
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torch_digits import (
-    add_sparse_arguments,
     build_model,
     checksum,
     evaluate,
     load_data,
     parameter_count,
-    sparse_compression,
 )
 from tqdm import tqdm
 
@@ -92,28 +93,32 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-               labels: torch.Tensor, passes: int) -> float:
+               labels: torch.Tensor, passes: int, timer: StepTimer) -> float:
     """One optimizer step over a batch split into `passes` micro-batches; returns the loss."""
-    optimizer.zero_grad()
-    total = 0.0
-    for micro_images, micro_labels in zip(images.chunk(passes), labels.chunk(passes)):
-        loss = F.cross_entropy(model(micro_images), micro_labels) / passes
-        loss.backward()
-        total += loss.item()
-    optimizer.step()
-    return total
+    def forward_backward() -> float:
+        total = 0.0
+        for micro_images, micro_labels in zip(images.chunk(passes), labels.chunk(passes)):
+            loss = F.cross_entropy(model(micro_images), micro_labels) / passes
+            loss.backward()
+            total += loss.item()
+        return total
+
+    return timed_step(optimizer, forward_backward, timer)
 
 
 def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
-                passes: int, progress: tqdm) -> float:
-    """One pass over this worker's shard; returns the mean training loss."""
+                passes: int, progress: tqdm, timer: StepTimer) -> tuple[float, float]:
+    """One pass over this worker's shard; returns the mean training loss and the seconds the
+    steps took."""
     model.train()
     losses = []
+    start = time.perf_counter()
     for images, labels in loader:
-        losses.append(train_step(model, optimizer, images, labels, passes))
+        losses.append(train_step(model, optimizer, images, labels, passes, timer))
         progress.update(1)
         progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
-    return float(np.mean(losses)) if losses else float("nan")
+    seconds = time.perf_counter() - start
+    return (float(np.mean(losses)) if losses else float("nan")), seconds
 
 
 def main() -> None:
@@ -138,23 +143,30 @@ def main() -> None:
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     show = rank == 0 and not args.quiet
-    history = []
+    history, timer, seconds = [], StepTimer(), 0.0
     with tqdm(total=args.epochs * len(loader), disable=not show, desc="train") as progress:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
-            train_loss = train_epoch(model, optimizer, loader, args.backward_passes_per_step,
-                                     progress)
-            if args.history:  # every worker: the mean is a collective
+            train_loss, epoch_seconds = train_epoch(
+                model, optimizer, loader, args.backward_passes_per_step, progress, timer)
+            seconds += epoch_seconds
+            if args.history:  # every worker: the means are collectives
                 train_loss = hvd.allreduce(torch.tensor(train_loss), op=hvd.Average,
                                            name="train_loss").item()
+                phases = hvd.allreduce(torch.tensor(list(timer.means().values())),
+                                       op=hvd.Average, name="phases").tolist()
             if rank == 0 and (show or args.history):
                 accuracy, test_loss = evaluate(model, test_set)
-                history.append({"epoch": epoch + 1, "train_loss": train_loss,
+                history.append({"epoch": epoch + 1, "step": (epoch + 1) * len(loader),
+                                "seconds": seconds, "train_loss": train_loss,
                                 "test_loss": test_loss, "test_accuracy": accuracy})
+                if args.history:
+                    history[-1]["phases"] = dict(zip(timer.means(), phases))
                 if show:
                     progress.write(f"epoch {epoch + 1}/{args.epochs} train_loss="
                                    f"{train_loss:.4f} test_loss={test_loss:.4f} "
                                    f"test_accuracy={accuracy:.4f}")
+            timer.reset()
     if rank == 0 and args.history:
         with open(args.history, "w") as file:
             json.dump(history, file, indent=1)

@@ -50,4 +50,10 @@ def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
     assert [epoch["epoch"] for epoch in history] == [1, 2, 3, 4]
     assert abs(history[-1]["test_accuracy"] - float(fields["test_accuracy"])) < 1e-4
     assert all(epoch["train_loss"] > 0 for epoch in history)
+    steps = [epoch["step"] for epoch in history]
+    assert steps == [steps[0] * (n + 1) for n in range(4)] and steps[0] > 0
+    seconds = [epoch["seconds"] for epoch in history]
+    assert all(after > before > 0 for before, after in zip(seconds, seconds[1:]))
+    for epoch in history:  # the sparse step's own phases were timed, by the step's split
+        assert epoch["phases"]["select"] > 0 and epoch["phases"]["communicate"] > 0, epoch
     assert float(fields["density"]) == 0.001  # the warm-up stages are over by the last step

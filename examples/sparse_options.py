@@ -1,0 +1,30 @@
+"""The sparse-compression options the PyTorch examples share (digits, DDP, the LSTM language
+model): --warmup-epochs and --momentum-correction, and the `Compression` they ask for together
+with --compression, --density and --momentum."""
+
+from __future__ import annotations
+
+import argparse
+
+from gtopk_hvd.compression import DGC_WARMUP, Compression, SparseCompression
+
+
+def add_sparse_arguments(parser: argparse.ArgumentParser) -> None:
+    """--warmup-epochs and --momentum-correction, read by sparse_compression."""
+    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+                        help="topk/gtopk: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
+                             "the stages above --density) spread over the first N epochs")
+    parser.add_argument("--momentum-correction", action="store_true",
+                        help="topk/gtopk: DGC's momentum correction (the momentum moves from "
+                             "SGD into the sparsified accumulation)")
+
+
+def sparse_compression(args: argparse.Namespace, steps_per_epoch: int) -> SparseCompression:
+    """--compression topk|gtopk at --density, with the DGC warm-up over --warmup-epochs (its
+    densities above --density, in equal stages) and --momentum-correction."""
+    factory = getattr(Compression, args.compression)  # .topk or .gtopk (argparse choices)
+    stages = tuple(density for density in DGC_WARMUP if density > args.density)
+    stage_steps = round(args.warmup_epochs * steps_per_epoch / len(stages)) if stages else 0
+    return factory(density=args.density, warmup_densities=stages,
+                   warmup_steps=stage_steps if args.warmup_epochs > 0 else 0,
+                   momentum_correction=args.momentum_correction, momentum=args.momentum)
