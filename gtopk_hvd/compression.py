@@ -92,6 +92,28 @@ class SparseCompression:
             return self.warmup_densities[step // self.warmup_steps]
         return self.density
 
+    # Horovod's Compressor interface, only to refuse it: a sparse choice handed to Horovod's own
+    # wrapper where gtopk_hvd.horovod_swap could not reach fails here with the fix, at the first
+    # gradient, instead of with an AttributeError deep inside Horovod. gtopk_hvd never calls it.
+    def compress(self, tensor: Any) -> Any:
+        """Raises TypeError: Horovod's own wrappers cannot run a sparse compression."""
+        raise TypeError(self._not_for_horovod())
+
+    def decompress(self, tensor: Any, ctx: Any = None) -> Any:
+        """Raises TypeError: Horovod's own wrappers cannot run a sparse compression."""
+        raise TypeError(self._not_for_horovod())
+
+    def _not_for_horovod(self) -> str:
+        return (f"{self!r}: a gtopk_hvd sparse compression cannot run inside Horovod's own "
+                "DistributedOptimizer / DistributedGradientTape, which calls "
+                "compression.compress; import gtopk_hvd.torch (or gtopk_hvd.tensorflow, "
+                "gtopk_hvd.tensorflow.keras) before building the optimizer, so that "
+                "hvd.DistributedOptimizer hands it to gtopk_hvd, or use "
+                "gtopk_hvd.torch.DistributedOptimizer (gtopk_hvd.tensorflow."
+                "DistributedGradientTape, gtopk_hvd.tensorflow.keras.DistributedOptimizer) "
+                "directly. A name bound before that import (`from horovod.torch import "
+                "DistributedOptimizer`) keeps Horovod's original: call hvd.DistributedOptimizer.")
+
 
 def _sparse(reduction: str, density: float, options: dict[str, Any]) -> SparseCompression:
     if "selection" in options:

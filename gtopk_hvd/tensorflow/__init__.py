@@ -12,8 +12,14 @@ to `gtopk_hvd.tensorflow.keras`).
     tape = gtopk.DistributedGradientTape(tape, compression=gtopk.Compression.gtopk(0.001),
                                          gtopk_state=state)
     gradients = tape.gradient(loss, model.trainable_variables)
+
+Importing this module also swaps horovod.tensorflow.DistributedGradientTape and
+.DistributedOptimizer: given a gtopk_hvd sparse compression, Horovod's own functions build these
+with the same arguments (anything else: Horovod's, unchanged). `gtopk_hvd.horovod_swap` says how,
+and how to undo it.
 """
 
+from gtopk_hvd import horovod_swap
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState
@@ -21,5 +27,7 @@ from gtopk_hvd.tensorflow.tape import DistributedGradientTape
 from gtopk_hvd.transports import load_mpi_if_launched
 
 load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
+horovod_swap.install("horovod.tensorflow", "DistributedGradientTape", DistributedGradientTape)
+horovod_swap.install("horovod.tensorflow", "DistributedOptimizer", DistributedOptimizer)
 
 __all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer", "GTopkState"]

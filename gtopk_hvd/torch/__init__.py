@@ -6,12 +6,18 @@
     ...
     optimizer = gtopk.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                            compression=gtopk.Compression.gtopk(density=0.001))
+
+Importing this module also swaps horovod.torch.DistributedOptimizer: given a gtopk_hvd sparse
+compression, Horovod's own `hvd.DistributedOptimizer(...)` builds this one with the same arguments
+(anything else: Horovod's, unchanged). `gtopk_hvd.horovod_swap` says how, and how to undo it.
 """
 
+from gtopk_hvd import horovod_swap
 from gtopk_hvd.compression import DGC_WARMUP, Compression
 from gtopk_hvd.torch.optimizer import DistributedOptimizer
 from gtopk_hvd.transports import load_mpi_if_launched
 
 load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
+horovod_swap.install("horovod.torch", "DistributedOptimizer", DistributedOptimizer)
 
 __all__ = ["DGC_WARMUP", "Compression", "DistributedOptimizer"]

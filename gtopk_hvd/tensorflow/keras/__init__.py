@@ -11,6 +11,7 @@ callback for Horovod Keras scripts, on Keras 3 (TensorFlow's default) and tf-ker
     model.fit(x_shard, y_shard, callbacks=[gtopk.BroadcastGlobalVariablesCallback(0)])
 """
 
+from gtopk_hvd import horovod_swap
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.tensorflow.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -24,3 +25,8 @@ load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
 
 __all__ = ["BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",
            "GTopkState", "broadcast_variables"]
+
+# Horovod's own Keras wrappers hand a gtopk_hvd sparse compression to this DistributedOptimizer
+# (explicit behaviour; gtopk_hvd.horovod_swap says how, and how to undo it).
+horovod_swap.install("horovod.tensorflow.keras", "DistributedOptimizer", DistributedOptimizer)
+horovod_swap.install("horovod.keras", "DistributedOptimizer", DistributedOptimizer)
