@@ -45,15 +45,37 @@ import numpy as np
 
 from gtopk_hvd import ops
 from gtopk_hvd._arrays import as_index_dtype, concatenate, to_host_numpy
+from gtopk_hvd.arguments import warn_if_density_needs_warmup
 from gtopk_hvd.compression import SparseCompression
 from gtopk_hvd.reductions import REDUCTIONS, ReductionStats
+from gtopk_hvd.reductions.wait_probe import resolve_wait_probe
 from gtopk_hvd.sparsifiers import SPARSIFIERS
 from gtopk_hvd.transports import Transport, check_matches_horovod, resolve_transport
 
 
 @dataclass
 class StepStats:
-    """What the last step did on this worker (readable as `optimizer.last_stats`)."""
+    """What the last step did on this worker (readable as `optimizer.last_stats`).
+
+    How to read the communication time: communicate_seconds = wait_seconds + transfer_seconds.
+    Before each data exchange of the reduction the workers swap an empty message with the same
+    partner(s) (`gtopk_hvd.reductions.wait_probe`):
+
+    - wait_seconds: time until the partners were ready. gTop-k: each round's partner (who may
+      itself have waited for its own partner in an earlier round); Top-k's all-gather and the
+      dense / shared-index all-reduce: the slowest worker. It includes one small-message latency
+      per exchange (tens of microseconds on one host). Large on some workers, small on one: that
+      one is the straggler (a slower worker, a late step, a data loader), not the network.
+    - transfer_seconds: time of the data exchanges, started with every partner ready: the link's
+      share (bandwidth, latency). Large on every worker: the network (or k) is the cost.
+
+    The probe is on by default over MPI and off over Horovod's collectives and torch.distributed
+    (there each probe is one more negotiated operation, +10-40% at k = 25k);
+    GTOPK_HVD_WAIT_PROBE=1 / 0 forces it on / off on every worker. Without it wait_seconds is 0
+    and transfer_seconds holds the whole communication, waits included (Top-k's all-gather
+    splits either way: its all-gather of set sizes is the probe). A registered reduction that
+    does not fill the split reports both as 0. merge_seconds (gTop-k's merges) is in neither.
+    """
 
     step: int
     density: float
@@ -62,9 +84,11 @@ class StepStats:
     bytes_sent: int
     bytes_received: int
     select_seconds: float
-    communicate_seconds: float
+    communicate_seconds: float  # = wait_seconds + transfer_seconds
     merge_seconds: float
     write_seconds: float = 0.0  # the adapter's write-back of the update (zero + scatter)
+    wait_seconds: float = 0.0  # until the partners (or the slowest worker) were ready
+    transfer_seconds: float = 0.0  # the data exchanges themselves
 
 
 class SparseState:
@@ -79,6 +103,8 @@ class SparseState:
     adapter's options); checked with the sizes and compression at the first step.
     horovod: the adapter's Horovod module, if any: the transport must then have its workers.
     what: what the sources are called in errors ("parameter", "source").
+    A density below `arguments.WARMUP_DENSITY_THRESHOLD` without a warm-up or momentum
+    correction warns once per process (`arguments.warn_if_density_needs_warmup`).
     """
 
     def __init__(self, compression: SparseCompression, sizes: Sequence[int],
@@ -89,6 +115,7 @@ class SparseState:
             raise ValueError("the model has no parameters with gradients to compress")
         if predivide <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+        warn_if_density_needs_warmup(compression)
         self.compression = compression
         self.sizes = list(sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -107,7 +134,8 @@ class SparseState:
             self.transport, self.index_dtype, compression.wire_dtype)
         self.what = what
         self.signature = (f"{signature}|sizes={self.sizes}|{compression}|average={average}"
-                          f"|predivide={self.predivide}")
+                          f"|predivide={self.predivide}"
+                          f"|wait_probe={resolve_wait_probe(None, self.transport)}")
         self.step_count = 0
         self.last_stats: StepStats | None = None
         self._workers_agree = False
@@ -213,7 +241,8 @@ def sparse_step(state: SparseState, gradient: Any,
         k=state.k_at(state.step_count), global_entries=int(result.indices.size),
         bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received,
         select_seconds=select_seconds, communicate_seconds=stats.comm_seconds,
-        merge_seconds=stats.merge_seconds)
+        merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds,
+        transfer_seconds=stats.transfer_seconds)
     state.step_count += 1
     return result.indices, values
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 from helpers.reference import gtopk_schedule_reference
 from helpers.thread_transport import ThreadGroup
 from hypothesis import given, settings
@@ -73,17 +74,21 @@ def test_torch_tensors_in_and_out() -> None:
         assert result.values.tolist() == [-3.0, 3.0, 2.0]
 
 
-def test_every_worker_joins_every_phase_of_the_schedule() -> None:
+@pytest.mark.parametrize("wait_probe", [True, False])
+def test_every_worker_joins_every_phase_of_the_schedule(wait_probe: bool) -> None:
     """A collective transport (Horovod's alltoall) needs each phase called on every worker, idle
-    ones included: fold-in, log2(P') rounds, fold-out, in the same order everywhere."""
+    ones included: fold-in, log2(P') rounds, fold-out, in the same order everywhere; with the
+    wait probe each phase is preceded by its probe phase (tag + 10)."""
     for workers in range(1, 11):
         group = ThreadGroup(workers, check_phases=True)
         sets = [(np.array([rank, 20 + rank], dtype=np.int32), np.array([1.0, -2.0], np.float32))
                 for rank in range(workers)]
-        group.run(lambda t, sets=sets: GTopkReducer(2, np.int32, "float32", t).allreduce(
+        group.run(lambda t, sets=sets: GTopkReducer(2, np.int32, "float32", t,
+                                                    wait_probe=wait_probe).allreduce(
             *sets[t.rank]))
         base = 1 << (workers.bit_length() - 1)
         folds = [1] if workers > base else []
         rounds = base.bit_length() - 1
-        expected = [11] * len(folds) + [12] * rounds + [13] * len(folds)
+        phases = [11] * len(folds) + [12] * rounds + [13] * len(folds)
+        expected = [t for tag in phases for t in ((tag + 10, tag) if wait_probe else (tag,))]
         assert group.phases == expected, (workers, group.phases)

@@ -5,7 +5,8 @@
     "allreduce"  sets whose indices every worker shares: a dense all-reduce of k values
                  (shared_indices.py)
 
-`dense_allreduce` (dense.py) is the dense S-SGD baseline.
+`dense_allreduce` (dense.py) is the dense S-SGD baseline. Each returns `ReductionStats`
+(result.py), whose comm_seconds splits into wait_seconds and transfer_seconds (wait_probe.py).
 """
 
 from gtopk_hvd.reductions import allgather, gtopk, shared_indices  # noqa: F401  (registration)

@@ -18,6 +18,9 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray,
     The result is the union of all sets (up to P k entries), index-sorted, each value the sum
     of the workers' values in rank order. Byte counters are those of a ring all-gather: this
     worker receives every other worker's set and forwards all but one.
+    stats.wait_seconds is the all-gather of the set sizes (one value per worker: it ends when
+    the slowest worker arrives, so it is the readiness probe of `wait_probe`, at no extra
+    message); stats.transfer_seconds the two all-gathers of the sets.
     """
     transport = resolve_transport(transport)
     indices = np.ascontiguousarray(indices)
@@ -25,9 +28,10 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray,
     stats = ReductionStats(rounds=transport.size - 1)
     start = time.perf_counter()
     counts = transport.allgather(np.array([indices.size], dtype=np.int64))[:, 0]
+    ready = time.perf_counter()
     all_indices = transport.allgatherv(indices, counts)
     all_values = transport.allgatherv(values, counts)
-    stats.comm_seconds = time.perf_counter() - start
+    stats.add_exchange(ready - start, time.perf_counter() - ready)
 
     start = time.perf_counter()
     union, position = np.unique(all_indices, return_inverse=True)

@@ -15,6 +15,10 @@ After the rounds every one of the first P' workers holds the same global set; va
 not averages. Bytes per worker: log2(P') * 8k (+ 8k for each fold message), against
 2 (P-1)/P * 4d for a dense ring all-reduce and (P-1) * 8k for Top-k all-gather.
 
+Each data message is preceded by a zero-byte probe with the same partner (phase tag + 10), so
+that the stats split the communication into waiting for the partner and transfer
+(`gtopk_hvd.reductions.wait_probe`: on by default over MPI, GTOPK_HVD_WAIT_PROBE=1 / 0 forces).
+
 Subtlety (accepted, as in the paper): an index of the global set may have lost one worker's
 contribution in an intermediate merge (dropped in one subtree, re-entered from another).
 """
@@ -29,6 +33,7 @@ import numpy as np
 from gtopk_hvd import ops
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
 from gtopk_hvd.reductions.result import ReductionStats, SparseResult
+from gtopk_hvd.reductions.wait_probe import probe_partner, resolve_wait_probe
 from gtopk_hvd.transports import Transport, resolve_transport
 from gtopk_hvd.wire import WIRE_VALUE_TYPES, WireFormat
 
@@ -43,16 +48,21 @@ class GTopkReducer:
     reused by every call: a round merges the received message where it lies into the set the
     previous round did not write. The global set returned is a view of one of them, valid until
     the next call (gtopk_allreduce returns copies). The first call checks, collectively, that
-    every worker uses the same k and dtypes (a mismatch raises on all).
+    every worker uses the same k, dtypes and wait probe (a mismatch raises on all).
+    wait_probe: precede each message by a zero-byte probe with the same partner, which splits
+    stats.comm_seconds into wait_seconds and transfer_seconds (None: GTOPK_HVD_WAIT_PROBE if
+    set, else the transport's default: on for MPI; `gtopk_hvd.reductions.wait_probe`).
     """
 
     def __init__(self, k: int, index_dtype: Any = np.int32, wire_dtype: str = "float32",
-                 transport: Transport | str | None = None) -> None:
+                 transport: Transport | str | None = None,
+                 wait_probe: bool | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         self.k = int(k)
         self.wire = WireFormat(np.dtype(index_dtype), wire_dtype)
         self.transport = resolve_transport(transport)
+        self.wait_probe = resolve_wait_probe(wait_probe, self.transport)
         capacity = self.k * self.wire.entry_bytes
         self._send = np.empty(capacity, dtype=np.uint8)
         self._receive = np.empty(capacity, dtype=np.uint8)
@@ -91,7 +101,7 @@ class GTopkReducer:
                 received = self._receive_set(rank + base, TAG_FOLD_IN, stats)
                 current = self._merge(current, received, stats)
             else:
-                self._idle(TAG_FOLD_IN)
+                self._idle(TAG_FOLD_IN, stats)
         distance = 1
         while distance < base:
             if rank < base:
@@ -99,7 +109,7 @@ class GTopkReducer:
                 current = self._merge(current, received, stats)
                 stats.rounds += 1
             else:
-                self._idle(TAG_ROUND)
+                self._idle(TAG_ROUND, stats)
             distance <<= 1
         if folded:
             if rank >= base:
@@ -107,7 +117,7 @@ class GTopkReducer:
             elif rank < folded:
                 self._send_set(current, rank + base, TAG_FOLD_OUT, stats)
             else:
-                self._idle(TAG_FOLD_OUT)
+                self._idle(TAG_FOLD_OUT, stats)
         return current
 
     def _merge(self, mine: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray],
@@ -123,13 +133,20 @@ class GTopkReducer:
         stats.merge_seconds += time.perf_counter() - start
         return merged
 
+    def _probe(self, dest: int | None, source: int | None, tag: int) -> float:
+        """The wait before this phase's message (0 without the probe: no extra phase)."""
+        if not self.wait_probe:
+            return 0.0
+        return probe_partner(self.transport, dest, source, tag, self._receive)
+
     def _exchange(self, current: tuple[np.ndarray, np.ndarray], partner: int,
                   stats: ReductionStats) -> tuple[np.ndarray, np.ndarray]:
         n_bytes = self.wire.pack(current[0], current[1], self._send)
+        wait = self._probe(partner, partner, TAG_ROUND)
         start = time.perf_counter()
         received = self.transport.sendrecv(self._send, n_bytes, partner, self._receive, partner,
                                            TAG_ROUND)
-        stats.comm_seconds += time.perf_counter() - start
+        stats.add_exchange(wait, time.perf_counter() - start)
         stats.bytes_sent += n_bytes
         stats.bytes_received += received
         stats.messages_sent += 1
@@ -138,22 +155,30 @@ class GTopkReducer:
     def _send_set(self, current: tuple[np.ndarray, np.ndarray], dest: int, tag: int,
                   stats: ReductionStats) -> None:
         n_bytes = self.wire.pack(current[0], current[1], self._send)
+        wait = self._probe(dest, dest, tag)
         start = time.perf_counter()
         self.transport.sendrecv(self._send, n_bytes, dest, self._receive, None, tag)
-        stats.comm_seconds += time.perf_counter() - start
+        stats.add_exchange(wait, time.perf_counter() - start)
         stats.bytes_sent += n_bytes
         stats.messages_sent += 1
 
     def _receive_set(self, source: int, tag: int,
                      stats: ReductionStats) -> tuple[np.ndarray, np.ndarray]:
+        wait = self._probe(source, source, tag)
         start = time.perf_counter()
         received = self.transport.sendrecv(self._send, 0, None, self._receive, source, tag)
-        stats.comm_seconds += time.perf_counter() - start
+        stats.add_exchange(wait, time.perf_counter() - start)
         stats.bytes_received += received
         return self.wire.unpack(self._receive, received)
 
-    def _idle(self, tag: int) -> None:
+    def _idle(self, tag: int, stats: ReductionStats) -> None:
+        """A phase without a partner: a no-op on point-to-point transports; on a collective one
+        (Horovod's alltoall) this worker still waits for the phase's slowest worker (its probe:
+        wait) and for the others' data (transfer)."""
+        wait = self._probe(None, None, tag)
+        start = time.perf_counter()
         self.transport.sendrecv(self._send, 0, None, self._receive, None, tag)
+        stats.add_exchange(wait, time.perf_counter() - start)
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -180,11 +205,13 @@ class GTopkReducer:
 
     def _agree_on_parameters(self) -> None:
         wire_code = WIRE_VALUE_TYPES.index(self.wire.value_type)
-        mine = np.array([self.k, self.wire.index_dtype.itemsize, wire_code], dtype=np.int64)
+        mine = np.array([self.k, self.wire.index_dtype.itemsize, wire_code, self.wait_probe],
+                        dtype=np.int64)
         everyone = self.transport.allgather(mine)
         if np.any(everyone != everyone[0]):
             raise ValueError(
-                "gtopk_allreduce: workers disagree on (k, index bytes, wire dtype code): "
+                "gtopk_allreduce: workers disagree on (k, index bytes, wire dtype code, wait "
+                "probe (GTOPK_HVD_WAIT_PROBE)): "
                 + ", ".join(f"rank {r}: {tuple(row)}" for r, row in enumerate(everyone.tolist())))
         self._agreed = True
 
@@ -193,22 +220,25 @@ _reducers: dict[tuple, GTopkReducer] = {}
 
 
 def gtopk_allreduce(indices: Any, values: Any, k: int, transport: Transport | str | None = None,
-                    wire_dtype: str = "float32") -> SparseResult:
+                    wire_dtype: str = "float32", wait_probe: bool | None = None) -> SparseResult:
     """gTop-k all-reduce of this worker's index-sorted set of at most k entries.
 
     Every worker returns the identical global set of at most k entries with summed values,
     plus the mask of its local entries that survived. transport: a Transport, a registered
     name, or None (MPI over COMM_WORLD). Reducers (and their buffers) are cached per
-    (transport, k, dtypes).
+    (transport, k, dtypes, wait probe). wait_probe: see GTopkReducer (result.stats splits
+    comm_seconds into wait_seconds and transfer_seconds).
     indices / values may be numpy arrays or torch tensors; for tensors on a GPU only the k-entry
     sets cross to the host, and the global set comes back as tensors on the same device.
     """
     host_indices, host_values, device = _to_host(indices), _to_host(values), _device_of(values)
     transport = resolve_transport(transport)
-    key = (id(transport), int(k), np.dtype(host_indices.dtype).str, wire_dtype)
+    wait_probe = resolve_wait_probe(wait_probe, transport)
+    key = (id(transport), int(k), np.dtype(host_indices.dtype).str, wire_dtype, wait_probe)
     reducer = _reducers.get(key)
     if reducer is None:
-        reducer = _reducers[key] = GTopkReducer(k, host_indices.dtype, wire_dtype, transport)
+        reducer = _reducers[key] = GTopkReducer(k, host_indices.dtype, wire_dtype, transport,
+                                                wait_probe)
     result = reducer.allreduce(host_indices, host_values)
     result.indices, result.values = result.indices.copy(), result.values.copy()  # see reducer
     if device is not None:

@@ -9,7 +9,16 @@ import numpy as np
 
 @dataclass
 class ReductionStats:
-    """What one reduction cost this worker."""
+    """What one reduction cost this worker.
+
+    comm_seconds = wait_seconds + transfer_seconds (`gtopk_hvd.reductions.wait_probe`):
+    wait_seconds is the time spent until the partners (gTop-k: each round's partner; a collective:
+    the slowest worker) reached each data exchange, measured by a zero-byte probe exchange just
+    before it, so it includes one small-message latency per exchange; transfer_seconds is the
+    time of the data exchanges themselves. With the probe off (GTOPK_HVD_WAIT_PROBE=0)
+    wait_seconds is 0 and transfer_seconds includes the waits. Bytes and messages count the
+    data only, not the probes.
+    """
 
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -17,6 +26,14 @@ class ReductionStats:
     rounds: int = 0
     merge_seconds: float = 0.0
     comm_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+
+    def add_exchange(self, wait: float, transfer: float) -> None:
+        """Counts one data exchange: `wait` seconds of its probe, `transfer` of its data."""
+        self.wait_seconds += wait
+        self.transfer_seconds += transfer
+        self.comm_seconds += wait + transfer
 
 
 @dataclass

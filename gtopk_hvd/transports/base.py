@@ -23,6 +23,10 @@ class Transport(ABC):
     size: int
     mismatch_hint: str = ""
     """Appended to the error when the transport's workers are not Horovod's (names the fix)."""
+    wait_probe_default: bool = True
+    """Whether the reductions time a readiness probe before each data exchange by default
+    (`gtopk_hvd.reductions.wait_probe`; GTOPK_HVD_WAIT_PROBE overrides): True where an empty
+    message costs next to nothing next to the data, False where each is a costly operation."""
 
     @abstractmethod
     def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
