@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -82,6 +83,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results/time_to_accuracy"))
     parser.add_argument("--skip-train", action="store_true", help="tables and figures of saved "
                                                                   "runs")
+    parser.add_argument("--skip-single", action="store_true",
+                        help="train on the links only (keep saved one-worker runs)")
     return parser.parse_args()
 
 
@@ -122,8 +125,9 @@ def launch(command: list[str], name: str, log: Path, timeout: float) -> None:
         tail = log.read_text()[-3000:]
         raise SystemExit(f"time_to_accuracy: run {name} failed (exit {code}):\n{tail}")
     result = re.search(r"^RESULT .*$", log.read_text(), re.MULTILINE)
-    print(f"time_to_accuracy: {name} in {time.monotonic() - start:.0f} s: "
-          f"{result.group(0) if result else '(no RESULT line)'}", flush=True)
+    print(f"time_to_accuracy: {name} in {time.monotonic() - start:.0f} s, load average "
+          f"{os.getloadavg()[1]:.2f} over the last 5 min (a quiet 2-core machine: < 2 + the "
+          f"run's own): {result.group(0) if result else '(no RESULT line)'}", flush=True)
 
 
 def train(args: argparse.Namespace, model: Model, compression: str, density: float,
@@ -315,7 +319,8 @@ def main() -> None:
     if not args.skip_train:
         for model in models:
             for compression, density in SCHEMES:
-                train_single(args, model, compression, density)
+                if not args.skip_single:
+                    train_single(args, model, compression, density)
                 for rate in args.rates:
                     train(args, model, compression, density, rate)
     sections = []
