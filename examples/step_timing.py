@@ -1,9 +1,11 @@
 """One training step in Horovod's explicit form, timed by phase (the PyTorch examples share it).
 
     forward + backward            -> compute
-    optimizer.synchronize()       -> select + communicate + merge + other (sparse compressions,
-                                     split by the optimizer's `last_stats`), or communicate alone
-                                     (Horovod's dense allreduce: the wait for its result)
+    optimizer.synchronize()       -> select + wait + transfer + merge + other (sparse
+                                     compressions, split by the optimizer's `last_stats`: wait
+                                     for the partners to be ready, then the data's transfer), or
+                                     transfer alone (Horovod's dense allreduce: the wait for its
+                                     result, waiting for slower workers included)
     clip; with optimizer.skip_synchronize(): optimizer.step()   -> apply
 
 `other` is what synchronize() spent outside the three phases gtopk_hvd times itself (fusing the
@@ -18,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-PHASES = ("compute", "select", "communicate", "merge", "other", "apply")
+PHASES = ("compute", "select", "wait", "transfer", "merge", "other", "apply")
 
 
 class StepTimer:
@@ -34,11 +36,11 @@ class StepTimer:
     def record(self, compute: float, synchronize: float, apply: float, stats: Any) -> None:
         """Adds one step; `stats` is the sparse optimizer's last_stats, None for dense."""
         if stats is None:
-            parts = {"communicate": synchronize}
+            parts = {"transfer": synchronize}
         else:
             merge = stats.merge_seconds + stats.write_seconds
-            parts = {"select": stats.select_seconds, "communicate": stats.communicate_seconds,
-                     "merge": merge}
+            parts = {"select": stats.select_seconds, "wait": stats.wait_seconds,
+                     "transfer": stats.transfer_seconds, "merge": merge}
             parts["other"] = max(0.0, synchronize - sum(parts.values()))
         for phase, seconds in {"compute": compute, "apply": apply, **parts}.items():
             self.totals[phase] += seconds

@@ -41,7 +41,7 @@ from gtopk_hvd._mpirun import stop_mpirun
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = (("none", 1.0), ("topk", 0.01), ("gtopk", 0.01), ("topk", 0.001), ("gtopk", 0.001))
 LABELS = {"none": "dense", "topk": "Top-k", "gtopk": "gTop-k"}
-PHASES = ("compute", "select", "communicate", "merge", "other", "apply")
+PHASES = ("compute", "select", "wait", "transfer", "merge", "other", "apply")
 
 
 @dataclass(frozen=True)

@@ -55,5 +55,5 @@ def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
     seconds = [epoch["seconds"] for epoch in history]
     assert all(after > before > 0 for before, after in zip(seconds, seconds[1:]))
     for epoch in history:  # the sparse step's own phases were timed, by the step's split
-        assert epoch["phases"]["select"] > 0 and epoch["phases"]["communicate"] > 0, epoch
+        assert epoch["phases"]["select"] > 0 and epoch["phases"]["transfer"] > 0, epoch
     assert float(fields["density"]) == 0.001  # the warm-up stages are over by the last step

@@ -80,7 +80,7 @@ def test_pytorch_lm_learns_with_identical_replicas(compression: str, tmp_path: P
     assert evaluations[-1]["valid_perplexity"] < 0.2 * 10_002, evaluations
     assert evaluations[0]["seconds"] < evaluations[1]["seconds"]
     phases = evaluations[-1]["phases"]
-    assert phases["compute"] > 0 and phases["communicate"] > 0
+    assert phases["compute"] > 0 and phases["transfer"] > 0
     k = math.ceil(0.01 * history["params"])
     if compression == "gtopk":  # one round of k (index, value) pairs at P = 2
         assert phases["select"] > 0 and evaluations[-1]["bytes_per_step"] == 8 * k
