@@ -69,8 +69,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--lm-steps", type=int, default=240)
-    parser.add_argument("--lm-eval-every", type=int, default=30)
+    parser.add_argument("--lm-steps", type=int, default=200)
+    parser.add_argument("--lm-eval-every", type=int, default=25)
     parser.add_argument("--lm-size", type=int, default=200, help="LSTM width (tied embedding)")
     parser.add_argument("--lm-options", default="",
                         help="extra options for the LM's sparse runs, e.g. '--warmup-epochs 0.2'")
