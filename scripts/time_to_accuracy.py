@@ -215,7 +215,9 @@ def _versus(ours: float | None, other: float | None, other_label: str) -> str:
     """How much sooner `ours` reached the target than the other run (seconds or None)."""
     if other is None:
         return f"{other_label} never reached it"
-    return f"{other / ours:.2f}x sooner than {other_label} ({other:.1f} s)"
+    if other >= ours:
+        return f"{other / ours:.2f}x sooner than {other_label} ({other:.1f} s)"
+    return f"{ours / other:.2f}x later than {other_label} ({other:.1f} s)"
 
 
 def report(model: Model, rate: str, runs: list[Run]) -> str:

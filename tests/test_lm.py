@@ -117,4 +117,9 @@ def test_time_to_target_and_speedups_from_histories(tmp_path: Path) -> None:
     table = time_to_accuracy.report(model, "100mbit",
                                     time_to_accuracy.load_runs(model, "100mbit", tmp_path))
     assert "gTop-k 0.01 did not reach the target." in table
+    _write_run(tmp_path, "lm_gtopk_0.01_100mbit", [10, 20], [10.0, 20.0], [199.0, 150.0], 80)
+    _write_run(tmp_path, "lm_topk_0.01_100mbit", [10, 20], [5.0, 10.0], [199.0, 150.0], 80)
+    table = time_to_accuracy.report(model, "100mbit",
+                                    time_to_accuracy.load_runs(model, "100mbit", tmp_path))
+    assert "2.00x later than Top-k 0.01 (5.0 s)" in table
     assert "| Top-k 0.001 | 250.00 | not reached |" in table

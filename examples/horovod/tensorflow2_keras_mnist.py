@@ -19,7 +19,7 @@
 #       in this environment, on tf-keras too). tf-keras (TF_USE_LEGACY_KERAS=1) otherwise runs
 #       Horovod's code as upstream does.
 #   (d) a final `TEST_ACCURACY` line (digits' test split) on rank 0 and a
-#       `CHECKSUM rank=<r> <sha256>` line of the model's variables on every rank, for
+#       `CHECKSUM rank=<r> <sha256>` line of the model's weights on every rank, for
 #       tests/test_horovod_examples.py (which also reads a `KERAS_3 rank=<r> True/False` line).
 import argparse
 import hashlib
@@ -137,7 +137,7 @@ def main(args):
     if hvd.rank() == 0:
         print(f'TEST_ACCURACY {test_accuracy:.4f}', flush=True)
     digest = hashlib.sha256()
-    for variable in mnist_model.variables:
+    for variable in mnist_model.weights:  # not Keras 3's per-worker dropout seed states
         digest.update(np.asarray(variable.numpy()).tobytes())
     print(f'CHECKSUM rank={hvd.rank()} {digest.hexdigest()}', flush=True)
     print(f'KERAS_3 rank={hvd.rank()} {KERAS_3}', flush=True)
