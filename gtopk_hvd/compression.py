@@ -24,6 +24,18 @@ Sparse choices carry their hyper-parameters:
     sparsifier              the selection rule, a name in gtopk_hvd.sparsifiers.SPARSIFIERS
     reduction               the reduction, a name in gtopk_hvd.reductions.REDUCTIONS
     seed                    seeds sparsifiers that draw at random (the same on every worker)
+    nonfinite               what a NaN or Inf gradient on any worker does (`NONFINITE_RULES`):
+                            "propagate" (the default): the step is skipped, as loss scaling
+                            expects: every worker's update is all NaN, residuals, velocities
+                            and the step count stay as they were; "raise": every worker raises
+                            FloatingPointError at that step (no check before the step, the
+                            residual keeps the non-finite values). `gtopk_hvd.sparse_state`
+                            says how and what each costs.
+
+The dense choices are Horovod's: `compress(tensor)` / `decompress(tensor, ctx)` run Horovod's own
+NoneCompressor / FP16Compressor of the tensor's framework. A sparse choice is not a per-tensor
+transform (it selects over all gradients fused, against a residual kept between steps), so its
+`compress` raises TypeError naming the wrappers that run it.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from gtopk_hvd.sparsifiers import SPARSIFIERS
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
 GRANULARITIES = ("model", "bucket")
+NONFINITE_RULES = ("propagate", "raise")
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,31 @@ class DenseCompression:
     """Dense gradients through Horovod's own allreduce (`name`: "none" or "fp16")."""
 
     name: str
+
+    def horovod_compressor(self, framework: str) -> Any:
+        """Horovod's own compressor class of this choice for "torch" or "tensorflow"."""
+        import importlib
+
+        module = importlib.import_module(f"horovod.{framework}.compression")
+        return getattr(module.Compression, self.name)
+
+    def compress(self, tensor: Any) -> tuple[Any, Any]:
+        """Horovod's Compressor.compress for this choice: (tensor to send, context)."""
+        return self.horovod_compressor(_framework_of(tensor)).compress(tensor)
+
+    def decompress(self, tensor: Any, ctx: Any) -> Any:
+        """Horovod's Compressor.decompress for this choice."""
+        return self.horovod_compressor(_framework_of(tensor)).decompress(tensor, ctx)
+
+
+def _framework_of(tensor: Any) -> str:
+    module = type(tensor).__module__.split(".")[0]
+    if module == "torch":
+        return "torch"
+    if module in ("tensorflow", "keras", "tf_keras"):
+        return "tensorflow"
+    raise TypeError(f"Compression.none / .fp16 compress torch or TensorFlow tensors (Horovod's "
+                    f"compressors), not {type(tensor).__name__}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +95,7 @@ class SparseCompression:
     granularity: str = "model"
     sparsifier: str = "topk"
     seed: int = 0
+    nonfinite: str = "propagate"
 
     def __post_init__(self) -> None:
         reduction = REDUCTIONS.get(self.reduction)
@@ -85,6 +124,9 @@ class SparseCompression:
                              f"got {self.granularity!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.nonfinite not in NONFINITE_RULES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_RULES}, "
+                             f"got {self.nonfinite!r}")
 
     def density_at(self, step: int) -> float:
         """The density of optimizer step `step` (0-based), warm-up included."""
@@ -104,9 +146,12 @@ class SparseCompression:
         raise TypeError(self._not_for_horovod())
 
     def _not_for_horovod(self) -> str:
-        return (f"{self!r}: a gtopk_hvd sparse compression cannot run inside Horovod's own "
-                "DistributedOptimizer / DistributedGradientTape, which calls "
-                "compression.compress; import gtopk_hvd.torch (or gtopk_hvd.tensorflow, "
+        return (f"{self!r}: a gtopk_hvd sparse compression is not a per-tensor transform (it "
+                "selects over every gradient fused, against a residual kept between steps, "
+                "and its result is a set of (index, value) pairs, not a tensor), so it has no "
+                "Horovod compress/decompress and cannot run inside Horovod's own "
+                "DistributedOptimizer / DistributedGradientTape, which call "
+                "compression.compress per tensor; import gtopk_hvd.torch (or gtopk_hvd.tensorflow, "
                 "gtopk_hvd.tensorflow.keras) before building the optimizer, so that "
                 "hvd.DistributedOptimizer hands it to gtopk_hvd, or use "
                 "gtopk_hvd.torch.DistributedOptimizer (gtopk_hvd.tensorflow."
@@ -145,6 +190,19 @@ class Compression:
         if reduction is None:
             reduction = SPARSIFIERS.get(sparsifier).default_reduction
         return _sparse(reduction, density, {**options, "sparsifier": sparsifier})
+
+
+def compression_for(framework: str) -> type[Compression]:
+    """The `Compression` namespace an adapter exports for "torch" or "tensorflow": gtopk_hvd's
+    sparse choices, and as `none` / `fp16` Horovod's own compressor classes of that framework
+    (so `compress` / `decompress`, identity and `issubclass(..., hvd.Compressor)` checks are
+    Horovod's). The adapters take Horovod's classes and gtopk_hvd's DenseCompression alike."""
+    import importlib
+
+    horovod = importlib.import_module(f"horovod.{framework}.compression").Compression
+    return type("Compression", (Compression,), {
+        "__doc__": f"{Compression.__doc__} none / fp16: horovod.{framework}.Compression's.",
+        "__module__": f"gtopk_hvd.{framework}", "none": horovod.none, "fp16": horovod.fp16})
 
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

@@ -27,6 +27,7 @@ __all__ = [
     "write_sparse",
     "restore_residual",
     "mark_survivors",
+    "all_finite",
     "set_num_threads",
     "get_num_threads",
     "cuda_built",
@@ -195,6 +196,26 @@ def mark_survivors(local_indices: Any, global_indices: Any) -> np.ndarray:
     local = as_numpy(_to_cpu(local_indices), "local_indices", values=False)
     global_ = as_numpy(_to_cpu(global_indices), "global_indices", values=False)
     return _C.mark_survivors(local.array, global_.array).view(np.bool_)
+
+
+_FIRST_NONFINITE_KEY = {np.dtype(np.float32): 0x7F800000, np.dtype(np.float64): 0x7FF0000000000000}
+"""The magnitude key of +Inf; NaN's keys are above it (gtopk/magnitude_order.h)."""
+
+
+def all_finite(x: Any) -> bool:
+    """Whether x holds no NaN and no +-Inf. float32 / float64 on the host: the read-only floor
+    pass (`_C.read_pass`, the largest magnitude key, multi-threaded); other dtypes and CUDA
+    tensors: torch's isfinite."""
+    if type(x) is np.ndarray and x.dtype in _FIRST_NONFINITE_KEY and x.flags.c_contiguous:
+        return x.size == 0 or _C.read_pass(x.reshape(-1)) < _FIRST_NONFINITE_KEY[x.dtype]
+    if isinstance(x, np.ndarray):
+        return bool(np.isfinite(x).all())
+    if not is_cuda(x) and str(x.dtype) in ("torch.float32", "torch.float64") and (
+            x.is_contiguous()):
+        return all_finite(x.detach().numpy())
+    import torch
+
+    return bool(torch.isfinite(x).all())
 
 
 def _to_cpu(x: Any) -> Any:

@@ -22,14 +22,33 @@ residual and the velocity are numpy arrays, or torch tensors where the adapter k
 the gradients' GPU: then selection and residual updates run there, and only the k-entry sets
 cross to the host for the reduction); `SparseState(zeros=...)` makes them.
 
-Non-finite gradients (top-k): NaN and +-Inf rank above every number in the selection order, so a
-worker with one always selects it, and it survives every merge (NaN + x = NaN, Inf + x = Inf or
-NaN). The global set, identical on all workers, thus holds a non-finite value iff some worker had
-one, and every worker raises the same FloatingPointError at the same step: no extra message, no
-hang, no divergence. The residual then holds the non-finite values too: restore it from a
-checkpoint.
-A sparsifier that ignores magnitude (random-k) keeps a non-finite value in the residual until it
-draws its index; the sum then carries it to every worker alike, and all raise at that step.
+Non-finite gradients (a NaN or Inf on any worker), by the compression's `nonfinite` rule:
+
+- "propagate" (the default): before anything else, each worker reads its gradient once
+  (`ops.all_finite`, the read-only floor pass) and one all-reduce of one integer counts the
+  workers whose gradient is not finite (`nonfinite_workers`). If any is, the step is skipped on
+  every worker alike: the update is all NaN (so a loss scaler, torch.amp's GradScaler or Keras'
+  LossScaleOptimizer, sees a non-finite gradient everywhere, skips the optimizer step and lowers
+  its scale), the residual, the velocity and the step count (so the warm-up) stay bit-equal to
+  what they were before the step, the gradient is cleared if the caller asked for it, and
+  `last_stats.skipped` is True. Nothing is poisoned and nothing is lost: the next step starts
+  from the same residual. The default because loss scaling overflows by design (the first steps,
+  and whenever the scale grows), and it is what Horovod's dense allreduce does as far as a
+  scaler can tell. Cost: one read of the gradient and one small all-reduce per step, timed as
+  `last_stats.check_seconds`. A worker cannot skip on its own: the others have already changed
+  their residuals by the time the reduction would tell them, hence the count first.
+- "raise": no check before the step. NaN and +-Inf rank above every number in the selection
+  order, so a worker with one always selects it, and it survives every merge (NaN + x = NaN,
+  Inf + x = Inf or NaN): the global set, identical on all workers, holds a non-finite value iff
+  some worker had one, and every worker raises the same FloatingPointError at the same step (no
+  extra message, no hang, no divergence). The residual then holds the non-finite values: restore
+  it from a checkpoint. A sparsifier that ignores magnitude (random-k) keeps a non-finite value in
+  the residual until it draws its index; the sum then carries it to every worker alike, and all
+  raise at that step.
+
+Under loss scaling the residual holds gradients in the scale of the step that made them; a scale
+change (x0.5 after an overflow, x2 after a run of good steps) applies the residual's older mass
+at most 2x off once, which error feedback then absorbs like any other delay.
 """
 
 from __future__ import annotations
@@ -89,6 +108,8 @@ class StepStats:
     write_seconds: float = 0.0  # the adapter's write-back of the update (zero + scatter)
     wait_seconds: float = 0.0  # until the partners (or the slowest worker) were ready
     transfer_seconds: float = 0.0  # the data exchanges themselves
+    check_seconds: float = 0.0  # nonfinite="propagate": the finiteness read and its all-reduce
+    skipped: bool = False  # a worker's gradient was not finite: no reduction, update all NaN
 
 
 class SparseState:
@@ -137,6 +158,7 @@ class SparseState:
                           f"|predivide={self.predivide}"
                           f"|wait_probe={resolve_wait_probe(None, self.transport)}")
         self.step_count = 0
+        self.skipped_steps = 0  # steps skipped for a non-finite gradient (not checkpointed)
         self.last_stats: StepStats | None = None
         self._workers_agree = False
 
@@ -192,14 +214,28 @@ def check_same_on_all_workers(transport: Transport, description: str, signature:
             f"(this worker's is: {signature[:500]})")
 
 
-def sparse_step(state: SparseState, gradient: Any,
-                clear_gradient: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """One step (module docstring): the global (indices, values) to apply, values scaled.
+def nonfinite_workers(transport: Transport, gradients: Sequence[Any]) -> int:
+    """How many workers hold a NaN or Inf in any of `gradients` (numpy arrays or torch tensors):
+    one read of each and one all-reduce of one integer, so the same count on every worker. Every
+    worker must call it at the same point, with any number of gradients."""
+    local = any(not ops.all_finite(gradient) for gradient in gradients)
+    count = np.array([int(local)], dtype=np.int32)
+    transport.allreduce_sum(count)
+    return int(count[0])
+
+
+def sparse_step(state: SparseState, gradient: Any, clear_gradient: bool = False,
+                skip: bool | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """One step (module docstring): the global (indices, values) to apply, values scaled; None
+    for a step skipped for a non-finite gradient (nonfinite="propagate").
 
     gradient: flat float32, d values, of the residual's type and device; read only, unless
     clear_gradient: then it is all zeros on return (cleared within the selection pass where
     possible). Updates the state's residual and velocity. Returns host numpy arrays (k entries
     at most): the indices may be a view of the reduction's buffers, valid until the next step.
+    skip: None: the compression's rule decides (the check costs one all-reduce); True / False:
+    the caller has already counted the non-finite workers for several steps at once (the DDP
+    hook, one count per iteration over all buckets) and says whether to skip this one.
     """
     if not state._workers_agree:
         check_same_on_all_workers(
@@ -207,6 +243,12 @@ def sparse_step(state: SparseState, gradient: Any,
             state.signature)
         state._workers_agree = True
     compression = state.compression
+    start = time.perf_counter()
+    if skip is None and compression.nonfinite == "propagate":
+        skip = nonfinite_workers(state.transport, [gradient]) > 0
+    check_seconds = time.perf_counter() - start
+    if skip:
+        return _skip(state, gradient, clear_gradient, check_seconds)
     start = time.perf_counter()
     if state.predivide != 1.0:
         if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
@@ -225,7 +267,7 @@ def sparse_step(state: SparseState, gradient: Any,
 
     result = state.reduction.reduce(to_host_numpy(local_indices), to_host_numpy(local_values),
                                     state.k_at(state.step_count))
-    if not np.isfinite(result.values).all():
+    if compression.nonfinite == "raise" and not np.isfinite(result.values).all():
         raise FloatingPointError(
             f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {state.step_count} on "
             "at least one worker; every worker raises here")
@@ -242,19 +284,38 @@ def sparse_step(state: SparseState, gradient: Any,
         bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received,
         select_seconds=select_seconds, communicate_seconds=stats.comm_seconds,
         merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds,
-        transfer_seconds=stats.transfer_seconds)
+        transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
     state.step_count += 1
     return result.indices, values
 
 
+def _skip(state: SparseState, gradient: Any, clear_gradient: bool,
+          check_seconds: float) -> None:
+    """A step skipped for a non-finite gradient: nothing of the state changes but the count of
+    skipped steps; the gradient is cleared if asked."""
+    if clear_gradient:
+        gradient[:] = 0
+    state.skipped_steps += 1
+    state.last_stats = StepStats(
+        step=state.step_count, density=state.compression.density_at(state.step_count),
+        k=state.k_at(state.step_count), global_entries=0, bytes_sent=0, bytes_received=0,
+        select_seconds=0.0, communicate_seconds=0.0, merge_seconds=0.0,
+        check_seconds=check_seconds, skipped=True)
+    return None
+
+
 def sparse_update(state: SparseState, gradient: Any, out: Any,
-                  clear_gradient: bool = False) -> Any:
+                  clear_gradient: bool = False, skip: bool | None = None) -> Any:
     """One step (`sparse_step`), its global set written into `out` as the dense update:
-    out = zeros(d), out[I] = scaled V. out: d float32 values of the gradient's type and device
-    (a host numpy array for a CPU state). Times the write as last_stats.write_seconds."""
-    indices, values = sparse_step(state, gradient, clear_gradient)
+    out = zeros(d), out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the
+    gradient's type and device (a host numpy array for a CPU state). Times the write as
+    last_stats.write_seconds. skip: as `sparse_step`'s."""
+    result = sparse_step(state, gradient, clear_gradient, skip)
     start = time.perf_counter()
-    ops.write_sparse(out, indices, values)
+    if result is None:
+        out[:] = np.float32(np.nan)
+    else:
+        ops.write_sparse(out, *result)
     state.last_stats.write_seconds = time.perf_counter() - start
     return out
 

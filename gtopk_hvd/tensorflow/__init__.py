@@ -20,13 +20,14 @@ and how to undo it.
 """
 
 from gtopk_hvd import horovod_swap
-from gtopk_hvd.compression import Compression
+from gtopk_hvd.compression import compression_for
 from gtopk_hvd.tensorflow.optimizer import DistributedOptimizer
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.tensorflow.tape import DistributedGradientTape
 from gtopk_hvd.transports import load_mpi_if_launched
 
 load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
+Compression = compression_for("tensorflow")
 horovod_swap.install("horovod.tensorflow", "DistributedGradientTape", DistributedGradientTape)
 horovod_swap.install("horovod.tensorflow", "DistributedOptimizer", DistributedOptimizer)
 

@@ -2,7 +2,16 @@
 
 Like horovod.tensorflow.DistributedGradientTape, the returned tape is an instance of a subclass
 of the wrapped tape's class that shares its recording. Dense choices (Compression.none / fp16)
-are handed to Horovod's own DistributedGradientTape unchanged.
+are Horovod's own DistributedGradientTape, built by Horovod with every argument (groups,
+process sets, Adasum, scale_local_gradients, ...) and running Horovod's code; the only change is
+that Keras 3 variables, which Horovod 0.28 cannot key (they have no `ref()`), are handed to it as
+the tf.Variable each one holds, in sources, groups and `register_local_source`.
+
+Model-parallel sources (Horovod >= 0.27): `tape.register_local_source(var)` keeps `var`'s
+gradient out of every reduction, this worker's own returned instead, divided by the number of
+workers if scale_local_gradients (Horovod's default); `get_local_and_global_gradients` splits
+the result as Horovod's does. With a sparse compression the local sources are left out of the
+fused vector, so a variable that exists on one worker only takes no part in the layout check.
 
 Sparse choices: `gradient(target, sources)` computes this worker's gradients with the wrapped
 tape, fuses them into one float32 vector in source order (None gradients as zeros, IndexedSlices
@@ -33,7 +42,7 @@ import tensorflow as tf
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
+from gtopk_hvd.tensorflow.gradients import sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import Transport
 
@@ -65,30 +74,67 @@ def _deref(ref: Any) -> Any:
 
 class _SparseDistributedGradientTape(tf.GradientTape):
     def __init__(self, tape: Any, arguments: Arguments, gtopk_state: GTopkState | None,
-                 transport: Transport | str | None, persistent: bool = False,
-                 watch_accessed_variables: bool = True) -> None:
+                 transport: Transport | str | None, scale_local_gradients: bool,
+                 persistent: bool = False, watch_accessed_variables: bool = True) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
         self._gtopk_arguments = arguments
         self._gtopk_transport = transport
         self.gtopk_state = gtopk_state
+        self.process_set = arguments.process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources: set[int] = set()
+        self._local_kept: list[Any] = []  # keeps registered sources alive: ids stay theirs
+
+    def register_local_source(self, source: Any) -> None:
+        """Horovod's: `source`'s gradient is not reduced (module docstring)."""
+        if id(source) not in self._local_sources:
+            self._local_sources.add(id(source))
+            self._local_kept.append(source)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
-        """This worker's gradients (the wrapped tape's), then one sparse step: module docstring.
+        """This worker's gradients (the wrapped tape's), then one sparse step of those of the
+        sources not registered as local: module docstring.
 
         `sources` may be nested like the wrapped tape allows; the result has its structure.
         """
         flat_sources = tf.nest.flatten(sources)
         gradients = super(self.__class__, self).gradient(
             target, flat_sources, output_gradients, unconnected_gradients)
-        if self.gtopk_state is None:
-            arguments = self._gtopk_arguments
-            self.gtopk_state = state_for_sources(
-                flat_sources, (arguments.compression, arguments.average, arguments.predivide))
-        reduced, _ = sparse_allreduce(self.gtopk_state, gradients, flat_sources,
-                                      self._gtopk_arguments, transport=self._gtopk_transport)
-        return tf.nest.pack_sequence_as(sources, reduced)
+        shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
+        result = [self._local_gradient(g) if id(s) in self._local_sources else None
+                  for s, g in zip(flat_sources, gradients)]
+        if shared:
+            shared_sources = [flat_sources[i] for i in shared]
+            if self.gtopk_state is None:
+                arguments = self._gtopk_arguments
+                self.gtopk_state = state_for_sources(shared_sources, (
+                    arguments.compression, arguments.average, arguments.predivide))
+            reduced, _ = sparse_allreduce(self.gtopk_state, [gradients[i] for i in shared],
+                                          shared_sources, self._gtopk_arguments,
+                                          transport=self._gtopk_transport)
+            for i, gradient in zip(shared, reduced):
+                result[i] = gradient
+        return tf.nest.pack_sequence_as(sources, result)
+
+    def _local_gradient(self, gradient: Any) -> Any:
+        """A local source's gradient as Horovod returns it: / size if scale_local_gradients."""
+        if gradient is None or not self.scale_local_gradients:
+            return gradient
+        size = self.process_set.size()
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(gradient.values / size, gradient.indices,
+                                    gradient.dense_shape)
+        return gradient / size
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> tuple[list, list]:
+        """Horovod's: ([(local source, gradient)], [(other source, gradient)])."""
+        gradients = self.gradient(target, sources, output_gradients)
+        pairs = list(zip(sources, gradients))
+        return ([(s, g) for s, g in pairs if id(s) in self._local_sources],
+                [(s, g) for s, g in pairs if id(s) not in self._local_sources])
 
     @property
     def last_stats(self) -> StepStats | None:
@@ -96,22 +142,50 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         return None if self.gtopk_state is None else self.gtopk_state.last_stats
 
 
-class _DenseDistributedGradientTape(tf.GradientTape):
-    """Dense gradients through Horovod's allreduce, one per gradient (gradients.dense_allreduce):
-    unlike horovod.tensorflow.DistributedGradientTape, it works with Keras 3 variables."""
+class _KerasVariablesForHorovod:
+    """Methods that replace Horovod's tape's on the dense tape: Keras 3 variables are handed to
+    Horovod's code as the tf.Variable each holds (module docstring); the rest is Horovod's."""
 
-    def __init__(self, tape: Any, arguments: Arguments, sparse_as_dense: bool,
-                 persistent: bool = False, watch_accessed_variables: bool = True) -> None:
-        super(self.__class__, self).__init__(persistent, watch_accessed_variables)
-        self._tape = tape
-        self._gtopk_dense = (arguments, sparse_as_dense)
+    def register_local_source(self, source: Any) -> None:
+        _HorovodTape().register_local_source(self, tf_variable(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+                 use_generic_names: bool = False) -> Any:
         flat_sources = tf.nest.flatten(sources)
-        gradients = super(self.__class__, self).gradient(
-            target, flat_sources, output_gradients, unconnected_gradients)
-        return tf.nest.pack_sequence_as(sources, dense_allreduce(gradients, *self._gtopk_dense))
+        gradients = _HorovodTape().gradient(self, target, [tf_variable(s) for s in flat_sources],
+                                            output_gradients, use_generic_names)
+        return tf.nest.pack_sequence_as(sources, gradients)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list, list]:
+        gradients = self.gradient(target, sources, output_gradients, use_generic_names)
+        local = self._local_sources
+        pairs = list(zip(sources, gradients))
+        return ([(s, g) for s, g in pairs if tf_variable(s).ref() in local],
+                [(s, g) for s, g in pairs if tf_variable(s).ref() not in local])
+
+
+def _HorovodTape() -> type:  # noqa: N802 - a class
+    from horovod.tensorflow import _DistributedGradientTape
+
+    return _DistributedGradientTape
+
+
+def tf_variable(variable: Any) -> Any:
+    """A Keras 3 variable's tf.Variable (Horovod keys variables by `ref()`); anything else as it
+    is."""
+    if hasattr(variable, "ref"):
+        return variable
+    value = getattr(variable, "value", None)
+    return value if isinstance(value, tf.Variable) else variable
+
+
+def tf_variables(groups: Any) -> Any:
+    """`groups` (a number, or lists of variables) with Keras 3 variables as tf.Variables."""
+    if isinstance(groups, list):
+        return [tf_variables(item) for item in groups]
+    return groups if isinstance(groups, int) or groups is None else tf_variable(groups)
 
 
 def DistributedGradientTape(  # noqa: N802 - Horovod's name
@@ -125,6 +199,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     num_groups: int = 0,
     groups: Any = None,
     process_set: Any = None,
+    scale_local_gradients: bool = True,
     *,
     gtopk_state: GTopkState | None = None,
     transport: Transport | str | None = None,
@@ -132,9 +207,8 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     """horovod.tensorflow.DistributedGradientTape with gtopk_hvd's Compression choices.
 
     compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
-    docstring); Compression.none / .fp16: Horovod's allreduce of each gradient, with Horovod's
-    scaling (Horovod's own tape fails on Keras 3 variables); num_groups / groups raise
-    NotImplementedError there. With a sparse compression: device_dense / device_sparse are
+    docstring); Compression.none / .fp16: Horovod's own tape with every argument, also on Keras 3
+    variables (module docstring). With a sparse compression: device_dense / device_sparse are
     unused (the step runs on the host), sparse_as_dense is implied (IndexedSlices are
     densified), op may be Average or Sum, num_groups / groups and process sets other than the
     global one raise NotImplementedError (all gradients are fused into one selection).
@@ -145,17 +219,25 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     import horovod.tensorflow as hvd
 
     arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
-                                groups, process_set)
+                                groups, process_set, dense_by_horovod=True)
     recording = (gradtape._persistent, gradtape._watch_accessed_variables)
     if not arguments.sparse:
         if gtopk_state is not None:
             raise ValueError("gtopk_state is only used with a sparse compression")
-        cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
-                   dict(_DenseDistributedGradientTape.__dict__))
-        return cls(gradtape._tape, arguments, sparse_as_dense, *recording)
+        tape = hvd.DistributedGradientTape(
+            gradtape, device_dense, device_sparse,
+            arguments.compression.horovod_compressor("tensorflow"), sparse_as_dense,
+            arguments.op, gradient_predivide_factor, num_groups, tf_variables(groups),
+            arguments.process_set, scale_local_gradients)
+        tape.__class__ = type(tape.__class__.__name__, (gradtape.__class__,), {
+            **_HorovodTape().__dict__, **{key: value for key, value in
+                                          _KerasVariablesForHorovod.__dict__.items()
+                                          if key not in ("__dict__", "__weakref__")}})
+        return tape
     if gtopk_state is not None and not isinstance(gtopk_state, GTopkState):
         raise ValueError(f"gtopk_state must be a gtopk_hvd.tensorflow.GTopkState, "
                          f"got {gtopk_state!r}")
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_SparseDistributedGradientTape.__dict__))
-    return cls(gradtape._tape, arguments, gtopk_state, transport, *recording)
+    return cls(gradtape._tape, arguments, gtopk_state, transport, scale_local_gradients,
+               *recording)

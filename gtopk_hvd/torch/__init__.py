@@ -13,11 +13,12 @@ compression, Horovod's own `hvd.DistributedOptimizer(...)` builds this one with 
 """
 
 from gtopk_hvd import horovod_swap
-from gtopk_hvd.compression import DGC_WARMUP, Compression
+from gtopk_hvd.compression import DGC_WARMUP, compression_for
 from gtopk_hvd.torch.optimizer import DistributedOptimizer
 from gtopk_hvd.transports import load_mpi_if_launched
 
 load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
+Compression = compression_for("torch")
 horovod_swap.install("horovod.torch", "DistributedOptimizer", DistributedOptimizer)
 
 __all__ = ["DGC_WARMUP", "Compression", "DistributedOptimizer"]

@@ -24,6 +24,17 @@ float64 gradients are cast to float32 for the step and back. On a GPU with gtopk
 kernels, the selection and the residual stay on the device; without them, the bucket is copied
 to the host and back.
 
+Non-finite gradients (GradScaler with DDP): with the compression's default nonfinite="propagate"
+the hook holds each bucket (its future completes later) until the iteration's last one, reads
+every held bucket once for NaN/Inf, counts the workers that saw one with one all-reduce of one
+integer, and only then runs the buckets' steps. If any worker's bucket was not finite, every
+bucket of every worker becomes all NaN and no residual, velocity or step count changes, so the
+scaler skips the whole step on every worker and nothing is lost: deciding per bucket could not
+undo the buckets already stepped when a later one overflows. `state.iter` does not count such
+an iteration (the warm-up goes on where it was). The steps run at the last bucket instead of as
+each bucket arrives: they block inside the hook either way. nonfinite="raise": each bucket steps
+as it arrives and every worker raises FloatingPointError at the first NaN/Inf.
+
 DDP builds its final buckets only after its first iteration, so (as PowerSGD does) the first
 `start_iter` iterations (default 2, at least 2) run DDP's plain all-reduce average; the sparse
 steps start after. A bucket whose layout changes later raises an error: each keeps its own
@@ -50,7 +61,7 @@ import torch.distributed as dist
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SparseCompression
-from gtopk_hvd.sparse_state import SparseState, StepStats, sparse_update
+from gtopk_hvd.sparse_state import SparseState, StepStats, nonfinite_workers, sparse_update
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
 
 Layout = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each parameter of a bucket
@@ -104,6 +115,8 @@ class GTopkHookState:
         self._param_ids: dict[int, list[int]] = {}  # bucket -> id() of its parameters
         self._seen: dict[int, tuple[Layout, list[int]]] = {}  # bucket -> layout, sizes
         self._held: list[tuple[Any, torch.Tensor, torch.futures.Future]] = []
+        # nonfinite="propagate": this iteration's buckets, stepped together at the last one.
+        self._pending: list[tuple[SparseState, torch.Tensor, torch.futures.Future]] = []
 
     # -- checkpoint -----------------------------------------------------------------------
 
@@ -231,19 +244,23 @@ def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
         state._first.append((bucket.index(), [id(p) for p in bucket.parameters()], layout))
     elif state.iter < state.start_iter:
         state._remember(bucket, layout)
+    applied = True  # whether the iteration, once its last bucket is in, counts in state.iter
     if state.iter < state.start_iter:
         future = _allreduce_average(state.process_group, buffer)
     elif first_iteration_here and _is_construction_bucket(state, bucket.index(), layout):
-        future = _hold_for_remap(state, bucket, buffer)
+        future, applied = _hold_for_remap(state, bucket, buffer)
     elif state._held:
         raise RuntimeError(f"gtopk_hook: DDP bucket {bucket.index()} of the first iteration is "
                            "not one of the construction-time buckets the restored state "
                            "recorded")
+    elif state.compression.nonfinite == "propagate":
+        future, applied = _hold_for_check(state, state._sparse_for(bucket, layout), buffer,
+                                          bucket.is_last())
     else:
         _step_in_place(state._sparse_for(bucket, layout), buffer)
         future = _done(buffer)
     if bucket.is_last():
-        state.iter += 1
+        state.iter += int(applied)  # a skipped iteration does not count (module docstring)
         state._first_done = True
     return future
 
@@ -269,34 +286,53 @@ def _is_construction_bucket(state: GTopkHookState, index: int, layout: Layout) -
     return set(construction["places"]) == set(state._saved)
 
 
+def _hold_for_check(state: GTopkHookState, sparse: SparseState, buffer: torch.Tensor,
+                    last: bool) -> tuple[torch.futures.Future, bool]:
+    """nonfinite="propagate": keeps the bucket until the iteration's last one, then runs every
+    held bucket's step together (`_step_together`) and completes their futures. Returns the
+    bucket's future and whether the iteration was applied (True until the last bucket)."""
+    future = _future(buffer)
+    state._pending.append((sparse, buffer, future))
+    if not last:
+        return future, True
+    pending, state._pending = state._pending, []
+    applied = _step_together(state, [(held, held_buffer) for held, held_buffer, _ in pending])
+    for _, held_buffer, held_future in pending:
+        held_future.set_result(held_buffer)
+    return future, applied
+
+
 def _hold_for_remap(state: GTopkHookState, bucket: Any,
-                    buffer: torch.Tensor) -> torch.futures.Future:
+                    buffer: torch.Tensor) -> tuple[torch.futures.Future, bool]:
     """Keeps the construction-time bucket until the last one, then runs the saved buckets'
-    steps on their parameters' gradients and completes every held future."""
+    steps on their parameters' gradients (together: `_step_together`) and completes every held
+    future. Returns the future and whether the iteration was applied."""
     future = _future(buffer)
     state._held.append((bucket, buffer, future))
     if not bucket.is_last():
-        return future
+        return future, True
     held, state._held = state._held, []
     construction = state._construction
     if [b.index() for b, _, _ in held] != list(range(len(construction["layouts"]))):
         raise RuntimeError("gtopk_hook: DDP's first buckets differ from the restored state's "
                            "record of them")
     pieces = [_parameter_views(b, buf) for b, buf, _ in held]
+    steps = []
     for index in sorted(construction["places"]):
         saved = state._saved.pop(index)
         views = [pieces[c][q] for c, q in construction["places"][index]]
-        device = views[0].device
         flat = torch.cat([v.reshape(-1).to(torch.float32) for v in views])
-        _step_in_place(state._new_sparse(index, _layout_of_saved(saved), list(saved["sizes"]),
-                                         device, saved), flat)
+        steps.append((state._new_sparse(index, _layout_of_saved(saved), list(saved["sizes"]),
+                                        views[0].device, saved), flat, views))
+    applied = _step_together(state, [(sparse, flat) for sparse, flat, _ in steps])
+    for _, flat, views in steps:
         offset = 0
         for view in views:
             view.copy_(flat[offset:offset + view.numel()].view_as(view))
             offset += view.numel()
     for _, buf, held_future in held:
         held_future.set_result(buf)
-    return future
+    return future, applied
 
 
 def _parameter_views(bucket: Any, buffer: torch.Tensor) -> list[torch.Tensor]:
@@ -313,18 +349,32 @@ def _parameter_views(bucket: Any, buffer: torch.Tensor) -> list[torch.Tensor]:
 
 # -- the step ---------------------------------------------------------------------------
 
-def _step_in_place(sparse: SparseState, buffer: torch.Tensor) -> None:
-    """buffer := the averaged sparse update of the gradient it holds (any float dtype)."""
+def _step_together(state: GTopkHookState, steps: list[tuple[SparseState, torch.Tensor]]
+                   ) -> bool:
+    """Runs the steps of one iteration's buckets; returns whether they were applied.
+    nonfinite="propagate": one count of the workers with a NaN/Inf in any bucket first, and
+    every step skipped (all NaN) if there is one; "raise": each step as it is."""
+    skip = None
+    if state.compression.nonfinite == "propagate":
+        skip = nonfinite_workers(state._transport_now(), [buffer for _, buffer in steps]) > 0
+    for sparse, buffer in steps:
+        _step_in_place(sparse, buffer, skip)
+    return not skip
+
+
+def _step_in_place(sparse: SparseState, buffer: torch.Tensor, skip: bool | None = None) -> None:
+    """buffer := the averaged sparse update of the gradient it holds (any float dtype); all NaN
+    if skip (`sparse_step`'s skip)."""
     work = buffer if buffer.dtype == torch.float32 and buffer.is_contiguous() else (
         buffer.to(torch.float32).contiguous())
     if not work.is_cuda:
         array = work.detach().numpy()
-        sparse_update(sparse, array, array, clear_gradient=True)
+        sparse_update(sparse, array, array, clear_gradient=True, skip=skip)
     elif ops.cuda_built:
-        sparse_update(sparse, work, work, clear_gradient=True)
+        sparse_update(sparse, work, work, clear_gradient=True, skip=skip)
     else:  # a GPU without gtopk_hvd's CUDA kernels: the step on the host
         array = work.detach().cpu().numpy()
-        sparse_update(sparse, array, array, clear_gradient=True)
+        sparse_update(sparse, array, array, clear_gradient=True, skip=skip)
         work.copy_(torch.from_numpy(array))
     if work is not buffer:
         buffer.copy_(work)

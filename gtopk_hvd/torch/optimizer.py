@@ -106,8 +106,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero gradients; float32 ones stay views of the fused buffer (module docstring)."""
+        """Zero gradients; float32 ones stay views of the fused buffer (module docstring). Also
+        ends the iteration: an update from a synchronize() whose step() never came (a loss
+        scaler skipped it) is dropped, and the next step() synchronizes the new gradients."""
         self._fused.zero_grad(set_to_none)
+        self._synchronized = False
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -27,7 +27,7 @@ from harness import run_on_all_ranks  # noqa: E402
 
 import gtopk_hvd.tensorflow as gtopk  # noqa: E402
 import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
-from gtopk_hvd.compression import DenseCompression  # noqa: E402
+from gtopk_hvd.compression import SparseCompression  # noqa: E402
 from gtopk_hvd.transports import resolve_transport  # noqa: E402
 
 keras = tf.keras  # Keras 3, or tf-keras under TF_USE_LEGACY_KERAS=1
@@ -316,7 +316,8 @@ def check_checkpoint_resume_is_exact() -> None:
 def check_nan_on_one_rank_raises_on_all() -> None:
     for graph in (False, True):
         model = make_model()
-        step = make_train_step(model, sgd(), gtopk.Compression.gtopk(0.01), graph)
+        step = make_train_step(model, sgd(), gtopk.Compression.gtopk(0.01, nonfinite="raise"),
+                               graph)
         train(step, range(3))
         before = variable_bytes(model.variables)
         x, y = batch(3, hvd.rank())
@@ -330,6 +331,37 @@ def check_nan_on_one_rank_raises_on_all() -> None:
             raise AssertionError("a NaN gradient on one worker did not raise on every worker")
         assert variable_bytes(model.variables) == before, "a NaN step changed variables"
         assert_same_on_all_ranks(model.variables, "after the NaN step")
+
+
+def check_nan_on_one_rank_is_skipped_on_all(graph: bool) -> None:
+    """nonfinite="propagate" (the default): every worker gets all-NaN gradients, the residual
+    and step count stay bit-equal, and the next step goes on."""
+    model = make_model()
+    state = gtopk.GTopkState()
+    compression = gtopk.Compression.gtopk(0.01)
+
+    def gradients(x: tf.Tensor, y: tf.Tensor) -> list:
+        with tf.GradientTape() as tape:
+            loss = loss_of(model, x, y)
+        tape = gtopk.DistributedGradientTape(tape, compression=compression, gtopk_state=state)
+        return tape.gradient(loss, model.trainable_variables)
+
+    run = tf.function(gradients) if graph else gradients
+    optimizer = sgd()
+    for step in range(3):
+        optimizer.apply_gradients(zip(run(*batch(step, hvd.rank())), model.trainable_variables))
+    residual = state.sparse.residual.copy()
+    x, y = batch(3, hvd.rank())
+    if hvd.rank() == hvd.size() - 1:
+        x[0, 0] = np.inf
+    grads = run(x, y)
+    assert all(np.isnan(g.numpy()).all() for g in grads), "update not all NaN"
+    assert state.last_stats.skipped and state.sparse.step_count == 3
+    assert state.sparse.residual.tobytes() == residual.tobytes(), "residual changed"
+    grads = run(*batch(4, hvd.rank()))
+    assert all(np.isfinite(g.numpy()).all() for g in grads)
+    assert state.sparse.step_count == 4
+    assert_same_on_all_ranks(model.variables, "after the skipped step")
 
 
 def check_disagreeing_ranks_fail_everywhere() -> None:
@@ -364,7 +396,7 @@ def check_keras_fit(passes: int = 1, compression: object = None, epochs: int = 2
     assert_same_on_all_ranks(model.variables, what)
     assert_same_on_all_ranks(optimizer.variables if not callable(optimizer.variables)
                              else optimizer.variables(), f"{what} optimizer")
-    if not isinstance(compression, DenseCompression):
+    if isinstance(compression, SparseCompression):
         assert optimizer.last_stats.step == 8 * epochs // passes - 1, optimizer.last_stats
 
 
@@ -439,6 +471,8 @@ def main() -> None:
     timed(check_source_used_on_one_rank_only)
     timed(check_checkpoint_resume_is_exact)
     timed(check_nan_on_one_rank_raises_on_all)
+    timed(check_nan_on_one_rank_is_skipped_on_all, False)
+    timed(check_nan_on_one_rank_is_skipped_on_all, True)
     timed(check_disagreeing_ranks_fail_everywhere)
     timed(check_keras_fit)
     timed(check_keras_fit, passes=2, run_eagerly=True)

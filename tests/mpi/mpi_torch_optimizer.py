@@ -142,10 +142,11 @@ def check_disagreeing_ranks_fail_everywhere() -> None:
 
 
 def check_nan_on_one_rank_raises_on_all() -> None:
+    """nonfinite="raise": every worker raises at the step, no parameter changes."""
     model = make_model()
     optimizer = gtopk.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-        compression=gtopk.Compression.gtopk(density=0.01))
+        compression=gtopk.Compression.gtopk(density=0.01, nonfinite="raise"))
     train(model, optimizer, range(3))
     x, y = batch(3, hvd.rank())
     optimizer.zero_grad()
@@ -161,6 +162,30 @@ def check_nan_on_one_rank_raises_on_all() -> None:
         raise AssertionError("a NaN gradient on one worker did not raise on every worker")
     assert parameter_bytes(model) == before, "a step with a NaN gradient changed parameters"
     assert_same_on_all_ranks(model, "after the NaN step")
+
+
+def check_nan_on_one_rank_is_skipped_on_all() -> None:
+    """nonfinite="propagate" (the default): every worker's update is all NaN, the residual and
+    step count stay, and the next step goes on as if the bad one never came."""
+    model = make_model()
+    optimizer = gtopk.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+        compression=gtopk.Compression.gtopk(density=0.01))
+    train(model, optimizer, range(3))
+    residual = optimizer._sparse.residual.copy()
+    x, y = batch(3, hvd.rank())
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    if hvd.rank() == hvd.size() - 1:
+        next(model.parameters()).grad[0, 0] = float("inf")
+    optimizer.synchronize()
+    assert all(torch.isnan(p.grad).all() for p in model.parameters()), "update not all NaN"
+    assert optimizer.last_stats.skipped and optimizer._sparse.step_count == 3
+    assert optimizer._sparse.residual.tobytes() == residual.tobytes(), "residual changed"
+    train(model, optimizer, range(3, 6))  # zero_grad: the NaN update is not accumulated on
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert optimizer._sparse.step_count == 6
+    assert_same_on_all_ranks(model, "after the skipped step")
 
 
 def check_bad_arguments() -> None:
@@ -190,6 +215,7 @@ def main() -> None:
     check_checkpoint_resume_is_exact()
     check_backward_passes_per_step()
     check_nan_on_one_rank_raises_on_all()
+    check_nan_on_one_rank_is_skipped_on_all()
     check_disagreeing_ranks_fail_everywhere()
     if not launched_by_mpi():  # horovodrun --gloo: nothing loaded MPI
         assert "mpi4py" not in sys.modules, "mpi4py was imported without an MPI launcher"

@@ -15,7 +15,7 @@ tf-keras.
 """
 
 from gtopk_hvd import horovod_swap
-from gtopk_hvd.compression import Compression
+from gtopk_hvd.compression import compression_for
 from gtopk_hvd.tensorflow.keras import callbacks
 from gtopk_hvd.tensorflow.keras.callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -30,6 +30,7 @@ from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import load_mpi_if_launched
 
 load_mpi_if_launched()  # under mpirun: mpi4py initialises MPI before hvd.init()
+Compression = compression_for("tensorflow")
 
 __all__ = ["BroadcastGlobalVariablesCallback", "Compression", "DistributedOptimizer",
            "GTopkState", "LearningRateScheduleCallback", "LearningRateWarmupCallback",

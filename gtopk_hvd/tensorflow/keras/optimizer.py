@@ -23,6 +23,15 @@ divided by the number of workers, as Horovod's scale_local_gradients does); on t
 here the reduction happens once, in apply_gradients); with backward_passes_per_step > 1,
 `_agg_helper.counter` (calls accumulated in the current cycle).
 
+Loss scaling: wrap the LossScaleOptimizer, `DistributedOptimizer(LossScaleOptimizer(opt))`
+(Keras 3's keras.optimizers.LossScaleOptimizer, tf-keras' mixed_precision one): the result is a
+subclass of it, so the gradients are reduced first and the scaler then checks the reduced ones,
+the same on every worker; a step skipped for a NaN/Inf on any worker (the compression's
+nonfinite="propagate") reaches it as all-NaN gradients, it skips the update and lowers its scale
+everywhere. Under the mixed_float16 policy a plain optimizer is put in a LossScaleOptimizer here
+(Keras' compile would otherwise wrap ours the other way round, checking each worker's own
+gradients before the reduction).
+
 Dense choices (Compression.none / fp16): on tf-keras, Horovod's own
 horovod.tensorflow.keras.DistributedOptimizer, unchanged. Horovod 0.28 does not support Keras 3,
 so there the same subclass runs Horovod's `hvd.allreduce` (Average or Sum, fp16 compression,
@@ -263,6 +272,28 @@ class _KerasDistributedOptimizer:
         return self.gtopk_state.last_stats
 
 
+def _loss_scaled_under_mixed_float16(optimizer: Any, keras3: bool) -> Any:
+    """`optimizer` in a LossScaleOptimizer when the global policy is mixed_float16 and it is not
+    one already. Keras' compile would otherwise wrap the distributed optimizer in one, whose
+    finiteness check runs on each worker's own gradients before the reduction: a worker that
+    overflowed alone would skip the reduction the others run. Wrapped here, the reduction comes
+    first and the check sees the reduced gradients, the same on every worker; compile then finds
+    a LossScaleOptimizer (ours is a subclass of it) and leaves it."""
+    if keras3:
+        import keras
+
+        loss_scale_optimizer, policy = (keras.optimizers.LossScaleOptimizer,
+                                        keras.mixed_precision.global_policy())
+    else:
+        import tf_keras
+
+        loss_scale_optimizer, policy = (tf_keras.mixed_precision.LossScaleOptimizer,
+                                        tf_keras.mixed_precision.global_policy())
+    if policy.name == "mixed_float16" and not isinstance(optimizer, loss_scale_optimizer):
+        return loss_scale_optimizer(optimizer)
+    return optimizer
+
+
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
     optimizer: Any,
     name: str | None = None,
@@ -297,6 +328,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
                                 groups, process_set, backward_passes_per_step,
                                 dense_by_horovod=not keras3)
+    if arguments.sparse or keras3:
+        optimizer = _loss_scaled_under_mixed_float16(optimizer, keras3)
     if not arguments.sparse:
         if not keras3:
             import horovod.tensorflow.keras as hvd_keras
