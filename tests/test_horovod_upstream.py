@@ -64,11 +64,6 @@ EXPECTED_FAILURES = {
         SPARSE_MODES, "documented limitation: a sparse compression runs on the global "
         "process set only", "NotImplementedError: sparse compression runs on the global "
         "process set only"),
-    "test_dynamic_requires_grad": (
-        SPARSE_MODES, "by design: the test's SGD(lr=0.1) overflows to Inf within 10 steps; "
-        "Horovod averages the Inf on, gtopk_hvd raises on every worker (README: non-finite "
-        "gradients); the _finite variant checks the requires_grad changes",
-        "FloatingPointError: gtopk_hvd: non-finite gradient values (NaN or Inf)"),
 }
 
 
@@ -81,10 +76,6 @@ KERAS_TESTS = (
     "test_from_config", "test_gradient_aggregation_0", "test_gradient_aggregation_1",
     "test_gradient_aggregation_with_local_vars_0", "test_gradient_aggregation_with_local_vars_1",
 )
-KERAS_INF = (
-    SPARSE_MODES, "by design: the test's first gradients are Inf; Horovod applies them, "
-    "gtopk_hvd raises on every worker (README: non-finite gradients)",
-    "FloatingPointError: gtopk_hvd: non-finite gradient values (NaN or Inf)")
 KERAS_GET_VALUE = (
     MODES, "Horovod's LearningRate callbacks call keras.backend.get_value, which the Keras 3 "
     "package that horovod.tensorflow.keras imports no longer has",
@@ -105,8 +96,7 @@ KERAS3_HOROVOD_FAILS = {
     "test_gradient_aggregation_with_local_vars_1": "missing 1 required positional argument",
 }
 KERAS_EXPECTED_FAILURES = {
-    "tf_keras": {"test_train_model_lr_schedule": KERAS_GET_VALUE,
-                 "test_grad_aggregation_with_inf_grad": KERAS_INF},
+    "tf_keras": {"test_train_model_lr_schedule": KERAS_GET_VALUE},
     "keras3": {test: (("horovod",), "fails for plain Horovod on Keras 3", message)
                for test, message in KERAS3_HOROVOD_FAILS.items()},
 }

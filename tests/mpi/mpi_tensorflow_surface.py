@@ -1,0 +1,261 @@
+"""Under mpirun (2 workers): Horovod's TensorFlow surface beyond the plain step.
+
+    mpi_tensorflow_surface.py              Keras 3
+    mpi_tensorflow_surface.py --tf-keras   tf-keras (Keras 2): TF_USE_LEGACY_KERAS=1
+
+  loss scaling   DistributedOptimizer(LossScaleOptimizer(SGD)) under mixed_float16 on
+                 scikit-learn's digits, gTop-k and Top-k: starting at scale 2^24 the first steps
+                 overflow and are skipped on every worker alike (the scale drops, the sparse
+                 step count does not move), against a start that never overflows: accuracy
+                 within 1 point, replicas bitwise identical. Keras 3 also: a plain optimizer
+                 under mixed_float16 is given its LossScaleOptimizer by our wrapper.
+  local sources  (Keras 3 run only) tape.register_local_source on a variable that exists on
+                 rank 0 only, dense and sparse: its gradient is this worker's own / size, the
+                 others are reduced and the same everywhere.
+  dense parity   (Keras 3 run only) with Compression.none / fp16 our tape returns bitwise what
+                 Horovod's own tape returns, argument by argument (groups, num_groups, op=Sum,
+                 Adasum, gradient_predivide_factor, process_set, fp16, sparse_as_dense,
+                 scale_local_gradients), on tf.Variables and on a Keras 3 model's variables.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and "--tf-keras" in sys.argv:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import hashlib  # noqa: E402
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from harness import run_on_all_ranks  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+import gtopk_hvd.tensorflow as gtopk  # noqa: E402
+import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
+from gtopk_hvd import horovod_swap  # noqa: E402
+
+keras = tf.keras
+KERAS3 = not keras.__name__.startswith("tf_keras")
+EPOCHS = 6
+
+
+def digest(variables: list) -> str:
+    return hashlib.sha256(b"".join(np.asarray(v.numpy()).tobytes() for v in variables)
+                          ).hexdigest()
+
+
+def same_everywhere(item: object, what: str) -> None:
+    everyone = hvd.allgather_object(item)
+    assert len(set(everyone)) == 1, f"{what} differ between ranks: {everyone}"
+
+
+# -- loss scaling -----------------------------------------------------------------------------
+
+def loss_scale_optimizer(initial_scale: float) -> object:
+    inner = keras.optimizers.SGD(0.1, momentum=0.9)
+    if KERAS3:
+        return keras.optimizers.LossScaleOptimizer(inner, initial_scale=initial_scale,
+                                                   dynamic_growth_steps=10**6)
+    return keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=initial_scale,
+                                                    dynamic_growth_steps=10**6)
+
+
+def scale_of(optimizer: object) -> float:
+    return float(optimizer.dynamic_scale if KERAS3 else optimizer.loss_scale)
+
+
+def digits_run(compression: object, initial_scale: float | None) -> dict:
+    """initial_scale None: a plain SGD, which our wrapper puts in a LossScaleOptimizer."""
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32).reshape(-1, 64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+    mine = np.arange(hvd.rank(), len(x_train) // 64 * 64, hvd.size())
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
+                                  keras.layers.Dense(10),
+                                  keras.layers.Activation("linear", dtype="float32")])
+        base = (keras.optimizers.SGD(0.1, momentum=0.9) if initial_scale is None
+                else loss_scale_optimizer(initial_scale))
+        optimizer = gtopk_keras.DistributedOptimizer(base, compression=compression)
+        model.compile(optimizer=optimizer, jit_compile=False,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        assert model.optimizer is optimizer, "compile wrapped the distributed optimizer"
+        model.fit(x_train[mine], y_train[mine], batch_size=32, epochs=EPOCHS, verbose=0,
+                  shuffle=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    sparse = optimizer.gtopk_state.sparse
+    accuracy = float(np.mean(np.argmax(model.predict(x_test, verbose=0), 1) == y_test))
+    result = {"accuracy": accuracy, "skipped": sparse.skipped_steps, "steps": sparse.step_count,
+              "scale": (initial_scale or 2.0**15, scale_of(optimizer))}
+    same_everywhere((digest(model.variables), result["skipped"], result["steps"]),
+                    "replicas or skipped steps")
+    return result
+
+
+def check_loss_scaling() -> None:
+    for name in ("gtopk", "topk"):
+        compression = getattr(gtopk.Compression, name)(0.05)
+        overflow = digits_run(compression, 2.0**24)
+        clean = digits_run(compression, 2.0**4)
+        if hvd.rank() == 0:
+            print(f"RESULT keras3={KERAS3} {name} overflow={overflow} no_overflow={clean}",
+                  flush=True)
+        assert overflow["skipped"] >= 3, overflow
+        assert overflow["scale"][1] < overflow["scale"][0], overflow
+        assert clean["skipped"] == 0, clean
+        assert overflow["accuracy"] >= clean["accuracy"] - 0.01, (overflow, clean)
+        assert clean["accuracy"] >= 0.9, clean
+    if KERAS3:  # a plain SGD under mixed_float16: the wrapper supplies the LossScaleOptimizer
+        wrapped = digits_run(gtopk.Compression.topk(0.05), None)
+        assert wrapped["accuracy"] >= 0.9, wrapped
+
+
+# -- local sources ----------------------------------------------------------------------------
+
+def check_local_sources() -> None:
+    rng = np.random.default_rng(hvd.rank())
+    shared = [tf.Variable(np.full((4, 3), 0.5, np.float32), name="shared_w"),
+              tf.Variable(np.zeros(3, np.float32), name="shared_b")]
+    own = [tf.Variable(rng.normal(size=(3,)).astype(np.float32), name="own")] if (
+        hvd.rank() == 0) else []
+    x = tf.constant(rng.normal(size=(8, 4)).astype(np.float32))
+
+    def loss() -> tf.Tensor:
+        h = x @ shared[0] + shared[1]
+        return tf.reduce_sum(h * own[0]) if own else tf.reduce_sum(h * h)
+
+    for compression in (gtopk.Compression.none, gtopk.Compression.gtopk(1.0),
+                        gtopk.Compression.topk(0.5)):
+        with tf.GradientTape() as plain:
+            value = loss()
+        local = plain.gradient(value, shared + own)
+        with tf.GradientTape() as tape:
+            value = loss()
+        tape = gtopk.DistributedGradientTape(tape, compression=compression)
+        for variable in own:
+            tape.register_local_source(variable)
+        grads = tape.gradient(value, shared + own)
+        for got, mine in zip(grads[len(shared):], local[len(shared):]):
+            np.testing.assert_array_equal(got.numpy(), mine.numpy() / hvd.size())
+        same_everywhere(hashlib.sha256(b"".join(g.numpy().tobytes() for g in grads[:2])
+                                       ).hexdigest(), f"reduced gradients ({compression})")
+        if compression is gtopk.Compression.none:
+            expected = [hvd.allreduce(g, op=hvd.Average) for g in local[:len(shared)]]
+            for got, want in zip(grads, expected):
+                np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+# -- dense parity with Horovod's own tape ----------------------------------------------------
+
+def horovod_tape() -> object:
+    """Horovod's original DistributedGradientTape (the swap keeps it)."""
+    return getattr(hvd.DistributedGradientTape, "__gtopk_hvd_swap__", hvd.DistributedGradientTape)
+
+
+def parity_cases(variables: list, local_set: object) -> list[tuple[str, dict]]:
+    cases = [("defaults", {}), ("fp16", {"compression": gtopk.Compression.fp16}),
+             ("op=Sum", {"op": hvd.Sum}), ("Adasum", {"op": hvd.Adasum, "sparse_as_dense": True}),
+             ("predivide", {"gradient_predivide_factor": 2.0}), ("groups=2", {"groups": 2}),
+             ("num_groups=2", {"num_groups": 2}),
+             ("groups=lists", {"groups": [[variables[0], variables[2]]]}),
+             ("sparse_as_dense", {"sparse_as_dense": True}),
+             ("scale_local_gradients=False", {"scale_local_gradients": False}),
+             ("hvd.Compression.fp16", {"compression": hvd.Compression.fp16})]
+    if hvd.rank() == 0:
+        cases.append(("process_set", {"process_set": local_set}))
+    return cases
+
+
+def compare_tapes(variables: list, loss: object, local_set: object, what: str
+                  ) -> dict[str, str]:
+    """Each case through our tape and Horovod's: the same gradients bit for bit, or the same
+    error (Horovod refuses some combinations, e.g. pre/post-scaling of IndexedSlices)."""
+    outcomes: dict[str, str] = {}
+    for name, kwargs in parity_cases(variables, local_set):
+        results = []
+        for make in (gtopk.DistributedGradientTape, horovod_tape()):
+            with tf.GradientTape() as tape:
+                value = loss()
+            theirs = kwargs.get("compression", hvd.Compression.none)
+            arguments = dict(kwargs, compression=theirs if make is horovod_tape() else
+                             kwargs.get("compression", gtopk.Compression.none))
+            sources = variables if make is gtopk.DistributedGradientTape else [
+                gtopk_tape_variable(v) for v in variables]
+            if "groups" in kwargs and isinstance(kwargs["groups"], list) and (
+                    make is horovod_tape()):
+                arguments["groups"] = [[gtopk_tape_variable(v) for v in g]
+                                       for g in kwargs["groups"]]
+            try:
+                wrapped = make(tape, **arguments)
+                wrapped.register_local_source(sources[-1])
+                grads = wrapped.gradient(value, sources)
+            except Exception as error:  # noqa: BLE001 - Horovod's refusals must be ours too
+                results.append(f"{type(error).__name__}: {str(error).splitlines()[-1]}")
+            else:
+                results.append(b"".join(tf.convert_to_tensor(g).numpy().tobytes()
+                                        for g in grads))
+        assert results[0] == results[1], f"{what} {name}: differs from Horovod: {results}"
+        outcomes[name] = results[0][:90] if isinstance(results[0], str) else "bitwise equal"
+    if hvd.rank() == 0:
+        print(f"dense parity on {what}: {outcomes}", flush=True)
+    return outcomes
+
+
+def gtopk_tape_variable(variable: object) -> object:
+    from gtopk_hvd.tensorflow.tape import tf_variable
+
+    return tf_variable(variable)
+
+
+def check_dense_parity(local_set: object) -> None:
+    rng = np.random.default_rng(hvd.rank())
+    x = tf.constant(rng.normal(size=(8, 4)).astype(np.float32))
+    table = tf.Variable(rng.normal(size=(10, 3)).astype(np.float32), name="table")
+    plain = [tf.Variable(np.full((4, 3), 0.25, np.float32), name="w"),
+             tf.Variable(np.zeros(3, np.float32), name="b"), table,
+             tf.Variable(np.ones(3, np.float32), name="mine")]
+
+    def plain_loss() -> tf.Tensor:
+        h = x @ plain[0] + plain[1] + tf.gather(table, [1, 4, 4, 7, 0, 2, 9, 3])
+        return tf.reduce_sum(h * h * plain[3])
+
+    on_plain = compare_tapes(plain, plain_loss, local_set, "tf.Variables")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), keras.layers.Dense(3)])
+
+    def model_loss() -> tf.Tensor:
+        return tf.reduce_sum(model(x) ** 2)
+
+    on_keras = compare_tapes(list(model.trainable_variables), model_loss, local_set,
+                             "Keras 3 variables")
+    # Every argument is compared bit for bit at least once (Horovod refuses some combinations
+    # on one of the two models: e.g. pre/post-scaling the embedding's IndexedSlices).
+    for name in on_plain:
+        assert "bitwise equal" in (on_plain[name], on_keras[name]), (name, on_plain, on_keras)
+
+
+def main() -> None:
+    local_set = hvd.ProcessSet([0])
+    hvd.init(process_sets=[local_set])
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    assert horovod_swap  # the adapters' import swapped Horovod's functions
+    check_loss_scaling()
+    if KERAS3:
+        check_local_sources()
+        check_dense_parity(local_set)
+    if hvd.rank() == 0:
+        print(f"tensorflow surface ok (keras3={KERAS3}) on {hvd.size()} workers", flush=True)
+
+
+if __name__ == "__main__":
+    run_on_all_ranks(main)

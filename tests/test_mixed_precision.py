@@ -1,0 +1,36 @@
+"""Loss scaling and Horovod's TensorFlow surface, under real launchers (2 workers).
+
+- torch.amp GradScaler with gtopk_hvd's optimizer under mpirun (tests/mpi/mpi_torch_amp.py):
+  gTop-k, Top-k and dense; with the DDP hook under torchrun (tests/mpi/torchrun_ddp_amp.py).
+- Keras' LossScaleOptimizer on Keras 3 and tf-keras, register_local_source, and our dense tape
+  against Horovod's own, argument by argument (tests/mpi/mpi_tensorflow_surface.py).
+
+Each program asserts on every rank (skips on every worker alike, residuals bit-equal across a
+skipped step, accuracy within 1 point of the run without overflow, replicas bitwise
+identical) and exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers.mpi_launcher import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("mode", ["gtopk", "topk", "dense"])
+def test_torch_grad_scaler_skips_overflows_and_keeps_accuracy(mode: str) -> None:
+    output = run_mpi("mpi_torch_amp.py", 2, mode, timeout_s=600)
+    assert f"RESULT mode={mode} run=overflow" in output, output[-3000:]
+
+
+def test_ddp_hook_with_grad_scaler_under_torchrun() -> None:
+    output = run_mpi("torchrun_ddp_amp.py", 2, timeout_s=600, launcher="torchrun")
+    assert "RESULT ddp amp" in output, output[-3000:]
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_keras_loss_scaling_local_sources_and_dense_parity(flavour: str) -> None:
+    arguments = ("--tf-keras",) if flavour == "tf_keras" else ()
+    output = run_mpi("mpi_tensorflow_surface.py", 2, *arguments, timeout_s=900)
+    assert f"tensorflow surface ok (keras3={flavour == 'keras3'})" in output, output[-3000:]
