@@ -220,7 +220,8 @@ def nonfinite_workers(transport: Transport, gradients: Sequence[Any]) -> int:
     worker must call it at the same point, with any number of gradients."""
     local = any(not ops.all_finite(gradient) for gradient in gradients)
     count = np.array([int(local)], dtype=np.int32)
-    transport.allreduce_sum(count)
+    if transport.size > 1:
+        transport.allreduce_sum(count)
     return int(count[0])
 
 

@@ -10,7 +10,8 @@ accumulates as in training. One iteration: zero_grad(); backward; step(). Timed 
 --steps, the slowest worker's): step() (synchronize included) and zero_grad(), for
 gtopk_hvd.torch.DistributedOptimizer(SGD(momentum=0.9)) and for the plain SGD on a copy.
 Floors on d values in the same run: one ops.accumulate_select pass, one zero pass (the faster of
-numpy and torch), one read pass.
+numpy and torch), one read pass. `check` is the non-finite check of nonfinite="propagate" (a
+read pass and a one-integer all-reduce; `--nonfinite raise` leaves it out).
 
     overhead = ours step - plain step;  target: overhead <= 2 x (accumulate_select + zero)
 """
@@ -30,7 +31,7 @@ from gtopk_hvd.bench.timing import barrier, median_seconds, slowest
 from gtopk_hvd.transports import resolve_transport
 
 RESNET50 = 25_557_032
-PHASES = ("select", "communicate", "merge", "write")
+PHASES = ("check", "select", "communicate", "merge", "write")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensors", type=int, default=161)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--scheme", choices=["gtopk", "topk"], default="gtopk")
+    parser.add_argument("--nonfinite", choices=["propagate", "raise"], default="propagate",
+                        help="the compression's non-finite rule (raise: no check per step)")
     parser.add_argument("--steps", type=int, default=10, help="timed iterations (after 2 more)")
 
 
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> None:
     del plain, plain_workload
 
     workload = Workload(sizes, seed=rank)
-    compression = getattr(gtopk.Compression, args.scheme)(density=args.density)
+    compression = getattr(gtopk.Compression, args.scheme)(density=args.density,
+                                                          nonfinite=args.nonfinite)
     ours = gtopk.DistributedOptimizer(
         torch.optim.SGD(workload.parameters, lr=0.01, momentum=0.9),
         named_parameters=[(f"p{i}", p) for i, p in enumerate(workload.parameters)],
@@ -141,8 +145,9 @@ def run(args: argparse.Namespace) -> None:
     floor = floor_s["accumulate_select"] + floor_s["zero"]
     accounted = sum(phase_s.values())
     print(f"workers: {size}; d = {d:,} in {len(sizes)} tensors; {args.scheme} density "
-          f"{args.density} (k = {k:,}); kernel threads: {ops.get_num_threads()}; torch threads: "
-          f"{torch.get_num_threads()}; median of {args.steps} steps, slowest worker")
+          f"{args.density} (k = {k:,}), nonfinite={args.nonfinite}; kernel threads: "
+          f"{ops.get_num_threads()}; torch threads: {torch.get_num_threads()}; median of "
+          f"{args.steps} steps, slowest worker")
     for name, step_s, zero_s in (("plain SGD", plain_step, plain_zero),
                                  ("gtopk_hvd", ours_step, ours_zero)):
         print(f"{name + ' step':<25} {step_s * 1e3:8.2f} ms   zero_grad {zero_s * 1e3:6.2f} ms")

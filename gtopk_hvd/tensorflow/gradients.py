@@ -143,26 +143,33 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
     return reduced, applied
 
 
-def dense_allreduce(gradients: list[Any], arguments: Arguments,
-                    sparse_as_dense: bool) -> list[Any]:
-    """Horovod's allreduce of each gradient (None stays None), scaled as horovod.tensorflow does:
-    with op=Average, x (1 / predivide) before the sum and x (predivide / P) after.
-    Works on Keras 3 variables' gradients, where Horovod's own DistributedGradientTape and Keras
-    wrapper fail."""
+def tf_variable(variable: Any) -> Any:
+    """A Keras 3 variable's tf.Variable (Horovod keys variables by `ref()`, which Keras 3
+    variables lack); anything else as it is."""
+    if hasattr(variable, "ref"):
+        return variable
+    value = getattr(variable, "value", None)
+    return value if isinstance(value, tf.Variable) else variable
+
+
+def tf_variables(groups: Any) -> Any:
+    """Horovod's `groups` (a number, or lists of variables) with Keras 3 variables as
+    tf.Variables."""
+    if isinstance(groups, list):
+        return [tf_variables(item) for item in groups]
+    return groups if groups is None or isinstance(groups, int) else tf_variable(groups)
+
+
+def dense_allreduce(gradients: list[Any], variables: list[Any], arguments: Arguments,
+                    sparse_as_dense: bool, groups: Any = None) -> list[Any]:
+    """Horovod's own allreduce of a gradient list: the function its DistributedGradientTape and
+    Keras wrapper run (`horovod.tensorflow._make_allreduce_grads_fn`: op incl. Adasum, Horovod's
+    pre/post-scaling, fp16, groups, process sets, sparse_as_dense; None stays None), called with
+    Keras 3 variables as their tf.Variables, on which Horovod's own wrappers fail."""
     import horovod.tensorflow as hvd
 
-    predivide = arguments.predivide
-    prescale, postscale = (1.0 / predivide, predivide) if arguments.average else (1.0, 1.0)
-    compression = (hvd.Compression.fp16 if arguments.compression.name == "fp16"
-                   else hvd.Compression.none)
-    reduced = []
-    for gradient in gradients:
-        if gradient is None:
-            reduced.append(None)
-            continue
-        if sparse_as_dense and isinstance(gradient, tf.IndexedSlices):
-            gradient = tf.convert_to_tensor(gradient)
-        reduced.append(hvd.allreduce(
-            gradient, op=arguments.op, compression=compression, prescale_factor=prescale,
-            postscale_factor=postscale, process_set=arguments.process_set))
-    return reduced
+    allreduce = hvd._make_allreduce_grads_fn(
+        "DistributedOptimizer", "", "", arguments.compression.horovod_compressor("tensorflow"),
+        sparse_as_dense, arguments.op, arguments.predivide, tf_variables(groups),
+        arguments.process_set)
+    return allreduce(list(gradients), [tf_variable(v) for v in variables])

@@ -42,7 +42,7 @@ import tensorflow as tf
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import sparse_allreduce
+from gtopk_hvd.tensorflow.gradients import sparse_allreduce, tf_variable, tf_variables
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import Transport
 
@@ -170,22 +170,6 @@ def _HorovodTape() -> type:  # noqa: N802 - a class
     from horovod.tensorflow import _DistributedGradientTape
 
     return _DistributedGradientTape
-
-
-def tf_variable(variable: Any) -> Any:
-    """A Keras 3 variable's tf.Variable (Horovod keys variables by `ref()`); anything else as it
-    is."""
-    if hasattr(variable, "ref"):
-        return variable
-    value = getattr(variable, "value", None)
-    return value if isinstance(value, tf.Variable) else variable
-
-
-def tf_variables(groups: Any) -> Any:
-    """`groups` (a number, or lists of variables) with Keras 3 variables as tf.Variables."""
-    if isinstance(groups, list):
-        return [tf_variables(item) for item in groups]
-    return groups if isinstance(groups, int) or groups is None else tf_variable(groups)
 
 
 def DistributedGradientTape(  # noqa: N802 - Horovod's name

@@ -15,7 +15,8 @@
   dense parity   (Keras 3 run only) with Compression.none / fp16 our tape returns bitwise what
                  Horovod's own tape returns, argument by argument (groups, num_groups, op=Sum,
                  Adasum, gradient_predivide_factor, process_set, fp16, sparse_as_dense,
-                 scale_local_gradients), on tf.Variables and on a Keras 3 model's variables.
+                 scale_local_gradients), on tf.Variables and on a Keras 3 model's variables;
+                 the Keras 3 DistributedOptimizer applies what Horovod's tape reduces.
 """
 
 from __future__ import annotations
@@ -243,6 +244,39 @@ def check_dense_parity(local_set: object) -> None:
         assert "bitwise equal" in (on_plain[name], on_keras[name]), (name, on_plain, on_keras)
 
 
+def check_keras3_dense_parity() -> None:
+    """Keras 3's dense DistributedOptimizer (Horovod's own has no Keras 3 support) applies
+    bitwise what Horovod's tape reduces, argument by argument."""
+    x = tf.constant(np.random.default_rng(hvd.rank()).normal(size=(8, 4)).astype(np.float32))
+    outcomes = {}
+    for name, kwargs in (("defaults", {}), ("fp16", {"compression": gtopk.Compression.fp16}),
+                         ("op=Sum", {"op": hvd.Sum}), ("Adasum", {"op": hvd.Adasum}),
+                         ("predivide", {"gradient_predivide_factor": 2.0}),
+                         ("groups=2", {"groups": 2}), ("num_groups=2", {"num_groups": 2})):
+        weights = []
+        for ours in (True, False):
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5),
+                                      keras.layers.Dense(3)])
+            variables = list(model.trainable_variables)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(x) ** 2)
+            if ours:
+                grads = tape.gradient(loss, variables)
+                optimizer = gtopk_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), **kwargs)
+            else:
+                tape = horovod_tape()(tape, **dict(kwargs, compression=kwargs.get(
+                    "compression", hvd.Compression.none)))
+                grads = tape.gradient(loss, [gtopk_tape_variable(v) for v in variables])
+                optimizer = keras.optimizers.SGD(1.0)
+            optimizer.apply(grads, variables)
+            weights.append(digest(variables))
+        assert weights[0] == weights[1], f"Keras 3 dense {name}: differs from Horovod's tape"
+        outcomes[name] = "bitwise equal"
+    if hvd.rank() == 0:
+        print(f"keras 3 dense parity: {outcomes}", flush=True)
+
+
 def main() -> None:
     local_set = hvd.ProcessSet([0])
     hvd.init(process_sets=[local_set])
@@ -253,6 +287,7 @@ def main() -> None:
     if KERAS3:
         check_local_sources()
         check_dense_parity(local_set)
+        check_keras3_dense_parity()
     if hvd.rank() == 0:
         print(f"tensorflow surface ok (keras3={KERAS3}) on {hvd.size()} workers", flush=True)
 

@@ -34,9 +34,10 @@ gradients before the reduction).
 
 Dense choices (Compression.none / fp16): on tf-keras, Horovod's own
 horovod.tensorflow.keras.DistributedOptimizer, unchanged. Horovod 0.28 does not support Keras 3,
-so there the same subclass runs Horovod's `hvd.allreduce` (Average or Sum, fp16 compression,
-pre/post-scaling as Horovod does) on each gradient instead; backward_passes_per_step > 1 is then
-not supported (use the Keras 3 optimizer's own `gradient_accumulation_steps`).
+so there the same subclass runs the allreduce function Horovod's own wrappers run
+(`gradients.dense_allreduce`: every argument, groups, Adasum and process sets included, with the
+variables handed to it as tf.Variables); backward_passes_per_step > 1 is then not supported (use
+the Keras 3 optimizer's own `gradient_accumulation_steps`).
 
 `model.compile(jit_compile=True)` cannot compile the host step: compile with jit_compile=False
 (Keras 3 picks False on CPU-only machines anyway).
@@ -72,11 +73,12 @@ class _Reduction:
     """What the optimizer does to a gradient list before applying it."""
 
     def __init__(self, arguments: Arguments, average_passes: bool, sparse_as_dense: bool,
-                 transport: Transport | str | None) -> None:
+                 transport: Transport | str | None, groups: Any = None) -> None:
         self.arguments = arguments
         self.average_passes = average_passes
         self.sparse_as_dense = sparse_as_dense
         self.transport = transport
+        self.groups = groups
 
         self.local = _LocalGradients(arguments.passes, average_passes)
 
@@ -105,7 +107,8 @@ class _Reduction:
         if self.arguments.sparse:
             return sparse_allreduce(state, gradients, variables, self.arguments,
                                     self.average_passes, self.transport)
-        return dense_allreduce(gradients, self.arguments, self.sparse_as_dense), True
+        return dense_allreduce(gradients, variables, self.arguments, self.sparse_as_dense,
+                               self.groups), True
 
 
 class _LocalGradients:
@@ -327,7 +330,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     keras3 = is_keras3_optimizer(optimizer)
     arguments = parse_arguments(hvd, compression, op, gradient_predivide_factor, num_groups,
                                 groups, process_set, backward_passes_per_step,
-                                dense_by_horovod=not keras3)
+                                dense_by_horovod=True)
     if arguments.sparse or keras3:
         optimizer = _loss_scaled_under_mixed_float16(optimizer, keras3)
     if not arguments.sparse:
@@ -353,7 +356,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         if key not in ("__dict__", "__weakref__")})
     distributed = cls.from_config(optimizer.get_config())
     distributed._gtopk_reduction = _Reduction(arguments, average_aggregated_gradients,
-                                              sparse_as_dense, transport)
+                                              sparse_as_dense, transport,
+                                              groups if groups is not None else num_groups or None)
     distributed.gtopk_state = GTopkState()
     if arguments.sparse and backward_passes_per_step > 1:
         distributed._agg_helper = _AggregationProgress(distributed.gtopk_state)
