@@ -15,10 +15,10 @@ signature stay visible) that looks at `compression=` only. A gtopk_hvd sparse co
 (`gtopk_hvd.compression.SparseCompression`: `Compression.gtopk(...)`, `.topk(...)`,
 `.sparse(...)`) builds gtopk_hvd's wrapper of the same name with the same arguments (matched by
 name; gtopk_hvd's own keywords such as `transport=` or `gtopk_state=` may be added). A Horovod
-argument that gtopk_hvd's wrapper lacks (`scale_local_gradients`) is accepted at its default and
-raises NotImplementedError otherwise. Anything else (no compression, `hvd.Compression.none` /
-`.fp16`, any other compressor, arguments Horovod itself refuses) calls Horovod's original
-function with the original arguments: its result is unchanged bit for bit.
+argument that gtopk_hvd's wrapper lacks (the Keras wrapper's `scale_local_gradients`) is accepted
+at its default and raises NotImplementedError otherwise. Anything else (no compression,
+`hvd.Compression.none` / `.fp16`, any other compressor, arguments Horovod itself refuses) calls
+Horovod's original function with the original arguments: its result is unchanged bit for bit.
 
 The wrapper carries `__gtopk_hvd_swap__`, the original function: installing twice (a re-import,
 `importlib.reload`) wraps once, and `restore()` puts every original back. Only the adapter's own

@@ -34,9 +34,11 @@ Non-finite gradients (a NaN or Inf on any worker), by the compression's `nonfini
   `last_stats.skipped` is True. Nothing is poisoned and nothing is lost: the next step starts
   from the same residual. The default because loss scaling overflows by design (the first steps,
   and whenever the scale grows), and it is what Horovod's dense allreduce does as far as a
-  scaler can tell. Cost: one read of the gradient and one small all-reduce per step, timed as
-  `last_stats.check_seconds`. A worker cannot skip on its own: the others have already changed
-  their residuals by the time the reduction would tell them, hence the count first.
+  scaler can tell. Cost: one read of the gradient (`last_stats.check_seconds`) and one
+  all-reduce of one integer, which waits for the last worker to arrive and so counts in
+  `wait_seconds` (the reductions' own probes then find everyone ready). A worker cannot skip on
+  its own: the others have already changed their residuals by the time the reduction would tell
+  them, hence the count first.
 - "raise": no check before the step. NaN and +-Inf rank above every number in the selection
   order, so a worker with one always selects it, and it survives every merge (NaN + x = NaN,
   Inf + x = Inf or NaN): the global set, identical on all workers, holds a non-finite value iff
@@ -108,7 +110,7 @@ class StepStats:
     write_seconds: float = 0.0  # the adapter's write-back of the update (zero + scatter)
     wait_seconds: float = 0.0  # until the partners (or the slowest worker) were ready
     transfer_seconds: float = 0.0  # the data exchanges themselves
-    check_seconds: float = 0.0  # nonfinite="propagate": the finiteness read and its all-reduce
+    check_seconds: float = 0.0  # nonfinite="propagate": the finiteness read (its count: a wait)
     skipped: bool = False  # a worker's gradient was not finite: no reduction, update all NaN
 
 
@@ -218,8 +220,12 @@ def nonfinite_workers(transport: Transport, gradients: Sequence[Any]) -> int:
     """How many workers hold a NaN or Inf in any of `gradients` (numpy arrays or torch tensors):
     one read of each and one all-reduce of one integer, so the same count on every worker. Every
     worker must call it at the same point, with any number of gradients."""
-    local = any(not ops.all_finite(gradient) for gradient in gradients)
-    count = np.array([int(local)], dtype=np.int32)
+    return count_workers(transport, any(not ops.all_finite(g) for g in gradients))
+
+
+def count_workers(transport: Transport, flag: bool) -> int:
+    """How many workers pass flag=True: one all-reduce of one integer (none at P = 1)."""
+    count = np.array([int(flag)], dtype=np.int32)
     if transport.size > 1:
         transport.allreduce_sum(count)
     return int(count[0])
@@ -244,12 +250,16 @@ def sparse_step(state: SparseState, gradient: Any, clear_gradient: bool = False,
             state.signature)
         state._workers_agree = True
     compression = state.compression
-    start = time.perf_counter()
+    check_seconds = check_wait_seconds = 0.0
     if skip is None and compression.nonfinite == "propagate":
-        skip = nonfinite_workers(state.transport, [gradient]) > 0
-    check_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        local = not ops.all_finite(gradient)
+        read = time.perf_counter()
+        skip = count_workers(state.transport, local) > 0
+        # The count waits for the last worker to arrive: a wait, as the reductions' probes.
+        check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
     if skip:
-        return _skip(state, gradient, clear_gradient, check_seconds)
+        return _skip(state, gradient, clear_gradient, check_seconds, check_wait_seconds)
     start = time.perf_counter()
     if state.predivide != 1.0:
         if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
@@ -283,15 +293,16 @@ def sparse_step(state: SparseState, gradient: Any, clear_gradient: bool = False,
         step=state.step_count, density=compression.density_at(state.step_count),
         k=state.k_at(state.step_count), global_entries=int(result.indices.size),
         bytes_sent=stats.bytes_sent, bytes_received=stats.bytes_received,
-        select_seconds=select_seconds, communicate_seconds=stats.comm_seconds,
-        merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds,
+        select_seconds=select_seconds,
+        communicate_seconds=stats.comm_seconds + check_wait_seconds,
+        merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds + check_wait_seconds,
         transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
     state.step_count += 1
     return result.indices, values
 
 
-def _skip(state: SparseState, gradient: Any, clear_gradient: bool,
-          check_seconds: float) -> None:
+def _skip(state: SparseState, gradient: Any, clear_gradient: bool, check_seconds: float,
+          check_wait_seconds: float) -> None:
     """A step skipped for a non-finite gradient: nothing of the state changes but the count of
     skipped steps; the gradient is cleared if asked."""
     if clear_gradient:
@@ -300,8 +311,8 @@ def _skip(state: SparseState, gradient: Any, clear_gradient: bool,
     state.last_stats = StepStats(
         step=state.step_count, density=state.compression.density_at(state.step_count),
         k=state.k_at(state.step_count), global_entries=0, bytes_sent=0, bytes_received=0,
-        select_seconds=0.0, communicate_seconds=0.0, merge_seconds=0.0,
-        check_seconds=check_seconds, skipped=True)
+        select_seconds=0.0, communicate_seconds=check_wait_seconds, merge_seconds=0.0,
+        wait_seconds=check_wait_seconds, check_seconds=check_seconds, skipped=True)
     return None
 
 

@@ -17,6 +17,12 @@ backward accumulates into it in place, and the update is written into a second b
 instead: other dtypes or devices, a gradient the user replaced). `zero_grad()` keeps the views
 and costs no pass over the gradients.
 
+Loss scaling (torch.amp.GradScaler), Horovod's recipe: `scaler.scale(loss).backward();
+optimizer.synchronize(); scaler.unscale_(optimizer); with optimizer.skip_synchronize():
+scaler.step(optimizer); scaler.update()`. With the compression's default nonfinite="propagate", a
+NaN/Inf on any worker makes every p.grad all NaN on every worker and leaves the residual as it
+was (`gtopk_hvd.sparse_state`), so the scaler skips the step everywhere.
+
 Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
 with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
 selection and the residual updates run there (`gtopk_hvd.ops` on the current stream), and only

@@ -170,9 +170,8 @@ def parity_cases(variables: list, local_set: object) -> list[tuple[str, dict]]:
              ("groups=lists", {"groups": [[variables[0], variables[2]]]}),
              ("sparse_as_dense", {"sparse_as_dense": True}),
              ("scale_local_gradients=False", {"scale_local_gradients": False}),
-             ("hvd.Compression.fp16", {"compression": hvd.Compression.fp16})]
-    if hvd.rank() == 0:
-        cases.append(("process_set", {"process_set": local_set}))
+             ("hvd.Compression.fp16", {"compression": hvd.Compression.fp16}),
+             ("process_set", {"process_set": local_set})]
     return cases
 
 
@@ -278,8 +277,9 @@ def check_keras3_dense_parity() -> None:
 
 
 def main() -> None:
-    local_set = hvd.ProcessSet([0])
-    hvd.init(process_sets=[local_set])
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # as Horovod's process set tests
+    hvd.init()
+    local_set = [hvd.add_process_set([rank]) for rank in range(hvd.size())][hvd.rank()]
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     assert horovod_swap  # the adapters' import swapped Horovod's functions

@@ -136,12 +136,18 @@ def check_replay(reduction: str, steps: int = 4) -> None:
         gradient = bucket.buffer().to(torch.float32).numpy().copy()
         dtype = bucket.buffer().dtype
         future = gtopk_hook(hook_state, bucket)
-        sparse = hook_state._buckets.get(index)
-        if sparse is not None:
-            seen[index] = {"gradient": gradient, "residual": residual, "dtype": str(dtype),
-                           "new_residual": np.array(sparse[1].residual),
-                           "update": future.value().to(torch.float64).numpy().copy()}
-        return future
+
+        def record(done: torch.futures.Future) -> torch.Tensor:
+            # When the bucket's step has run: at the iteration's last bucket (the hook holds
+            # the buckets to decide on non-finite gradients once for all of them).
+            sparse = hook_state._buckets.get(index)
+            if sparse is not None:
+                seen[index] = {"gradient": gradient, "residual": residual, "dtype": str(dtype),
+                               "new_residual": np.array(sparse[1].residual),
+                               "update": done.value().to(torch.float64).numpy().copy()}
+            return done.value()
+
+        return future.then(record)
 
     model.register_comm_hook(state, recording_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

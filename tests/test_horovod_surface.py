@@ -1,9 +1,10 @@
-"""Loss scaling and Horovod's TensorFlow surface, under real launchers (2 workers).
+"""Loss scaling and the rest of Horovod's surface, under real launchers (2 workers).
 
 - torch.amp GradScaler with gtopk_hvd's optimizer under mpirun (tests/mpi/mpi_torch_amp.py):
   gTop-k, Top-k and dense; with the DDP hook under torchrun (tests/mpi/torchrun_ddp_amp.py).
 - Keras' LossScaleOptimizer on Keras 3 and tf-keras, register_local_source, and our dense tape
-  against Horovod's own, argument by argument (tests/mpi/mpi_tensorflow_surface.py).
+  against Horovod's own, argument by argument (tests/mpi/mpi_tensorflow_surface.py); the same
+  parity for the torch optimizer (tests/mpi/mpi_torch_dense_parity.py).
 
 Each program asserts on every rank (skips on every worker alike, residuals bit-equal across a
 skipped step, accuracy within 1 point of the run without overflow, replicas bitwise
@@ -34,3 +35,8 @@ def test_keras_loss_scaling_local_sources_and_dense_parity(flavour: str) -> None
     arguments = ("--tf-keras",) if flavour == "tf_keras" else ()
     output = run_mpi("mpi_tensorflow_surface.py", 2, *arguments, timeout_s=900)
     assert f"tensorflow surface ok (keras3={flavour == 'keras3'})" in output, output[-3000:]
+
+
+def test_torch_dense_choices_equal_horovods_optimizer_argument_by_argument() -> None:
+    output = run_mpi("mpi_torch_dense_parity.py", 2, timeout_s=600)
+    assert "torch dense parity:" in output, output[-3000:]
