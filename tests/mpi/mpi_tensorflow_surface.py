@@ -33,8 +33,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import run_on_all_ranks  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+from helpers.digits import digits_split  # noqa: E402
 
 import gtopk_hvd.tensorflow as gtopk  # noqa: E402
 import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
@@ -72,10 +71,7 @@ def scale_of(optimizer: object) -> float:
 
 def digits_run(compression: object, initial_scale: float | None) -> dict:
     """initial_scale None: a plain SGD, which our wrapper puts in a LossScaleOptimizer."""
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32).reshape(-1, 64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+    x_train, y_train, x_test, y_test = digits_split()
     mine = np.arange(hvd.rank(), len(x_train) // 64 * 64, hvd.size())
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -203,6 +199,8 @@ def compare_tapes(variables: list, loss: object, local_set: object, what: str
             else:
                 results.append(b"".join(tf.convert_to_tensor(g).numpy().tobytes()
                                         for g in grads))
+        # A barrier: a rank done with its own process set waits for the other's.
+        hvd.allreduce(tf.zeros(1), name="parity.case.done")
         assert results[0] == results[1], f"{what} {name}: differs from Horovod: {results}"
         outcomes[name] = results[0][:90] if isinstance(results[0], str) else "bitwise equal"
     if hvd.rank() == 0:

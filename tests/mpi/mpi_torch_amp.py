@@ -18,11 +18,9 @@ import hashlib
 import sys
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 from harness import run_on_all_ranks
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from helpers.digits import digits_split, worker_batches
 
 import gtopk_hvd.torch as gtopk
 
@@ -31,12 +29,7 @@ BATCH = 32
 
 
 def data() -> tuple[torch.Tensor, ...]:
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32).reshape(-1, 64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
-    return (torch.from_numpy(x_train), torch.from_numpy(y_train).long(),
-            torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+    return tuple(torch.from_numpy(array) for array in digits_split())
 
 
 def run(mode: str, init_scale: float) -> dict:
@@ -54,33 +47,29 @@ def run(mode: str, init_scale: float) -> dict:
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**9)
     sparse = getattr(optimizer, "_sparse", None)
     skipped, scales = 0, [scaler.get_scale()]
-    for epoch in range(EPOCHS):
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        mine = order[hvd.rank()::hvd.size()]
-        for start in range(0, len(mine) - BATCH + 1, BATCH):
-            index = mine[start:start + BATCH]
-            optimizer.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = torch.nn.functional.cross_entropy(model(x_train[index]), y_train[index])
-            scaler.scale(loss).backward()
-            residual_before = None if sparse is None else sparse.residual.copy()
-            steps_before = None if sparse is None else sparse.step_count
-            optimizer.synchronize()
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-            scale = scaler.get_scale()
-            scaler.update()
-            if scaler.get_scale() < scale:  # the scaler found Inf/NaN and skipped the step
-                skipped += 1
-                if sparse is not None:
-                    assert sparse.last_stats.skipped, "the scaler skipped a step we applied"
-                    assert sparse.residual.tobytes() == residual_before.tobytes(), (
-                        "residual changed by a skipped step")
-                    assert sparse.step_count == steps_before
-            elif sparse is not None:
-                assert not sparse.last_stats.skipped, "we skipped a step the scaler applied"
-            scales.append(scaler.get_scale())
+    for index in worker_batches(len(x_train), EPOCHS, hvd.rank(), hvd.size(), BATCH):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x_train[index]), y_train[index])
+        scaler.scale(loss).backward()
+        residual_before = None if sparse is None else sparse.residual.copy()
+        steps_before = None if sparse is None else sparse.step_count
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scale = scaler.get_scale()
+        scaler.update()
+        if scaler.get_scale() < scale:  # the scaler found Inf/NaN and skipped the step
+            skipped += 1
+            if sparse is not None:
+                assert sparse.last_stats.skipped, "the scaler skipped a step we applied"
+                assert sparse.residual.tobytes() == residual_before.tobytes(), (
+                    "residual changed by a skipped step")
+                assert sparse.step_count == steps_before
+        elif sparse is not None:
+            assert not sparse.last_stats.skipped, "we skipped a step the scaler applied"
+        scales.append(scaler.get_scale())
     with torch.no_grad():
         accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()

@@ -65,6 +65,7 @@ def main() -> None:
             ours_kwargs = theirs_kwargs = kwargs
         ours = train(gtopk.DistributedOptimizer, ours_kwargs)
         theirs = train(horovod_optimizer(), theirs_kwargs)
+        hvd.barrier()  # a rank done with its own process set waits for the other's
         assert ours == theirs, f"{name}: ours {ours}, Horovod's {theirs}"
         outcomes[name] = "bitwise equal" if ":" not in ours else f"same error ({ours[:60]})"
     if hvd.rank() == 0:

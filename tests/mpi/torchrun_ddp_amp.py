@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from harness import run_on_all_ranks
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from helpers.digits import digits_split, worker_batches
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -31,12 +29,7 @@ BATCH = 32
 
 
 def data() -> tuple[torch.Tensor, ...]:
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32).reshape(-1, 64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
-    return (torch.from_numpy(x_train), torch.from_numpy(y_train).long(),
-            torch.from_numpy(x_test), torch.from_numpy(y_test).long())
+    return tuple(torch.from_numpy(array) for array in digits_split())
 
 
 def make_ddp(compression: object) -> tuple[DDP, GTopkHookState]:
@@ -97,19 +90,16 @@ def amp_run(init_scale: float) -> dict:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**9)
     skipped, first_scale = 0, scaler.get_scale()
-    for epoch in range(EPOCHS):
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        mine = order[dist.get_rank()::dist.get_world_size()]
-        for start in range(0, len(mine) - BATCH + 1, BATCH):
-            index = mine[start:start + BATCH]
-            optimizer.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = nn.functional.cross_entropy(ddp(x_train[index]), y_train[index])
-            scaler.scale(loss).backward()
-            scale = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            skipped += scaler.get_scale() < scale
+    for index in worker_batches(len(x_train), EPOCHS, dist.get_rank(), dist.get_world_size(),
+                                BATCH):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(ddp(x_train[index]), y_train[index])
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped += scaler.get_scale() < scale
     with torch.no_grad():
         accuracy = float((ddp.module(x_test).argmax(1) == y_test).float().mean())
     check_same_everywhere((digest(ddp.module), skipped), "replicas or skipped counts")
