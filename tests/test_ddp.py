@@ -194,6 +194,37 @@ def test_iterations_count_on_the_last_bucket(one_worker: None) -> None:
     assert [state.last_stats[i].k for i in (0, 1)] == [2, 3]
 
 
+@pytest.mark.parametrize("rule", ["propagate", "raise"])
+def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) -> None:
+    """propagate: every bucket of the iteration comes back all NaN and no residual or count
+    moves (the hook decides at the last bucket for all); raise: FloatingPointError."""
+    state = GTopkHookState(density=0.5, start_iter=2, nonfinite=rule)
+    parameters = [[torch.zeros(4)], [torch.zeros(6)]]
+
+    def buckets(step: int, bad: bool = False) -> list[Bucket]:
+        values = [torch.arange(n, dtype=torch.float32) + step for n in (4, 6)]
+        if bad:
+            values[1][2] = float("inf")
+        return [Bucket(i, parameters[i], v, last=i == 1) for i, v in enumerate(values)]
+
+    for step in range(4):
+        run_hook(state, buckets(step))
+    residuals = {i: s.residual.copy() for i, (_, s) in state._buckets.items()}
+    steps = {i: s.step_count for i, (_, s) in state._buckets.items()}
+    if rule == "raise":
+        with pytest.raises(FloatingPointError, match="non-finite"):
+            run_hook(state, buckets(4, bad=True))
+        return
+    got = run_hook(state, buckets(4, bad=True))
+    assert all(torch.isnan(g).all() for g in got)
+    assert state.iter == 4
+    for i, (_, sparse) in state._buckets.items():
+        assert sparse.residual.tobytes() == residuals[i].tobytes()
+        assert sparse.step_count == steps[i] and sparse.last_stats.skipped
+    got = run_hook(state, buckets(5))
+    assert all(torch.isfinite(g).all() for g in got) and state.iter == 5
+
+
 def test_a_bucket_that_changes_is_refused(one_worker: None) -> None:
     state = GTopkHookState(density=0.5, start_iter=2)
     for _ in range(3):
