@@ -40,6 +40,7 @@ transform (it selects over all gradients fused, against a residual kept between 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,6 @@ class DenseCompression:
 
     def horovod_compressor(self, framework: str) -> Any:
         """Horovod's own compressor class of this choice for "torch" or "tensorflow"."""
-        import importlib
-
         module = importlib.import_module(f"horovod.{framework}.compression")
         return getattr(module.Compression, self.name)
 
@@ -197,8 +196,6 @@ def compression_for(framework: str) -> type[Compression]:
     sparse choices, and as `none` / `fp16` Horovod's own compressor classes of that framework
     (so `compress` / `decompress`, identity and `issubclass(..., hvd.Compressor)` checks are
     Horovod's). The adapters take Horovod's classes and gtopk_hvd's DenseCompression alike."""
-    import importlib
-
     horovod = importlib.import_module(f"horovod.{framework}.compression").Compression
     return type("Compression", (Compression,), {
         "__doc__": f"{Compression.__doc__} none / fp16: horovod.{framework}.Compression's.",

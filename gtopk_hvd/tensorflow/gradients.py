@@ -143,6 +143,23 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
     return reduced, applied
 
 
+class LocalSources:
+    """The sources registered as worker-local (Horovod's register_local_source /
+    register_local_var), by object identity; keeps them alive so their ids stay theirs."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+        self._sources: list[Any] = []
+
+    def add(self, source: Any) -> None:
+        if id(source) not in self._ids:
+            self._ids.add(id(source))
+            self._sources.append(source)
+
+    def holds(self, source: Any) -> bool:
+        return id(source) in self._ids
+
+
 def tf_variable(variable: Any) -> Any:
     """A Keras 3 variable's tf.Variable (Horovod keys variables by `ref()`, which Keras 3
     variables lack); anything else as it is."""

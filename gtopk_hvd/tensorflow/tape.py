@@ -42,7 +42,12 @@ import tensorflow as tf
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import sparse_allreduce, tf_variable, tf_variables
+from gtopk_hvd.tensorflow.gradients import (
+    LocalSources,
+    sparse_allreduce,
+    tf_variable,
+    tf_variables,
+)
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import Transport
 
@@ -83,14 +88,11 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         self.gtopk_state = gtopk_state
         self.process_set = arguments.process_set
         self.scale_local_gradients = scale_local_gradients
-        self._local_sources: set[int] = set()
-        self._local_kept: list[Any] = []  # keeps registered sources alive: ids stay theirs
+        self._local_sources = LocalSources()
 
     def register_local_source(self, source: Any) -> None:
         """Horovod's: `source`'s gradient is not reduced (module docstring)."""
-        if id(source) not in self._local_sources:
-            self._local_sources.add(id(source))
-            self._local_kept.append(source)
+        self._local_sources.add(source)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
@@ -102,8 +104,9 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         flat_sources = tf.nest.flatten(sources)
         gradients = super(self.__class__, self).gradient(
             target, flat_sources, output_gradients, unconnected_gradients)
-        shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
-        result = [self._local_gradient(g) if id(s) in self._local_sources else None
+        local = self._local_sources
+        shared = [i for i, s in enumerate(flat_sources) if not local.holds(s)]
+        result = [self._local_gradient(g) if local.holds(s) else None
                   for s, g in zip(flat_sources, gradients)]
         if shared:
             shared_sources = [flat_sources[i] for i in shared]
@@ -133,8 +136,8 @@ class _SparseDistributedGradientTape(tf.GradientTape):
         """Horovod's: ([(local source, gradient)], [(other source, gradient)])."""
         gradients = self.gradient(target, sources, output_gradients)
         pairs = list(zip(sources, gradients))
-        return ([(s, g) for s, g in pairs if id(s) in self._local_sources],
-                [(s, g) for s, g in pairs if id(s) not in self._local_sources])
+        return ([(s, g) for s, g in pairs if self._local_sources.holds(s)],
+                [(s, g) for s, g in pairs if not self._local_sources.holds(s)])
 
     @property
     def last_stats(self) -> StepStats | None:

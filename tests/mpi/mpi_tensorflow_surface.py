@@ -38,6 +38,7 @@ from helpers.digits import digits_split  # noqa: E402
 import gtopk_hvd.tensorflow as gtopk  # noqa: E402
 import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
 from gtopk_hvd import horovod_swap  # noqa: E402
+from gtopk_hvd.tensorflow.gradients import tf_variable  # noqa: E402
 
 keras = tf.keras
 KERAS3 = not keras.__name__.startswith("tf_keras")
@@ -155,7 +156,7 @@ def check_local_sources() -> None:
 
 def horovod_tape() -> object:
     """Horovod's original DistributedGradientTape (the swap keeps it)."""
-    return getattr(hvd.DistributedGradientTape, "__gtopk_hvd_swap__", hvd.DistributedGradientTape)
+    return getattr(hvd.DistributedGradientTape, horovod_swap.MARKER)
 
 
 def parity_cases(variables: list, local_set: object) -> list[tuple[str, dict]]:
@@ -185,10 +186,10 @@ def compare_tapes(variables: list, loss: object, local_set: object, what: str
             arguments = dict(kwargs, compression=theirs if make is horovod_tape() else
                              kwargs.get("compression", gtopk.Compression.none))
             sources = variables if make is gtopk.DistributedGradientTape else [
-                gtopk_tape_variable(v) for v in variables]
+                tf_variable(v) for v in variables]
             if "groups" in kwargs and isinstance(kwargs["groups"], list) and (
                     make is horovod_tape()):
-                arguments["groups"] = [[gtopk_tape_variable(v) for v in g]
+                arguments["groups"] = [[tf_variable(v) for v in g]
                                        for g in kwargs["groups"]]
             try:
                 wrapped = make(tape, **arguments)
@@ -206,12 +207,6 @@ def compare_tapes(variables: list, loss: object, local_set: object, what: str
     if hvd.rank() == 0:
         print(f"dense parity on {what}: {outcomes}", flush=True)
     return outcomes
-
-
-def gtopk_tape_variable(variable: object) -> object:
-    from gtopk_hvd.tensorflow.tape import tf_variable
-
-    return tf_variable(variable)
 
 
 def check_dense_parity(local_set: object) -> None:
@@ -264,7 +259,7 @@ def check_keras3_dense_parity() -> None:
             else:
                 tape = horovod_tape()(tape, **dict(kwargs, compression=kwargs.get(
                     "compression", hvd.Compression.none)))
-                grads = tape.gradient(loss, [gtopk_tape_variable(v) for v in variables])
+                grads = tape.gradient(loss, [tf_variable(v) for v in variables])
                 optimizer = keras.optimizers.SGD(1.0)
             optimizer.apply(grads, variables)
             weights.append(digest(variables))
@@ -280,7 +275,6 @@ def main() -> None:
     local_set = [hvd.add_process_set([rank]) for rank in range(hvd.size())][hvd.rank()]
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    assert horovod_swap  # the adapters' import swapped Horovod's functions
     check_loss_scaling()
     if KERAS3:
         check_local_sources()

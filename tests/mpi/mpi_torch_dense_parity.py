@@ -14,11 +14,12 @@ import torch
 from harness import run_on_all_ranks
 
 import gtopk_hvd.torch as gtopk
+from gtopk_hvd import horovod_swap
 
 
 def horovod_optimizer() -> object:
     """Horovod's original DistributedOptimizer (the swap keeps it)."""
-    return getattr(hvd.DistributedOptimizer, "__gtopk_hvd_swap__", hvd.DistributedOptimizer)
+    return getattr(hvd.DistributedOptimizer, horovod_swap.MARKER)
 
 
 def train(make: object, kwargs: dict) -> str:

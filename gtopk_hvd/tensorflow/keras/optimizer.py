@@ -53,7 +53,7 @@ import tensorflow as tf
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import dense_allreduce, sparse_allreduce
+from gtopk_hvd.tensorflow.gradients import LocalSources, dense_allreduce, sparse_allreduce
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import Transport
 
@@ -121,18 +121,15 @@ class _LocalGradients:
     def __init__(self, passes: int, average_passes: bool) -> None:
         self.passes = passes
         self.average_passes = average_passes
-        self._ids: set[int] = set()
-        self._variables: list[Any] = []  # keeps the registered ones alive: ids stay theirs
+        self._registered = LocalSources()
         self._sum: np.ndarray | None = None
         self._calls = 0
 
     def add(self, variable: Any) -> None:
-        if id(variable) not in self._ids:
-            self._ids.add(id(variable))
-            self._variables.append(variable)
+        self._registered.add(variable)
 
     def holds(self, variable: Any) -> bool:
-        return id(variable) in self._ids
+        return self._registered.holds(variable)
 
     def _step(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import horovod.tensorflow as hvd
