@@ -1,4 +1,6 @@
-"""Compression choices shared by the framework adapters (`gtopk_hvd.torch`, `.tensorflow`).
+"""Compression choices shared by the framework adapters (`gtopk_hvd.torch`, `.tensorflow`):
+plain, immutable data. Names are checked against the registries where a step is built
+(`gtopk_hvd.schemes.check_config`), not here.
 
     Compression.none              dense, through Horovod's allreduce
     Compression.fp16              dense in float16, through Horovod's allreduce
@@ -7,6 +9,9 @@
     Compression.sparse(density, sparsifier=..., reduction=...)
                                   any registered selection rule and reduction, e.g.
                                   sparsifier="randomk" (with the "allreduce" reduction)
+    Compression.scheme(name, density, **options)
+                                  any registered scheme (`gtopk_hvd.schemes`), its own options
+                                  as keyword arguments
 
 Sparse choices carry their hyper-parameters:
     density                 k / d, in (0, 1]
@@ -22,14 +27,18 @@ Sparse choices carry their hyper-parameters:
                             "bucket": each parameter keeps its own share ceil(density * size)
                             (`selection=` is accepted as its older name)
     sparsifier              the selection rule, a name in gtopk_hvd.sparsifiers.SPARSIFIERS
-    reduction               the reduction, a name in gtopk_hvd.reductions.REDUCTIONS
+    reduction               the reduction, a name in gtopk_hvd.reductions.REDUCTIONS (None:
+                            the sparsifier's default_reduction)
+    scheme                  the scheme, a name in gtopk_hvd.schemes.SCHEMES ("select-reduce":
+                            the sparsifier, then the reduction)
+    options                 the scheme's own options, as sorted (name, value) pairs
     seed                    seeds sparsifiers that draw at random (the same on every worker)
     nonfinite               what a NaN or Inf gradient on any worker does (`NONFINITE_RULES`):
                             "propagate" (the default): the step is skipped, as loss scaling
                             expects: every worker's update is all NaN, residuals, velocities
                             and the step count stay as they were; "raise": every worker raises
                             FloatingPointError at that step (no check before the step, the
-                            residual keeps the non-finite values). `gtopk_hvd.sparse_state`
+                            residual keeps the non-finite values). `gtopk_hvd.core.step`
                             says how and what each costs.
 
 The dense choices are Horovod's: `compress(tensor)` / `decompress(tensor, ctx)` run Horovod's own
@@ -44,8 +53,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from gtopk_hvd.reductions import REDUCTIONS
-from gtopk_hvd.sparsifiers import SPARSIFIERS
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
 GRANULARITIES = ("model", "bucket")
@@ -84,7 +91,10 @@ def _framework_of(tensor: Any) -> str:
 
 @dataclass(frozen=True)
 class SparseCompression:
-    reduction: str
+    """A sparse choice's hyper-parameters (module docstring); checked for ranges and types
+    here, against the registries where the step is built."""
+
+    reduction: str | None
     density: float
     wire_dtype: str = "float32"
     warmup_densities: tuple[float, ...] = ()
@@ -95,14 +105,10 @@ class SparseCompression:
     sparsifier: str = "topk"
     seed: int = 0
     nonfinite: str = "propagate"
+    scheme: str = "select-reduce"
+    options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        reduction = REDUCTIONS.get(self.reduction)
-        sparsifier = SPARSIFIERS.get(self.sparsifier)
-        if reduction.needs_shared_indices and not sparsifier.shared_indices:
-            raise ValueError(f"reduction {self.reduction!r} sends no indices, so it needs a "
-                             f"sparsifier that picks the same ones on every worker; "
-                             f"{self.sparsifier!r} does not")
         for name, density in [("density", self.density)] + [
                 ("warmup density", d) for d in self.warmup_densities]:
             if isinstance(density, bool) or not isinstance(density, (int, float)) or not (
@@ -111,9 +117,6 @@ class SparseCompression:
         if self.wire_dtype not in WIRE_VALUE_TYPES:
             raise ValueError(f"wire_dtype must be one of {WIRE_VALUE_TYPES}, "
                              f"got {self.wire_dtype!r}")
-        if self.wire_dtype not in reduction.wire_dtypes:
-            raise ValueError(f"reduction {self.reduction!r} sends values as "
-                             f"{reduction.wire_dtypes}, not wire_dtype={self.wire_dtype!r}")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if not 0.0 <= self.momentum < 1.0:
@@ -126,12 +129,6 @@ class SparseCompression:
         if self.nonfinite not in NONFINITE_RULES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_RULES}, "
                              f"got {self.nonfinite!r}")
-
-    def density_at(self, step: int) -> float:
-        """The density of optimizer step `step` (0-based), warm-up included."""
-        if self.warmup_steps and step < self.warmup_steps * len(self.warmup_densities):
-            return self.warmup_densities[step // self.warmup_steps]
-        return self.density
 
     # Horovod's Compressor interface, only to refuse it: a sparse choice handed to Horovod's own
     # wrapper where gtopk_hvd.horovod_swap could not reach fails here with the fix, at the first
@@ -159,10 +156,25 @@ class SparseCompression:
                 "DistributedOptimizer`) keeps Horovod's original: call hvd.DistributedOptimizer.")
 
 
-def _sparse(reduction: str, density: float, options: dict[str, Any]) -> SparseCompression:
+_FIELDS = frozenset(SparseCompression.__dataclass_fields__) - {"options"}
+
+
+def sparse_config(reduction: str | None, density: float, *, scheme_options: bool = False,
+                  **options: Any) -> SparseCompression:
+    """A SparseCompression from keyword options, the one place every adapter makes one:
+    `selection=` is taken as `granularity`'s older name; with scheme_options, options that are
+    not fields are the scheme's own (checked by the scheme where the step is built), else they
+    are refused (TypeError, as for any unknown keyword)."""
     if "selection" in options:
+        if "granularity" in options:
+            raise ValueError("give granularity= or its older name selection=, not both")
         options["granularity"] = options.pop("selection")
-    return SparseCompression(reduction, density, **options)
+    own = ()
+    if scheme_options:
+        own = tuple(sorted((name, value) for name, value in options.items()
+                           if name not in _FIELDS))
+        options = {name: value for name, value in options.items() if name in _FIELDS}
+    return SparseCompression(reduction, density, **options, options=own)
 
 
 class Compression:
@@ -174,21 +186,25 @@ class Compression:
     @staticmethod
     def topk(density: float, **options: Any) -> SparseCompression:
         """Top-k S-SGD (all-gather of local top-k sets). Options: see the module docstring."""
-        return _sparse("allgather", density, options)
+        return sparse_config("allgather", density, **options)
 
     @staticmethod
     def gtopk(density: float, **options: Any) -> SparseCompression:
         """gTop-k S-SGD (global top-k by recursive doubling). Options: module docstring."""
-        return _sparse("gtopk", density, options)
+        return sparse_config("gtopk", density, **options)
 
     @staticmethod
     def sparse(density: float, sparsifier: str = "topk", reduction: str | None = None,
                **options: Any) -> SparseCompression:
         """A registered selection rule with a registered reduction (default: the one the
         sparsifier names, e.g. "randomk" -> "allreduce"). Options: module docstring."""
-        if reduction is None:
-            reduction = SPARSIFIERS.get(sparsifier).default_reduction
-        return _sparse(reduction, density, {**options, "sparsifier": sparsifier})
+        return sparse_config(reduction, density, **options, sparsifier=sparsifier)
+
+    @staticmethod
+    def scheme(name: str, density: float, **options: Any) -> SparseCompression:
+        """A registered scheme (`gtopk_hvd.schemes`) by name; options that are not fields of
+        SparseCompression are the scheme's own. Options: module docstring."""
+        return sparse_config(None, density, scheme_options=True, **options, scheme=name)
 
 
 def compression_for(framework: str) -> type[Compression]:

@@ -1,4 +1,4 @@
-"""The warning for an aggressive density without a warm-up (gtopk_hvd/arguments.py): once per
+"""The warning for an aggressive density without a warm-up (gtopk_hvd/core/warmup_warning.py): once per
 process, from SparseState (the one place every adapter and the DDP hook pass through), naming
 the fix; the step's numerics are unchanged."""
 
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from helpers.thread_transport import ThreadGroup, ThreadTransport
 
-from gtopk_hvd import arguments
+from gtopk_hvd.core import warmup_warning
 from gtopk_hvd.compression import DGC_WARMUP, Compression, SparseCompression
-from gtopk_hvd.sparse_state import SparseState, sparse_step
+from gtopk_hvd.core import SparseStep
 
 
 @pytest.fixture(autouse=True)
 def _not_yet_warned(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts as a fresh process would: no warning issued yet."""
-    monkeypatch.setattr(arguments, "_density_warning_issued", False)
+    monkeypatch.setattr(warmup_warning, "_density_warning_issued", False)
 
 
 def build(compression: SparseCompression,
@@ -28,7 +28,7 @@ def build(compression: SparseCompression,
     transport = ThreadTransport(ThreadGroup(1), 0)
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
-        SparseState(compression, [40_000, 960], transport)
+        SparseStep(compression, [40_000, 960], transport)
     user_warnings = [w for w in recorded if issubclass(w.category, UserWarning)]
     if caught is not None:
         caught.extend(user_warnings)
@@ -61,7 +61,7 @@ def test_every_sparse_scheme_below_the_threshold_warns(compression: SparseCompre
 
 
 @pytest.mark.parametrize("compression", [
-    Compression.gtopk(density=arguments.WARMUP_DENSITY_THRESHOLD),
+    Compression.gtopk(density=warmup_warning.WARMUP_DENSITY_THRESHOLD),
     Compression.gtopk(density=0.05),
     Compression.topk(density=1.0),
     Compression.gtopk(density=0.001, warmup_steps=50, warmup_densities=DGC_WARMUP),
@@ -70,7 +70,7 @@ def test_every_sparse_scheme_below_the_threshold_warns(compression: SparseCompre
 def test_no_warning_at_or_above_the_threshold_or_with_a_remedy(
         compression: SparseCompression) -> None:
     assert build(compression) == []
-    assert not arguments._density_warning_issued  # a later aggressive density still warns
+    assert not warmup_warning._density_warning_issued  # a later aggressive density still warns
     assert len(build(Compression.gtopk(density=0.001))) == 1
 
 
@@ -82,10 +82,10 @@ def test_the_warning_leaves_the_step_unchanged() -> None:
         transport = ThreadTransport(ThreadGroup(1), 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            state = SparseState(Compression.gtopk(density=0.001), [41_000], transport)
-        indices, values = sparse_step(state, gradient.copy())
+            state = SparseStep(Compression.gtopk(density=0.001), [41_000], transport)
+        indices, values = state.step(gradient.copy())
         updates.append((indices.copy(), values.copy()))
-    assert arguments._density_warning_issued
+    assert warmup_warning._density_warning_issued
     np.testing.assert_array_equal(updates[0][0], updates[1][0])
     assert updates[0][1].tobytes() == updates[1][1].tobytes()
     assert updates[0][0].size == 41  # k = ceil(0.001 * 41,000): the density is not changed

@@ -1,4 +1,4 @@
-"""The non-finite rule of the sparse step (gtopk_hvd.sparse_state, `nonfinite=`), on workers that
+"""The non-finite rule of the sparse step (gtopk_hvd.core, `nonfinite=`), on workers that
 are threads of this process (tests/helpers/thread_transport.py), every sparsifier and reduction:
 
 - "propagate": one worker's NaN / Inf makes every worker skip the step alike: update all NaN,
@@ -17,7 +17,7 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression, SparseCompression
-from gtopk_hvd.sparse_state import SparseState, nonfinite_workers, sparse_update
+from gtopk_hvd.core import SparseStep, count_nonfinite_workers
 
 D = 1000
 SIZES = [600, 400]
@@ -37,12 +37,12 @@ def _run(compression: SparseCompression, gradients: np.ndarray, workers: int) ->
     """Every worker's updates, residual and velocity snapshots and step counts, per step."""
 
     def work(transport: object) -> dict:
-        state = SparseState(compression, SIZES, transport)
+        state = SparseStep(compression, SIZES, transport)
         record: dict = {"updates": [], "residuals": [], "velocities": [], "steps": [],
                         "skipped": [], "cleared": []}
         for step_gradients in gradients:
             gradient = step_gradients[transport.rank].copy()
-            update = sparse_update(state, gradient, np.empty(D, np.float32),
+            update = state.update(gradient, np.empty(D, np.float32),
                                    clear_gradient=True)
             record["updates"].append(update)
             record["residuals"].append(state.residual.copy())
@@ -92,10 +92,10 @@ def test_raise_raises_on_every_worker(name: str) -> None:
     gradients[1, 0, :] = np.inf  # all of worker 0's entries: random-k draws one at once
 
     def work(transport: object) -> str:
-        state = SparseState(compression, SIZES, transport)
+        state = SparseStep(compression, SIZES, transport)
         try:
             for step_gradients in gradients:
-                sparse_update(state, step_gradients[transport.rank].copy(),
+                state.update(step_gradients[transport.rank].copy(),
                               np.empty(D, np.float32))
         except FloatingPointError as error:
             return str(error)
@@ -109,9 +109,9 @@ def test_the_rule_is_part_of_the_agreement_check() -> None:
     def work(transport: object) -> str:
         compression = Compression.gtopk(0.1, nonfinite="raise" if transport.rank else
                                         "propagate")
-        state = SparseState(compression, SIZES, transport)
+        state = SparseStep(compression, SIZES, transport)
         try:
-            sparse_update(state, np.ones(D, np.float32), np.empty(D, np.float32))
+            state.update(np.ones(D, np.float32), np.empty(D, np.float32))
         except ValueError as error:
             return str(error)
         return "agreed"
@@ -130,7 +130,7 @@ def test_nonfinite_workers_counts_each_worker_once() -> None:
         gradients = [np.ones(10, np.float32), np.ones(5, np.float64)]
         if transport.rank in (1, 3):
             gradients[transport.rank // 2][2] = np.nan
-        return nonfinite_workers(transport, gradients)
+        return count_nonfinite_workers(transport, gradients)
 
     assert ThreadGroup(4).run(work) == [2, 2, 2, 2]
 

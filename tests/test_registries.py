@@ -10,7 +10,8 @@ import pytest
 from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.sparse_state import SparseState, sparse_step
+from gtopk_hvd.core import SparseStep
+from gtopk_hvd.schemes import check_config
 from gtopk_hvd.sparsifiers import SPARSIFIERS, Sparsifier
 from gtopk_hvd.transports import resolve_transport
 
@@ -20,11 +21,19 @@ from gtopk_hvd.transports import resolve_transport
     ({"reduction": "nope"}, r"unknown reduction 'nope'; known: allgather, allreduce, gtopk"),
     ({"sparsifier": "topk", "reduction": "allreduce"}, "picks the same ones on every worker"),
     ({"sparsifier": "randomk", "wire_dtype": "float16"}, "not wire_dtype='float16'"),
-    ({"sparsifier": "randomk", "seed": -1}, "seed"),
 ])
 def test_bad_names_and_combinations_are_named(options: dict, message: str) -> None:
+    """Configurations are plain data; the names are checked where a step is built."""
+    config = Compression.sparse(0.1, **options)
     with pytest.raises(ValueError, match=message):
-        Compression.sparse(0.1, **options)
+        check_config(config)
+    with pytest.raises(ValueError, match=message):
+        ThreadGroup(1).run(lambda transport: SparseStep(config, [10], transport))
+
+
+def test_ranges_are_checked_when_the_configuration_is_made() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        Compression.sparse(0.1, sparsifier="randomk", seed=-1)
 
 
 def test_transport_names_and_types_are_checked() -> None:
@@ -73,10 +82,10 @@ def test_randomk_matches_its_numpy_replay_on_every_worker(granularity: str,
                                      granularity=granularity)
 
     def work(transport: object) -> list:
-        state = SparseState(compression, sizes, transport)
+        state = SparseStep(compression, sizes, transport)
         out = []
         for step in range(steps):
-            indices, values = sparse_step(state, gradients[transport.rank][step].copy())
+            indices, values = state.step(gradients[transport.rank][step].copy())
             out.append((np.array(indices), np.array(values), state.residual.copy()))
         return out
 
@@ -96,9 +105,9 @@ def test_randomk_draws_every_index_about_equally_often() -> None:
     counts = np.zeros(50, int)
 
     def work(transport: object) -> None:
-        state = SparseState(compression, [50], transport)
+        state = SparseStep(compression, [50], transport)
         for _ in range(400):
-            indices, _ = sparse_step(state, np.zeros(50, np.float32))
+            indices, _ = state.step(np.zeros(50, np.float32))
             assert indices.size == 5 and np.all(np.diff(indices) > 0)
             counts[indices] += 1
 
@@ -124,8 +133,8 @@ def test_a_new_sparsifier_is_one_class_and_its_registration() -> None:
     gradients = [np.arange(8, dtype=np.float32) + 10 * rank for rank in range(2)]
 
     def work(transport: object) -> tuple[np.ndarray, np.ndarray]:
-        state = SparseState(compression, [8], transport)
-        return sparse_step(state, gradients[transport.rank].copy())
+        state = SparseStep(compression, [8], transport)
+        return state.step(gradients[transport.rank].copy())
 
     for indices, values in ThreadGroup(2).run(work):
         np.testing.assert_array_equal(indices, [0, 1])

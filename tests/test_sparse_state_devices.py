@@ -1,4 +1,4 @@
-"""sparse_step with the state in torch tensors (CPU, or a GPU when there is one) equals the numpy
+"""SparseStep with the state in torch tensors (CPU, or a GPU when there is one) equals the numpy
 state bit for bit: the same kernels, the same reduction, only where the arrays live differs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.sparse_state import SparseState, sparse_step
+from gtopk_hvd.core import SparseStep
 
 torch = pytest.importorskip("torch")
 
@@ -29,13 +29,11 @@ def train(compression: object, device: str | None, workers: int = 3, steps: int 
     """Each worker's (updates per step, final residual, final velocity) as numpy."""
 
     def work(transport: object) -> tuple:
-        zeros = None if device is None else (
-            lambda n: torch.zeros(n, dtype=torch.float32, device=device))
-        state = SparseState(compression, SIZES, transport, zeros=zeros, predivide=2.0)
+        state = SparseStep(compression, SIZES, transport, device=device, predivide=2.0)
         updates = []
         for gradient in gradients(transport.rank, steps):
             flat = gradient if device is None else torch.from_numpy(gradient).to(device)
-            indices, values = sparse_step(state, flat)
+            indices, values = state.step(flat)
             assert isinstance(indices, np.ndarray) and isinstance(values, np.ndarray)
             updates.append((indices.copy(), values.copy()))
         saved = state.state_dict()

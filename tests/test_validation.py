@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.sparse_state import SparseState
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.transports.mpi import default_transport
 
 
@@ -36,4 +36,4 @@ def test_a_model_without_trainable_parameters_is_refused() -> None:
                                    named_parameters=model.named_parameters(),
                                    compression=gtopk.Compression.gtopk(density=0.1))
     with pytest.raises(ValueError, match="no parameters with gradients"):
-        SparseState(Compression.gtopk(density=0.1), [], default_transport())
+        SparseStep(Compression.gtopk(density=0.1), [], default_transport())

@@ -16,7 +16,7 @@ from helpers.thread_transport import ThreadGroup, ThreadTransport
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.reductions import GTopkReducer, ReductionStats, dense_allreduce, topk_allgather
 from gtopk_hvd.reductions.wait_probe import resolve_wait_probe, wait_probe_from_environment
-from gtopk_hvd.sparse_state import SparseState, sparse_step
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.horovod import HorovodTransport
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
@@ -105,9 +105,9 @@ def test_step_stats_carry_the_split(compression: object) -> None:
     def step(transport: ThreadTransport) -> ReductionStats:
         state = transport.__dict__.get("state")
         if state is None:
-            state = transport.state = SparseState(compression, [300], transport)
+            state = transport.state = SparseStep(compression, [300], transport)
         gradient = np.random.default_rng(transport.rank).standard_normal(300).astype(np.float32)
-        sparse_step(state, gradient)
+        state.step(gradient)
         s = state.last_stats
         return ReductionStats(comm_seconds=s.communicate_seconds, wait_seconds=s.wait_seconds,
                               transfer_seconds=s.transfer_seconds)

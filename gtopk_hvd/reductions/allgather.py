@@ -22,7 +22,12 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray,
     the slowest worker arrives, so it is the readiness probe of `wait_probe`, at no extra
     message); stats.transfer_seconds the two all-gathers of the sets.
     """
-    transport = resolve_transport(transport)
+    return allgather_sets(resolve_transport(transport), indices, values)
+
+
+def allgather_sets(transport: Transport, indices: np.ndarray, values: np.ndarray
+                   ) -> SparseResult:
+    """`topk_allgather` over a resolved transport."""
     indices = np.ascontiguousarray(indices)
     values = np.ascontiguousarray(values, dtype=np.float32)
     stats = ReductionStats(rounds=transport.size - 1)
@@ -56,4 +61,4 @@ class AllgatherReduction(Reduction):
     wire_dtypes = ("float32",)
 
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
-        return topk_allgather(indices, values, self.transport)
+        return allgather_sets(self.transport, indices, values)

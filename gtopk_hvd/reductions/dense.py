@@ -21,7 +21,12 @@ def dense_allreduce(array: np.ndarray, transport: Transport | str | None = None,
     all-gather first, whose time is stats.wait_seconds (until the slowest worker arrived, plus
     one small collective's latency); the all-reduce's is stats.transfer_seconds.
     """
-    transport = resolve_transport(transport)
+    return sum_over_workers(resolve_transport(transport), array, wait_probe)
+
+
+def sum_over_workers(transport: Transport, array: np.ndarray,
+                     wait_probe: bool | None = None) -> ReductionStats:
+    """`dense_allreduce` over a resolved transport."""
     stats = ReductionStats()
     wait = 0.0
     if transport.size > 1 and resolve_wait_probe(wait_probe, transport):

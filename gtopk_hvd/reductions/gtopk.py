@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd import ops
+from gtopk_hvd._arrays import framework_of, to_host_numpy
+from gtopk_hvd.core.backend import backend_for
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
 from gtopk_hvd.reductions.result import ReductionStats, SparseResult
 from gtopk_hvd.reductions.wait_probe import probe_partner, resolve_wait_probe
@@ -44,6 +46,7 @@ TAG_FOLD_IN, TAG_ROUND, TAG_FOLD_OUT = 11, 12, 13
 class GTopkReducer:
     """gTop-k all-reduce state for one (transport, k, index dtype, wire value dtype).
 
+    transport: a Transport, a registered name, or None (MPI over COMM_WORLD).
     The message buffers and the two sets the merges alternate between are allocated once and
     reused by every call: a round merges the received message where it lies into the set the
     previous round did not write. The global set returned is a view of one of them, valid until
@@ -61,7 +64,8 @@ class GTopkReducer:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         self.k = int(k)
         self.wire = WireFormat(np.dtype(index_dtype), wire_dtype)
-        self.transport = resolve_transport(transport)
+        self.transport = transport if isinstance(transport, Transport) else (
+            resolve_transport(transport))
         self.wait_probe = resolve_wait_probe(wait_probe, self.transport)
         capacity = self.k * self.wire.entry_bytes
         self._send = np.empty(capacity, dtype=np.uint8)
@@ -231,7 +235,7 @@ def gtopk_allreduce(indices: Any, values: Any, k: int, transport: Transport | st
     indices / values may be numpy arrays or torch tensors; for tensors on a GPU only the k-entry
     sets cross to the host, and the global set comes back as tensors on the same device.
     """
-    host_indices, host_values, device = _to_host(indices), _to_host(values), _device_of(values)
+    host_indices, host_values = to_host_numpy(indices), to_host_numpy(values)
     transport = resolve_transport(transport)
     wait_probe = resolve_wait_probe(wait_probe, transport)
     key = (id(transport), int(k), np.dtype(host_indices.dtype).str, wire_dtype, wait_probe)
@@ -241,25 +245,11 @@ def gtopk_allreduce(indices: Any, values: Any, k: int, transport: Transport | st
                                                 wait_probe)
     result = reducer.allreduce(host_indices, host_values)
     result.indices, result.values = result.indices.copy(), result.values.copy()  # see reducer
-    if device is not None:
-        import torch
-
-        result.indices = torch.from_numpy(result.indices).to(device)
-        result.values = torch.from_numpy(result.values).to(device)
+    if framework_of(values) == "torch":
+        backend = backend_for(values.device)
+        result.indices, result.values = (backend.from_host(result.indices),
+                                         backend.from_host(result.values))
     return result
-
-
-def _device_of(x: Any) -> Any:
-    """The torch device of a tensor, None for anything else."""
-    return x.device if type(x).__module__.startswith("torch") else None
-
-
-def _to_host(x: Any) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
 
 
 @REDUCTIONS.register("gtopk")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
-from gtopk_hvd.reductions.dense import dense_allreduce
+from gtopk_hvd.reductions.dense import sum_over_workers
 from gtopk_hvd.reductions.result import SparseResult
 
 
@@ -21,5 +21,5 @@ class SharedIndexAllreduce(Reduction):
 
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
         summed = np.array(values, dtype=np.float32)  # a copy: the caller's set stays as it was
-        stats = dense_allreduce(summed, self.transport)
+        stats = sum_over_workers(self.transport, summed)
         return SparseResult(np.asarray(indices), summed, np.ones(len(indices), bool), stats)

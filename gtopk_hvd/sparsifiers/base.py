@@ -8,18 +8,17 @@ g and residual r (flat float32, d values) and a budget of k entries:
 `select` does all of it in place (one pass where the rule allows) and returns (I_p, V_p), I_p
 strictly increasing, of any integer dtype (the step converts it). A new rule is a subclass in
 its own module, registered with `@SPARSIFIERS.register(name)` and imported by
-`gtopk_hvd.sparsifiers`; `Compression.sparse(density, sparsifier=name)` then uses it.
+`gtopk_hvd.sparsifiers`; `Compression.sparse(density, sparsifier=name)` then uses it (through
+the "select-reduce" scheme, `gtopk_hvd.schemes.select_reduce`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from gtopk_hvd.core.backend import NUMPY, ArrayBackend
 from gtopk_hvd.registry import Registry
-
-if TYPE_CHECKING:
-    from gtopk_hvd.compression import SparseCompression
 
 
 class Sparsifier(ABC):
@@ -29,8 +28,9 @@ class Sparsifier(ABC):
     default_reduction: ClassVar[str] = "gtopk"
     """The reduction `Compression.sparse` pairs it with unless told otherwise."""
 
-    def __init__(self, compression: SparseCompression) -> None:
-        self.compression = compression
+    def __init__(self, seed: int = 0, backend: ArrayBackend = NUMPY) -> None:
+        self.seed = seed  # for rules that draw at random: the same on every worker
+        self.backend = backend  # where the step's arrays live (`gtopk_hvd.core.backend`)
 
     @abstractmethod
     def select(self, gradient: Any, residual: Any, k: int, clear_gradient: bool, step: int,

@@ -1,6 +1,6 @@
 """Random-k (registered as "randomk"): k indices drawn uniformly without replacement.
 
-The generator is seeded with (compression.seed, step, part), so every worker draws the same
+The generator is seeded with (seed, step, part), so every worker draws the same
 I_p at the same step without sending it, and the reduction is a dense all-reduce of k values
 ("allreduce"). A baseline from the literature (Stich et al., "Sparsified SGD with Memory",
 NeurIPS 2018): its traffic is k values, but it ignores magnitude, so with error feedback it
@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from gtopk_hvd._arrays import framework_of
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS, Sparsifier
 
 
@@ -25,12 +24,9 @@ class RandomK(Sparsifier):
     def select(self, gradient: Any, residual: Any, k: int, clear_gradient: bool, step: int,
                part: int) -> tuple[Any, Any]:
         d = residual.shape[0]
-        generator = np.random.default_rng([self.compression.seed, step, part])
-        chosen = np.sort(generator.choice(d, size=min(k, d), replace=False))
-        if framework_of(residual) == "torch":
-            import torch
-
-            chosen = torch.from_numpy(chosen).to(residual.device)
+        generator = np.random.default_rng([self.seed, step, part])
+        chosen = self.backend.from_host(np.sort(generator.choice(d, size=min(k, d),
+                                                                 replace=False)))
         residual += gradient
         values = residual[chosen]  # a copy (advanced indexing)
         residual[chosen] = 0

@@ -2,7 +2,7 @@
 
     flat = concat(reshape(float32(g_i), [-1]) for every source i)      (None: n_i zeros;
                                                                         IndexedSlices: densified)
-    update = GTopkState.step(flat)        (numpy: selection, reduction, residual; see sparse_state)
+    update = GTopkState.step(flat)        (numpy: the core's SparseStep, gtopk_hvd.core.step)
     result_i = cast(reshape(update[o_i : o_i + n_i], shape_i), dtype_i)   (for every source)
 
 A source whose gradient is None on this worker (unused, or used only on some workers by a
@@ -117,23 +117,36 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
         raise ValueError(f"{len(gradients)} gradients for {len(sources)} sources")
     layout, shapes, dtypes = describe_sources(sources)
     state.bind(layout, arguments, transport)
-    sizes, d, passes = layout.sizes, layout.d, arguments.passes
+    d, passes = layout.d, arguments.passes
 
-    def numpy_step(flat: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        update = state.step(flat.numpy(), passes, average_passes)
+    def numpy_step(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        update = state.step(flat, passes, average_passes)
         if update is None:
             return np.zeros(d, dtype=np.float32), np.array(False)
         return update, np.array(True)
 
+    return fused_host_call(numpy_step, gradients, shapes, dtypes, passes,
+                           "gtopk_sparse_allreduce")
+
+
+def fused_host_call(numpy_step: Any, gradients: Sequence[Any], shapes: Sequence[tf.TensorShape],
+                    dtypes: Sequence[tf.DType], passes: int, name: str
+                    ) -> tuple[list[Any], Any]:
+    """gradients fused (float32, None as zeros), `numpy_step(flat) -> (update, applied)` on
+    the host, and the update split back into tensors shaped and typed as `shapes` / `dtypes`:
+    directly when eager, through tf.py_function (named `name`) inside a tf.function (module
+    docstring). `applied`: a Python bool eagerly; in a graph a bool tensor (the constant True
+    when passes == 1)."""
+    sizes = [int(shape.num_elements()) for shape in shapes]
     flat = _fuse(gradients, sizes)
     if tf.executing_eagerly():
-        update, applied = numpy_step(flat)
+        update, applied = numpy_step(flat.numpy())
         update, applied = tf.convert_to_tensor(update), bool(applied)
     else:
         _refuse_xla()
-        update, applied = tf.py_function(numpy_step, [flat], [tf.float32, tf.bool],
-                                         name="gtopk_sparse_allreduce")
-        update.set_shape([d])
+        update, applied = tf.py_function(lambda f: numpy_step(f.numpy()), [flat],
+                                         [tf.float32, tf.bool], name=name)
+        update.set_shape([sum(sizes)])
         applied.set_shape([])
         if passes == 1:
             applied = True

@@ -1,6 +1,6 @@
 """`GTopkState`: this worker's error-feedback state, as an object `tf.train.Checkpoint` saves.
 
-`gtopk_hvd.sparse_state.SparseState` (numpy) stays the source of truth; this object holds one
+`gtopk_hvd.core.SparseStep` (numpy) stays the source of truth; this object holds one
 and copies it out when a checkpoint is written and back in when one is read:
 
     saved under <name>/.ATTRIBUTES/:  residual  float32 [d]   this worker's residual r
@@ -8,7 +8,7 @@ and copies it out when a checkpoint is written and back in when one is read:
                                       step      int64   []    optimizer steps taken
 
 (read them with `tf.train.load_variable(path, "gtopk/.ATTRIBUTES/residual")`). Residuals differ
-between workers: every worker saves its own checkpoint. The `SparseState` is made at the first
+between workers: every worker saves its own checkpoint. The `SparseStep` is made at the first
 gradient step, from the sizes of the sources; a checkpoint read before that (the usual resume:
 build, restore, train) is kept and loaded into it when it is made. A state read before anything
 was ever saved in it (all three empty) leaves a fresh start.
@@ -30,48 +30,50 @@ import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base
 
 from gtopk_hvd.arguments import Arguments
+from gtopk_hvd.core import SparseStep, StepStats
+from gtopk_hvd.core.agreement import signature
+from gtopk_hvd.core.passes import PassAccumulator
 from gtopk_hvd.layout import FusedLayout
-from gtopk_hvd.sparse_state import SparseState, StepStats, sparse_update
-from gtopk_hvd.transports import Transport
+from gtopk_hvd.transports import Transport, resolve_for_horovod
 
 
 class GTopkState(trackable_base.Trackable):
     """The residual, velocity and step count of one set of sources (one model's gradients).
 
-    Made empty; `bind` (at the first gradient step) makes its `SparseState`. Add it to a
+    Made empty; `bind` (at the first gradient step) makes its `SparseStep`. Add it to a
     `tf.train.Checkpoint` (e.g. `tf.train.Checkpoint(model=..., gtopk=state)`) to save and
     resume it; `gtopk_hvd.tensorflow.keras.DistributedOptimizer` tracks its own as the
     optimizer's `gtopk_state`, so checkpointing the optimizer is enough there.
     """
 
     def __init__(self) -> None:
-        self.sparse: SparseState | None = None
+        self.sparse: SparseStep | None = None
         self._signature: str | None = None
         self._pending: dict | None = None
-        self._accumulated: np.ndarray | None = None
-        self._passes = 0
+        self._passes: PassAccumulator | None = None
 
     # -- making it ----------------------------------------------------------------------------
 
     def bind(self, layout: FusedLayout, arguments: Arguments,
              transport: Transport | str | None = None) -> None:
-        """Makes the SparseState on first use; later, checks it is used the same way."""
-        signature = (f"{layout.signature}|{arguments.compression}|average={arguments.average}"
-                     f"|predivide={arguments.predivide}")
+        """Makes the SparseStep on first use; later, checks it is used the same way."""
+        options = {"passes": arguments.passes}
+        used = signature(layout.signature, compression=arguments.compression,
+                         average=arguments.average, predivide=arguments.predivide, **options)
         if self.sparse is not None:
-            if signature != self._signature:
+            if used != self._signature:
                 raise ValueError(
                     "gtopk_hvd: this GTopkState was made for other sources or another "
-                    f"compression ({self._signature[:300]}), not {signature[:300]}; use one "
+                    f"compression ({self._signature[:300]}), not {used[:300]}; use one "
                     "GTopkState per model")
             return
         import horovod.tensorflow as hvd
 
-        self.sparse = SparseState(arguments.compression, layout.sizes, transport,
-                                  average=arguments.average, predivide=arguments.predivide,
-                                  signature=f"{layout.signature}|passes={arguments.passes}",
-                                  horovod=hvd, what="source")
-        self._signature = signature
+        self.sparse = SparseStep(arguments.compression, layout.sizes,
+                                 resolve_for_horovod(transport, hvd), average=arguments.average,
+                                 predivide=arguments.predivide, layout=layout.signature,
+                                 options=options, what="source")
+        self._signature = used
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.load_state_dict(pending)
@@ -83,34 +85,27 @@ class GTopkState(trackable_base.Trackable):
         """One sparse step on the fused local gradient `flat` (float32, d values, read only).
 
         Returns the dense update (d values, zero outside the global set, scaled as
-        `sparse_step` scales it), the same on every worker. With passes > 1 the gradients of
+        `SparseStep.step` scales it), the same on every worker. With passes > 1 the gradients of
         `passes` calls are summed (averaged if average_passes) locally first: the first
         passes - 1 calls return None and communicate nothing.
         """
         if self.sparse is None:
             raise RuntimeError("GTopkState.step before bind")
-        if passes > 1:
-            if self._accumulated is None:
-                self._accumulated = np.zeros(self.sparse.d, dtype=np.float32)
-            self._accumulated += flat
-            self._passes += 1
-            if self._passes < passes:
-                return None
-            flat = self._accumulated / np.float32(passes) if average_passes else self._accumulated
-            self._passes = 0
-        accumulated = passes > 1 and flat is self._accumulated
-        # A new array each step: TensorFlow may keep using the memory it is handed.
-        update = sparse_update(self.sparse, flat, np.empty(self.sparse.d, dtype=np.float32),
-                               clear_gradient=accumulated)
-        if passes > 1 and not accumulated:
-            self._accumulated[:] = 0.0
-        return update
+        if self._passes is None:
+            self._passes = PassAccumulator(passes, average_passes)
+        total = self._passes.add(flat)
+        if total is None:
+            return None
+        # A new array each step: TensorFlow may keep using the memory it is handed. A sum of
+        # several passes is ours: the step may clear it in its pass.
+        return self.sparse.update(total, np.empty(self.sparse.d, dtype=np.float32),
+                                  clear_gradient=total is not flat)
 
     @property
     def passes_accumulated(self) -> int:
         """Calls summed so far in the current cycle of backward_passes_per_step (0 after a
         step)."""
-        return self._passes
+        return 0 if self._passes is None else self._passes.calls
 
     @property
     def last_stats(self) -> StepStats | None:

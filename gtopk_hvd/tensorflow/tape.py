@@ -16,7 +16,7 @@ fused vector, so a variable that exists on one worker only takes no part in the 
 Sparse choices: `gradient(target, sources)` computes this worker's gradients with the wrapped
 tape, fuses them into one float32 vector in source order (None gradients as zeros, IndexedSlices
 densified), runs one sparse step (selection with error feedback, the sparse all-reduce, the
-residual fix: `gtopk_hvd.sparse_state`) and returns dense tensors shaped and typed like the
+residual fix: `gtopk_hvd.core.step`) and returns dense tensors shaped and typed like the
 sources holding the global update, zeros elsewhere, averaged over workers (op=Average) or summed
 (op=Sum); a tensor also where the local gradient was None (that worker contributed zeros), as
 horovod.torch does for parameters without gradients. Every worker gets the same values for every
@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.sparse_state import StepStats
+from gtopk_hvd.core import StepStats
 from gtopk_hvd.tensorflow.gradients import (
     LocalSources,
     sparse_allreduce,

@@ -5,7 +5,7 @@ wrapped optimizer's class that shares its param_groups. Dense choices (Compressi
 are handed to Horovod's own DistributedOptimizer unchanged.
 
 Sparse choices: gradients accumulate in `p.grad` over `backward_passes_per_step` backward passes;
-`synchronize()` (called by `step()` unless inside `skip_synchronize()`) runs `sparse_step`
+`synchronize()` (called by `step()` unless inside `skip_synchronize()`) runs the sparse step
 (selection with error feedback, the sparse all-reduce, the residual fix) on every parameter's
 gradient fused into one flat float32 buffer in parameter order, and makes every `p.grad` the
 resulting sparse update (zeros outside the selected entries), on every worker alike, so the
@@ -21,7 +21,7 @@ Loss scaling (torch.amp.GradScaler), Horovod's recipe: `scaler.scale(loss).backw
 optimizer.synchronize(); scaler.unscale_(optimizer); with optimizer.skip_synchronize():
 scaler.step(optimizer); scaler.update()`. With the compression's default nonfinite="propagate", a
 NaN/Inf on any worker makes every p.grad all NaN on every worker and leaves the residual as it
-was (`gtopk_hvd.sparse_state`), so the scaler skips the step everywhere.
+was (`gtopk_hvd.core.step`), so the scaler skips the step everywhere.
 
 Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
 with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
@@ -62,10 +62,10 @@ import torch
 from gtopk_hvd import ops
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.layout import FusedLayout, Source
-from gtopk_hvd.sparse_state import SparseState, sparse_update
 from gtopk_hvd.torch.fused import FusedGradients
-from gtopk_hvd.transports import Transport
+from gtopk_hvd.transports import Transport, resolve_for_horovod
 
 
 class _SparseDistributedOptimizer(torch.optim.Optimizer):
@@ -83,16 +83,12 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                                      p.is_floating_point()) for p in self._parameters])
         self.backward_passes_per_step = arguments.passes
         self._device = _state_device(self._parameters)
-
-        def zeros_on_gpu(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.float32, device=self._device)
-
         # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
-        self._sparse = SparseState(
-            arguments.compression, layout.sizes, transport, average=arguments.average,
-            predivide=arguments.predivide,
-            zeros=zeros_on_gpu if self._device.type == "cuda" else None,
-            signature=f"{layout.signature}|bpps={arguments.passes}", horovod=hvd)
+        self._sparse = SparseStep(
+            arguments.compression, layout.sizes, resolve_for_horovod(transport, hvd),
+            average=arguments.average, predivide=arguments.predivide,
+            device=self._device if self._device.type == "cuda" else None,
+            layout=layout.signature, options={"passes": arguments.passes})
         self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
@@ -104,8 +100,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
         # On the CPU the step runs on numpy views of the buffers: one array type inside it.
-        sparse_update(self._sparse, _host_view(gradient), _host_view(update),
-                      clear_gradient=True)
+        self._sparse.update(_host_view(gradient), _host_view(update), clear_gradient=True)
         self._fused.cleared(gradient)
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats

@@ -82,5 +82,13 @@ def resolve_transport(transport: Transport | str | None, horovod: Any = None) ->
                     "mpi4py communicator as gtopk_hvd.transports.mpi.MPITransport(comm)")
 
 
+def resolve_for_horovod(transport: Transport | str | None, horovod: Any) -> Transport:
+    """`resolve_transport` for an adapter built on `horovod` (its Horovod module), checked to
+    have Horovod's workers (same rank, same size; `check_matches_horovod`)."""
+    resolved = resolve_transport(transport, horovod)
+    check_matches_horovod(resolved, horovod.rank(), horovod.size())
+    return resolved
+
+
 __all__ = ["TRANSPORTS", "Transport", "check_matches_horovod", "launched_by_mpi",
-           "load_mpi_if_launched", "resolve_transport"]
+           "load_mpi_if_launched", "resolve_for_horovod", "resolve_transport"]

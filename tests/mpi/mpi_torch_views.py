@@ -22,7 +22,7 @@ from harness import run_on_all_ranks
 from torch_replicas import assert_same_on_all_ranks, parameter_bytes
 
 import gtopk_hvd.torch as gtopk
-from gtopk_hvd.sparse_state import SparseState, sparse_step
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.transports.mpi import default_transport
 
 STEPS = 12
@@ -64,7 +64,7 @@ class Reference:
     def __init__(self, model: torch.nn.Module, compression: object, predivide: float) -> None:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        self.state = SparseState(compression, [p.numel() for p in self.parameters],
+        self.state = SparseStep(compression, [p.numel() for p in self.parameters],
                                  default_transport(), predivide=predivide)
 
     def zero_grad(self) -> None:
@@ -73,7 +73,7 @@ class Reference:
     def synchronize(self) -> None:
         flat = torch.cat([torch.zeros(p.numel()) if p.grad is None
                           else p.grad.detach().reshape(-1).float() for p in self.parameters])
-        indices, values = sparse_step(self.state, flat.numpy())
+        indices, values = self.state.step(flat.numpy())
         update = np.zeros(self.state.d, dtype=np.float32)
         update[indices] = values
         for p, begin, end in zip(self.parameters, self.state.offsets[:-1],

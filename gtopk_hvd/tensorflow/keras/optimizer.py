@@ -52,8 +52,14 @@ import tensorflow as tf
 
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.sparse_state import StepStats
-from gtopk_hvd.tensorflow.gradients import LocalSources, dense_allreduce, sparse_allreduce
+from gtopk_hvd.core import StepStats
+from gtopk_hvd.core.passes import PassAccumulator
+from gtopk_hvd.tensorflow.gradients import (
+    LocalSources,
+    dense_allreduce,
+    fused_host_call,
+    sparse_allreduce,
+)
 from gtopk_hvd.tensorflow.state import GTopkState
 from gtopk_hvd.transports import Transport
 
@@ -120,10 +126,8 @@ class _LocalGradients:
 
     def __init__(self, passes: int, average_passes: bool) -> None:
         self.passes = passes
-        self.average_passes = average_passes
         self._registered = LocalSources()
-        self._sum: np.ndarray | None = None
-        self._calls = 0
+        self._accumulated = PassAccumulator(passes, average_passes)
 
     def add(self, variable: Any) -> None:
         self._registered.add(variable)
@@ -134,35 +138,16 @@ class _LocalGradients:
     def _step(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         import horovod.tensorflow as hvd
 
-        if self.passes > 1:
-            self._sum = flat.copy() if self._sum is None else self._sum + flat
-            self._calls += 1
-            if self._calls < self.passes:
-                return np.zeros_like(flat), np.array(False)
-            flat, self._sum, self._calls = self._sum, None, 0
-            if self.average_passes:
-                flat = flat / np.float32(self.passes)
-        return (flat / np.float32(hvd.size())).astype(np.float32), np.array(True)
+        total = self._accumulated.add(flat)
+        if total is None:
+            return np.zeros_like(flat), np.array(False)
+        return (total / np.float32(hvd.size())).astype(np.float32), np.array(True)
 
     def __call__(self, gradients: list[Any], variables: list[Any]) -> tuple[list[Any], Any]:
         shapes = [tf.TensorShape(v.shape) for v in variables]
-        sizes = [int(shape.num_elements()) for shape in shapes]
-        flat = tf.concat([tf.zeros([n], tf.float32) if g is None else
-                          tf.reshape(tf.cast(tf.convert_to_tensor(g), tf.float32), [-1])
-                          for g, n in zip(gradients, sizes)], axis=0)
-        if tf.executing_eagerly():
-            update, applied = self._step(flat.numpy())
-            update, applied = tf.convert_to_tensor(update), bool(applied)
-        else:
-            update, applied = tf.py_function(lambda f: self._step(f.numpy()), [flat],
-                                             [tf.float32, tf.bool], name="gtopk_local_grads")
-            update.set_shape([sum(sizes)])
-            applied.set_shape([])
-            if self.passes == 1:
-                applied = True
-        pieces = tf.split(update, sizes) if len(sizes) > 1 else [update]
-        return [tf.cast(tf.reshape(piece, shape), tf.as_dtype(v.dtype))
-                for piece, shape, v in zip(pieces, shapes, variables)], applied
+        return fused_host_call(self._step, gradients, shapes,
+                               [tf.as_dtype(v.dtype) for v in variables], self.passes,
+                               "gtopk_local_grads")
 
 
 def _when_applied(applied: Any, apply: Any, otherwise: Any) -> None:

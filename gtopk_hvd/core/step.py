@@ -1,0 +1,271 @@
+"""Sparsified S-SGD with error feedback: one step object (`SparseStep`), framework-neutral.
+
+One step on worker p, gradient g (flat float32, d values), k from the density schedule
+(`gtopk_hvd.core.density`):
+
+    [predivide: g := g / f]
+    [momentum correction: u = m u + g; g := u]
+    (I, V) = scheme.exchange(g, r, k)            (r: this worker's residual; `gtopk_hvd.schemes`)
+    [momentum correction: u = 0 where this worker's residual was taken]
+    update = zero except V * scale at I          (scale = f/P for Average, f for Sum)
+
+The scheme is chosen by name (`config.scheme`: "select-reduce", Top-k / gTop-k / random-k by a
+registered sparsifier and reduction, by default). The step owns what every scheme shares: the
+array backend (chosen once: numpy on the host, or torch tensors on `device`), the agreement
+check (the first step checks, with one small all-gather, that every worker has the same layout,
+configuration and options: `gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
+scaling and the stats. It imports no framework and no Horovod: adapters fuse their gradients
+into one flat vector, call `update` (or `step`), split the result back, and check their own
+framework's ranks.
+
+The gradient, the residual and the velocity are of the backend's type; `clear_gradient` lets
+the step clear the caller's buffer (within the selection pass where the scheme can), so a fused
+buffer is ready for the next backward without another pass.
+
+Non-finite gradients (a NaN or Inf on any worker), by the configuration's `nonfinite` rule:
+
+- "propagate" (the default): before anything else, each worker reads its gradient once
+  (`ops.all_finite`, the read-only floor pass) and one all-reduce of one integer counts the
+  workers whose gradient is not finite (`count_workers`). If any is, the step is skipped on
+  every worker alike: the update is all NaN (so a loss scaler, torch.amp's GradScaler or Keras'
+  LossScaleOptimizer, sees a non-finite gradient everywhere, skips the optimizer step and lowers
+  its scale), the residual, the velocity and the step count (so the warm-up) stay bit-equal to
+  what they were before the step, the gradient is cleared if the caller asked for it, and
+  `last_stats.skipped` is True. Nothing is poisoned and nothing is lost. The default because
+  loss scaling overflows by design, and it is what Horovod's dense allreduce does as far as a
+  scaler can tell. Cost: one read of the gradient (`last_stats.check_seconds`) and one
+  all-reduce of one integer, which waits for the last worker to arrive and so counts in
+  `wait_seconds`. A worker cannot skip on its own: the others have already changed their
+  residuals by the time the exchange would tell them, hence the count first.
+- "raise": no check before the step. NaN and +-Inf rank above every number in the selection
+  order, so a worker with one always selects it, and it survives every merge (NaN + x = NaN,
+  Inf + x = Inf or NaN): the global set, identical on all workers, holds a non-finite value iff
+  some worker had one, and every worker raises the same FloatingPointError at the same step (no
+  extra message, no hang, no divergence). The residual then holds the non-finite values: restore
+  it from a checkpoint. A sparsifier that ignores magnitude (random-k) keeps a non-finite value in
+  the residual until it draws its index; the sum then carries it to every worker alike, and all
+  raise at that step.
+
+Under loss scaling the residual holds gradients in the scale of the step that made them; a scale
+change (x0.5 after an overflow, x2 after a run of good steps) applies the residual's older mass
+at most 2x off once, which error feedback then absorbs like any other delay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gtopk_hvd import ops
+from gtopk_hvd.core.agreement import check_same_on_all_workers, signature
+from gtopk_hvd.core.backend import backend_for
+from gtopk_hvd.core.density import Schedule
+from gtopk_hvd.core.stats import StepStats
+from gtopk_hvd.core.warmup_warning import warn_if_density_needs_warmup
+from gtopk_hvd.reductions.wait_probe import resolve_wait_probe
+from gtopk_hvd.schemes import build_scheme
+from gtopk_hvd.transports import Transport, resolve_transport
+
+
+class SparseStep:
+    """Residual, velocity, step count and scheme of one distributed optimizer's sparse steps.
+
+    config: a sparse configuration (`gtopk_hvd.compression.SparseCompression`, what
+    `Compression.gtopk(...)` and the others return); checked against the registries here.
+    sizes: the number of values of each source, in the fused order (the same on every worker).
+    transport: a Transport, a registered name, or None (`gtopk_hvd.transports`: MPI over
+    COMM_WORLD); adapters that know Horovod resolve theirs and pass it.
+    average / predivide: the result's scale (module docstring).
+    device: None for numpy arrays on the host, or a torch device whose tensors the residual,
+    the velocity and the gradients are (`gtopk_hvd.core.backend`).
+    layout: what else every worker must agree on (the sources' names, shapes and dtypes) and
+    options: the adapter's own options that change the exchange (e.g. backward passes); both go
+    into the agreement signature. what: what the sources are called in errors.
+    A density below the warm-up threshold without a warm-up or momentum correction warns once
+    per process (`gtopk_hvd.core.warmup_warning`).
+    """
+
+    def __init__(self, config: Any, sizes: Sequence[int],
+                 transport: Transport | str | None = None, *, average: bool = True,
+                 predivide: float = 1.0, device: Any = None, layout: str = "",
+                 options: dict[str, Any] | None = None, what: str = "parameter") -> None:
+        if not sizes or sum(sizes) == 0:
+            raise ValueError("the model has no parameters with gradients to compress")
+        if predivide <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+        warn_if_density_needs_warmup(config)
+        self.compression = config
+        self.sizes = list(sizes)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.d = int(self.offsets[-1])
+        self.transport = resolve_transport(transport)
+        self.average = average
+        self.predivide = float(predivide)
+        self.backend = backend_for(device)
+        self.index_dtype = np.dtype(ops.index_dtype_for(self.d))
+        self.residual = self.backend.zeros(self.d)
+        self.velocity = self.backend.zeros(self.d) if config.momentum_correction else None
+        self.schedule = Schedule(config, self.sizes)
+        self.scheme = build_scheme(config, self.transport, self.backend, self.sizes,
+                                   self.index_dtype)
+        self.what = what
+        self.signature = signature(
+            layout, sizes=self.sizes, compression=config, average=average,
+            predivide=self.predivide, wait_probe=resolve_wait_probe(None, self.transport),
+            **(options or {}))
+        self.step_count = 0
+        self.skipped_steps = 0  # steps skipped for a non-finite gradient (not checkpointed)
+        self.last_stats: StepStats | None = None
+        self._workers_agree = False
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def step(self, gradient: Any, clear_gradient: bool = False,
+             skip: bool | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """One step (module docstring): the global (indices, values) to apply, values scaled;
+        None for a step skipped for a non-finite gradient (nonfinite="propagate").
+
+        gradient: flat float32, d values, of the backend's type; read only, unless
+        clear_gradient: then it is all zeros on return. Returns host numpy arrays: the indices
+        may be a view of the scheme's buffers, valid until the next step.
+        skip: None: the configuration's rule decides (the check costs one all-reduce); True /
+        False: the caller has already counted the non-finite workers for several steps at once
+        (`count_nonfinite_workers`; the DDP hook, one count per iteration over all buckets)
+        and says whether to skip this one.
+        """
+        if not self._workers_agree:
+            check_same_on_all_workers(
+                self.transport, f"{self.what} names, shapes, dtypes and compression",
+                self.signature)
+            self._workers_agree = True
+        config = self.compression
+        check_seconds = check_wait_seconds = 0.0
+        if skip is None and config.nonfinite == "propagate":
+            start = time.perf_counter()
+            local = not ops.all_finite(gradient)
+            read = time.perf_counter()
+            skip = count_workers(self.transport, local) > 0
+            # The count waits for the last worker to arrive: a wait, as the exchanges' probes.
+            check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
+        budget = self.schedule.budget(self.step_count)
+        if skip:
+            return self._skip(gradient, clear_gradient, budget, check_seconds,
+                              check_wait_seconds)
+        start = time.perf_counter()
+        if self.predivide != 1.0:
+            if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
+                gradient /= np.float32(self.predivide)
+            else:
+                gradient = gradient / np.float32(self.predivide)
+        clear_in_pass = clear_gradient
+        if self.velocity is not None:
+            self.velocity *= np.float32(config.momentum)
+            self.velocity += gradient
+            if clear_gradient:
+                gradient[:] = 0
+            gradient, clear_in_pass = self.velocity, False
+        prepare_seconds = time.perf_counter() - start
+
+        exchange = self.scheme.exchange(gradient, self.residual, budget, self.step_count,
+                                        clear_in_pass)
+        if config.nonfinite == "raise" and not np.isfinite(exchange.values).all():
+            raise FloatingPointError(
+                f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} "
+                "on at least one worker; every worker raises here")
+        if self.velocity is not None and exchange.taken is not None:
+            self.velocity[exchange.taken] = 0.0
+
+        scale = self.predivide / self.transport.size if self.average else self.predivide
+        values = exchange.values * np.float32(scale) if scale != 1.0 else exchange.values
+        stats = exchange.stats
+        self.last_stats = StepStats(
+            step=self.step_count, density=budget.density, k=budget.k,
+            global_entries=int(exchange.indices.size), bytes_sent=stats.bytes_sent,
+            bytes_received=stats.bytes_received,
+            select_seconds=prepare_seconds + exchange.select_seconds,
+            communicate_seconds=stats.comm_seconds + check_wait_seconds,
+            merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds + check_wait_seconds,
+            transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
+        self.step_count += 1
+        return exchange.indices, values
+
+    def update(self, gradient: Any, out: Any, clear_gradient: bool = False,
+               skip: bool | None = None) -> Any:
+        """One `step`, its global set written into `out` as the dense update: out = zeros(d),
+        out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the backend's
+        type (it may be the gradient itself, with clear_gradient). Times the write as
+        last_stats.write_seconds."""
+        result = self.step(gradient, clear_gradient, skip)
+        start = time.perf_counter()
+        if result is None:
+            out[:] = np.float32(np.nan)
+        else:
+            ops.write_sparse(out, *result)
+        self.last_stats.write_seconds = time.perf_counter() - start
+        return out
+
+    def _skip(self, gradient: Any, clear_gradient: bool, budget: Any, check_seconds: float,
+              check_wait_seconds: float) -> None:
+        """A step skipped for a non-finite gradient: nothing of the state changes but the count
+        of skipped steps; the gradient is cleared if asked."""
+        if clear_gradient:
+            gradient[:] = 0
+        self.skipped_steps += 1
+        self.last_stats = StepStats(
+            step=self.step_count, density=budget.density, k=budget.k, global_entries=0,
+            bytes_sent=0, bytes_received=0, select_seconds=0.0,
+            communicate_seconds=check_wait_seconds, merge_seconds=0.0,
+            wait_seconds=check_wait_seconds, check_seconds=check_seconds, skipped=True)
+        return None
+
+    # -- checkpoint ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """residual (and velocity) as host numpy copies, the step count, and the scheme's own
+        state (under "scheme", when it keeps any)."""
+        to_host = self.backend.to_host
+        state = {"residual": to_host(self.residual).copy(), "step": self.step_count}
+        if self.velocity is not None:
+            state["velocity"] = to_host(self.velocity).copy()
+        scheme = self.scheme.state_dict()
+        if scheme:
+            state["scheme"] = scheme
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores what `state_dict` returned (numpy arrays or CPU tensors)."""
+        residual = _host_float32(state["residual"])
+        if residual.size != self.d:
+            raise ValueError(f"checkpoint residual has {residual.size} values, model has {self.d}")
+        self.backend.assign(self.residual, residual)
+        if self.velocity is not None:
+            if "velocity" not in state:
+                raise ValueError("checkpoint has no momentum-correction velocity")
+            self.backend.assign(self.velocity, _host_float32(state["velocity"]))
+        self.scheme.load_state_dict(state.get("scheme", {}))
+        self.step_count = int(state["step"])
+
+
+def _host_float32(x: Any) -> np.ndarray:
+    """A checkpoint's array (numpy, or a torch tensor) as flat host float32."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float32).reshape(-1)
+
+
+def count_workers(transport: Transport, flag: bool) -> int:
+    """How many workers pass flag=True: one all-reduce of one integer (none at P = 1)."""
+    count = np.array([int(flag)], dtype=np.int32)
+    if transport.size > 1:
+        transport.allreduce_sum(count)
+    return int(count[0])
+
+
+def count_nonfinite_workers(transport: Transport, gradients: Sequence[Any]) -> int:
+    """How many workers hold a NaN or Inf in any of `gradients` (numpy arrays or torch tensors):
+    one read of each and one all-reduce of one integer, so the same count on every worker. Every
+    worker must call it at the same point, with any number of gradients."""
+    return count_workers(transport, any(not ops.all_finite(g) for g in gradients))

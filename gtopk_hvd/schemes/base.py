@@ -1,0 +1,93 @@
+"""The `Scheme` interface and its registry (`SCHEMES`): how one sparse step exchanges.
+
+The step (`gtopk_hvd.core.SparseStep`) owns everything schemes share: the agreement check, the
+non-finite rule, predivision, DGC momentum correction, the density schedule and the budget k,
+the array backend, the scaling of the result and the stats. A scheme owns the rest, on worker p
+with gradient g and residual r (flat float32, d values, in the backend's arrays):
+
+    acc = r + g, in place in r (fused with the selection where it can be)
+    take from r what this worker contributes (r = 0 there), exchange with the other workers
+    give back to r what was taken but is not applied
+    return (I, V): the global set, identical on every worker, V summed over workers (unscaled)
+
+so that, for every index, what is applied plus every worker's residual equals the sum of the
+accumulated gradients (up to the wire's rounding, and except where a scheme documents a loss:
+gTop-k's intermediate merges). `Exchange.taken` names the entries of this worker that were
+taken (the step clears the momentum-correction velocity there).
+
+What a scheme does in between is its own: select k then reduce (`select_reduce`: any
+registered sparsifier with any registered reduction), or rank-dependent selection with a union
+all-reduce, or a sketch all-reduced densely and a second round. A new scheme is one module: a
+subclass registered with `@SCHEMES.register(name)` and imported by `gtopk_hvd.schemes`; then
+`Compression.scheme(name, density, **options)` runs it under every adapter and transport.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gtopk_hvd.core.backend import ArrayBackend
+from gtopk_hvd.core.density import Budget
+from gtopk_hvd.reductions.result import ReductionStats
+from gtopk_hvd.registry import Registry
+from gtopk_hvd.transports.base import Transport
+
+
+@dataclass
+class Exchange:
+    """What one scheme step returns to the step."""
+
+    indices: np.ndarray  # the global set's indices (host), identical on every worker
+    values: np.ndarray  # float32 sums over workers (host), not yet scaled
+    taken: Any  # this worker's indices whose residual was taken (backend array), or None
+    stats: ReductionStats = field(default_factory=ReductionStats)
+    select_seconds: float = 0.0  # the local work before the first exchange
+
+
+class Scheme(ABC):
+    """One worker's scheme for one fused layout.
+
+    Made once per step object with the configuration (`config`: a SparseCompression, whose
+    `options` hold the scheme's own, by name, among `option_names`), the resolved transport, the
+    array backend, the layout's sizes and the index dtype of d.
+    """
+
+    option_names: ClassVar[tuple[str, ...]] = ()
+    """The scheme's own options (`Compression.scheme(name, density, **options)`)."""
+
+    def __init__(self, config: Any, transport: Transport, backend: ArrayBackend,
+                 sizes: list[int], index_dtype: np.dtype) -> None:
+        self.config = config
+        self.transport = transport
+        self.backend = backend
+        self.sizes = sizes
+        self.index_dtype = np.dtype(index_dtype)
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        """Raises ValueError naming what `config` asks that this scheme cannot do. Called where
+        a step is built (and by adapters that build it late, when they are made)."""
+        return None
+
+    @abstractmethod
+    def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                 clear_gradient: bool) -> Exchange:
+        """The module docstring's step. gradient: read only unless clear_gradient (then all
+        zeros on return); residual: updated in place. budget: this step's k (and its parts);
+        step: the optimizer step (0-based), the same on every worker."""
+
+    def state_dict(self) -> dict:
+        """What the scheme keeps between steps besides the residual (thresholds, partition
+        boundaries, ...), as host numpy values; saved and restored with the step's."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores what `state_dict` returned."""
+        return None
+
+
+SCHEMES: Registry[type[Scheme]] = Registry("scheme")

@@ -1,0 +1,77 @@
+"""Select k, then reduce (registered as "select-reduce"): Top-k, gTop-k and random-k S-SGD.
+
+    (I_p, V_p) = select(r + g, k)         the sparsifier (`gtopk_hvd.sparsifiers`), r zeroed at I_p
+    (I, V) = reduce((I_p, V_p))           the reduction (`gtopk_hvd.reductions`), over workers
+    r[j] += V_p[j] for j in I_p not in I  sent but not kept globally: back to the residual
+
+Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
+with its own k_i (`gtopk_hvd.core.density`) and joins the sets. The sparsifier and the reduction
+are chosen by name (`config.sparsifier`, `config.reduction`; no reduction: the sparsifier's
+`default_reduction`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gtopk_hvd import ops
+from gtopk_hvd.core.density import Budget
+from gtopk_hvd.reductions.base import REDUCTIONS
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.sparsifiers.base import SPARSIFIERS
+
+
+def reduction_name(config: Any) -> str:
+    """The reduction `config` names, or its sparsifier's default."""
+    return config.reduction or SPARSIFIERS.get(config.sparsifier).default_reduction
+
+
+@SCHEMES.register("select-reduce")
+class SelectReduce(Scheme):
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        sparsifier = SPARSIFIERS.get(config.sparsifier)
+        name = reduction_name(config)
+        reduction = REDUCTIONS.get(name)
+        if reduction.needs_shared_indices and not sparsifier.shared_indices:
+            raise ValueError(f"reduction {name!r} sends no indices, so it needs a "
+                             f"sparsifier that picks the same ones on every worker; "
+                             f"{config.sparsifier!r} does not")
+        if config.wire_dtype not in reduction.wire_dtypes:
+            raise ValueError(f"reduction {name!r} sends values as "
+                             f"{reduction.wire_dtypes}, not wire_dtype={config.wire_dtype!r}")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sparsifier = SPARSIFIERS.get(self.config.sparsifier)(self.config.seed, self.backend)
+        self.reduction = REDUCTIONS.get(reduction_name(self.config))(
+            self.transport, self.index_dtype, self.config.wire_dtype)
+
+    def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                 clear_gradient: bool) -> Exchange:
+        start = time.perf_counter()
+        local_indices, local_values = self._select(gradient, residual, budget, step,
+                                                   clear_gradient)
+        select_seconds = time.perf_counter() - start
+        to_host = self.backend.to_host
+        result = self.reduction.reduce(to_host(local_indices), to_host(local_values), budget.k)
+        ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+        return Exchange(result.indices, result.values, local_indices, result.stats,
+                        select_seconds)
+
+    def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                clear_gradient: bool) -> tuple[Any, Any]:
+        """The sparsifier over each part of the budget; one set, index-sorted."""
+        backend, select = self.backend, self.sparsifier.select
+        if self.config.granularity == "model":
+            indices, values = select(gradient, residual, budget.k, clear_gradient, step, 0)
+            return backend.as_index_dtype(indices, self.index_dtype), values
+        indices, values = [], []
+        for part, begin, end, k in budget.parts:
+            part_indices, part_values = select(gradient[begin:end], residual[begin:end], k,
+                                               clear_gradient, step, part)
+            indices.append(backend.as_index_dtype(part_indices, self.index_dtype) + begin)
+            values.append(part_values)
+        return backend.concatenate(indices), backend.concatenate(values)
