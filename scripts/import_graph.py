@@ -9,7 +9,7 @@
 Every `import gtopk_hvd.x` / `from gtopk_hvd.x import y` of a module counts, wherever it is
 (functions and `if TYPE_CHECKING:` blocks included: a circle of types is a circle of design).
 A package node is a folder of gtopk_hvd/ (its modules together) or a top-level module.
-The neutral core (gtopk_hvd/core,
+The neutral core (gtopk_hvd/core, backend.py, density.py, compression.py,
 gtopk_hvd/schemes, gtopk_hvd/sparsifiers, gtopk_hvd/reductions) must not import torch,
 tensorflow, keras or horovod at module level.
 """
@@ -21,7 +21,7 @@ import ast
 import sys
 from pathlib import Path
 
-NEUTRAL = ("core", "schemes", "sparsifiers", "reductions")
+NEUTRAL = ("core", "schemes", "sparsifiers", "reductions", "backend", "density", "compression")
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod")
 
 

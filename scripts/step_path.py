@@ -21,10 +21,10 @@ from collections import Counter
 import numpy as np
 
 LAYERS = (("adapter", ("torch", "tensorflow")),
-          ("core", ("core", "sparse_state", "compression", "arguments")),
+          ("core", ("core", "sparse_state", "compression", "arguments", "density")),
           ("scheme", ("schemes", "sparsifiers", "reductions")),
           ("transport", ("transports",)),
-          ("kernels", ("ops", "_arrays", "wire", "core.backend")))
+          ("kernels", ("ops", "_arrays", "wire", "backend")))
 
 
 def layer_of(module: str) -> str:

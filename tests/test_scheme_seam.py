@@ -15,7 +15,7 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.core.density import Budget
+from gtopk_hvd.density import Budget
 from gtopk_hvd.schemes import SCHEMES, Exchange, Scheme, check_config
 
 

@@ -1,15 +1,16 @@
 """The framework-neutral core: one step object and what it is made of.
 
     step.py            `SparseStep`: the sparse step with error feedback (the maths is there)
-    density.py         the density schedule (warm-up) and the k it allows
     agreement.py       the signature every worker must share, and its check
-    backend.py         numpy on the host or torch on a device, chosen once per step object
     passes.py          gradients summed over backward passes (frameworks without .grad)
     stats.py           `StepStats`, what a step did
     warmup_warning.py  the warning for an aggressive density without protection
 
-It imports no Horovod and no framework; adapters (`gtopk_hvd.torch`, `gtopk_hvd.tensorflow`)
-fuse, split and convert around it. Schemes plug in through `gtopk_hvd.schemes`.
+Beneath it, shared with the schemes: `gtopk_hvd.density` (the density schedule and the k it
+allows) and `gtopk_hvd.backend` (numpy on the host or torch on a device, chosen once per step
+object). It imports no Horovod and no framework; adapters (`gtopk_hvd.torch`,
+`gtopk_hvd.tensorflow`) fuse, split and convert around it. Schemes plug in through
+`gtopk_hvd.schemes`.
 """
 
 from gtopk_hvd.core.stats import StepStats

@@ -1,7 +1,7 @@
 """Sparsified S-SGD with error feedback: one step object (`SparseStep`), framework-neutral.
 
 One step on worker p, gradient g (flat float32, d values), k from the density schedule
-(`gtopk_hvd.core.density`):
+(`gtopk_hvd.density`):
 
     [predivide: g := g / f]
     [momentum correction: u = m u + g; g := u]
@@ -60,11 +60,11 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd import ops
+from gtopk_hvd.backend import backend_for
 from gtopk_hvd.core.agreement import check_same_on_all_workers, signature
-from gtopk_hvd.core.backend import backend_for
-from gtopk_hvd.core.density import Schedule
 from gtopk_hvd.core.stats import StepStats
 from gtopk_hvd.core.warmup_warning import warn_if_density_needs_warmup
+from gtopk_hvd.density import Schedule
 from gtopk_hvd.reductions.wait_probe import resolve_wait_probe
 from gtopk_hvd.schemes import build_scheme
 from gtopk_hvd.transports import Transport, resolve_transport
@@ -80,7 +80,7 @@ class SparseStep:
     COMM_WORLD); adapters that know Horovod resolve theirs and pass it.
     average / predivide: the result's scale (module docstring).
     device: None for numpy arrays on the host, or a torch device whose tensors the residual,
-    the velocity and the gradients are (`gtopk_hvd.core.backend`).
+    the velocity and the gradients are (`gtopk_hvd.backend`).
     layout: what else every worker must agree on (the sources' names, shapes and dtypes) and
     options: the adapter's own options that change the exchange (e.g. backward passes); both go
     into the agreement signature. what: what the sources are called in errors.

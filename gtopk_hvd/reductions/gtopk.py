@@ -32,7 +32,7 @@ import numpy as np
 
 from gtopk_hvd import ops
 from gtopk_hvd._arrays import framework_of, to_host_numpy
-from gtopk_hvd.core.backend import backend_for
+from gtopk_hvd.backend import backend_for
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
 from gtopk_hvd.reductions.result import ReductionStats, SparseResult
 from gtopk_hvd.reductions.wait_probe import probe_partner, resolve_wait_probe

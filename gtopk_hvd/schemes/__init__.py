@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gtopk_hvd.core.backend import ArrayBackend
+from gtopk_hvd.backend import ArrayBackend
 from gtopk_hvd.schemes import select_reduce  # noqa: F401  (registration)
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.transports.base import Transport

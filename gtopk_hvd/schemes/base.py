@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gtopk_hvd.core.backend import ArrayBackend
-from gtopk_hvd.core.density import Budget
+from gtopk_hvd.backend import ArrayBackend
+from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.registry import Registry
 from gtopk_hvd.transports.base import Transport

@@ -5,7 +5,7 @@
     r[j] += V_p[j] for j in I_p not in I  sent but not kept globally: back to the residual
 
 Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
-with its own k_i (`gtopk_hvd.core.density`) and joins the sets. The sparsifier and the reduction
+with its own k_i (`gtopk_hvd.density`) and joins the sets. The sparsifier and the reduction
 are chosen by name (`config.sparsifier`, `config.reduction`; no reduction: the sparsifier's
 `default_reduction`).
 """
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from gtopk_hvd import ops
-from gtopk_hvd.core.density import Budget
+from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS

@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from gtopk_hvd.core.backend import NUMPY, ArrayBackend
+from gtopk_hvd.backend import NUMPY, ArrayBackend
 from gtopk_hvd.registry import Registry
 
 
@@ -30,7 +30,7 @@ class Sparsifier(ABC):
 
     def __init__(self, seed: int = 0, backend: ArrayBackend = NUMPY) -> None:
         self.seed = seed  # for rules that draw at random: the same on every worker
-        self.backend = backend  # where the step's arrays live (`gtopk_hvd.core.backend`)
+        self.backend = backend  # where the step's arrays live (`gtopk_hvd.backend`)
 
     @abstractmethod
     def select(self, gradient: Any, residual: Any, k: int, clear_gradient: bool, step: int,

@@ -1,0 +1,30 @@
+"""The layering the core refactor promises, checked on the source and on a real import: no import
+circle between modules, no framework import at module level in the neutral packages
+(scripts/import_graph.py --check), and importing the core and its schemes loads no Horovod,
+torch or TensorFlow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_graph_has_no_circle_and_a_neutral_core() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py"),
+                             "--check", "--modules"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "0 circle(s) between modules" in result.stdout
+
+
+def test_the_core_loads_no_framework() -> None:
+    code = ("import sys, gtopk_hvd.core, gtopk_hvd.schemes, gtopk_hvd.compression; "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'horovod') "
+            "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout
