@@ -1,15 +1,20 @@
 """Build gtopk_hvd: the Python package plus its C++/CUDA extension, compiled by CMake.
 
-`pip install .` and `pip install -e .` both run CMake on CMakeLists.txt. The CMake build folder
-is build/cmake-<python tag> so that a rebuild is incremental. Environment:
+`pip install .`, `pip install -e .`, `pip wheel .` and `python -m build` all run CMake on
+CMakeLists.txt (metadata, dependencies and extras: pyproject.toml). The CMake build folder is
+build/cmake-<python tag> beside this file, so that a rebuild is incremental; CMake writes the
+module where setuptools asks for it (the package folder for an editable install, setuptools'
+build/lib for a wheel), so the wheel carries it. Environment:
   GTOPK_WITH_CUDA=0   skip the CUDA kernels even when nvcc is found
-  GTOPK_NATIVE=0      do not tune for the building CPU (-march=native)
+  GTOPK_NATIVE=0      do not tune for the building CPU (-march=native): set it when the wheel
+                      is for other machines
   GTOPK_BUILD_JOBS=N  parallel compile jobs (default: number of CPUs)
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +23,19 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+
+
+def _drop_if_configured_elsewhere(build_dir: Path) -> None:
+    """A build folder that CMake configured for another source folder (the tree was copied or
+    moved) makes CMake stop with an error: start that one afresh."""
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.is_file():
+        return
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            if Path(line.partition("=")[2]).resolve() != ROOT:
+                shutil.rmtree(build_dir)
+            return
 
 
 class CMakeExtension(Extension):
@@ -29,6 +47,7 @@ class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         output_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}"
+        _drop_if_configured_elsewhere(build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
             "cmake",

@@ -211,8 +211,13 @@ def compression_for(framework: str) -> type[Compression]:
     """The `Compression` namespace an adapter exports for "torch" or "tensorflow": gtopk_hvd's
     sparse choices, and as `none` / `fp16` Horovod's own compressor classes of that framework
     (so `compress` / `decompress`, identity and `issubclass(..., hvd.Compressor)` checks are
-    Horovod's). The adapters take Horovod's classes and gtopk_hvd's DenseCompression alike."""
-    horovod = importlib.import_module(f"horovod.{framework}.compression").Compression
+    Horovod's). The adapters take Horovod's classes and gtopk_hvd's DenseCompression alike.
+    Without Horovod installed (a torchrun user of the DDP hook only) the namespace is
+    gtopk_hvd's own, whose none / fp16 need Horovod only when used."""
+    try:
+        horovod = importlib.import_module(f"horovod.{framework}.compression").Compression
+    except ImportError:
+        return Compression
     return type("Compression", (Compression,), {
         "__doc__": f"{Compression.__doc__} none / fp16: horovod.{framework}.Compression's.",
         "__module__": f"gtopk_hvd.{framework}", "none": horovod.none, "fp16": horovod.fp16})

@@ -20,7 +20,14 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
+
+try:
+    from mpi4py import MPI
+except ImportError as error:  # the "mpi" extra is optional (torchrun / Gloo users skip it)
+    raise ImportError(
+        "gtopk_hvd's MPI transport needs mpi4py: pip install --no-binary mpi4py "
+        "\"gtopk_hvd[mpi]\", or choose another transport (transport=\"torch\" under torchrun, "
+        "\"horovod\" under horovodrun --gloo)") from error
 
 from gtopk_hvd.transports.base import Transport
 from gtopk_hvd.transports.wait_bound import WaitBound
