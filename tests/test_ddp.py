@@ -23,8 +23,8 @@ from helpers.reference import topk_reference
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
-from gtopk_hvd.transports import TRANSPORTS, check_matches_horovod
-from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
+from gtopk_hvd.transports import TRANSPORTS, Transport, check_matches_horovod
+from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport, default_transport
 
 
 def torchrun(workers: int, program: str, *args: str, timeout_s: float = 300) -> tuple[int, str]:
@@ -178,7 +178,7 @@ def test_hook_warms_up_then_steps_like_numpy(one_worker: None, dtype: torch.dtyp
         assert torch.equal(got, expected), f"step {step}"
         assert state.iter == step + 1
         assert bool(state.last_stats) == (step >= state.start_iter)
-    np.testing.assert_array_equal(state._buckets[0][1].residual, residual)
+    np.testing.assert_array_equal(state.buckets[0].step.residual, residual)
     assert state.last_stats[0].k == k and state.last_stats[0].step == 6
 
 
@@ -209,8 +209,8 @@ def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) 
 
     for step in range(4):
         run_hook(state, buckets(step))
-    residuals = {i: s.residual.copy() for i, (_, s) in state._buckets.items()}
-    steps = {i: s.step_count for i, (_, s) in state._buckets.items()}
+    residuals = {i: b.step.residual.copy() for i, b in state.buckets.items()}
+    steps = {i: b.step.step_count for i, b in state.buckets.items()}
     if rule == "raise":
         with pytest.raises(FloatingPointError, match="non-finite"):
             run_hook(state, buckets(4, bad=True))
@@ -218,7 +218,8 @@ def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) 
     got = run_hook(state, buckets(4, bad=True))
     assert all(torch.isnan(g).all() for g in got)
     assert state.iter == 4
-    for i, (_, sparse) in state._buckets.items():
+    for i, bucket in state.buckets.items():
+        sparse = bucket.step
         assert sparse.residual.tobytes() == residuals[i].tobytes()
         assert sparse.step_count == steps[i] and sparse.last_stats.skipped
     got = run_hook(state, buckets(5))
@@ -263,7 +264,7 @@ def test_a_saved_state_continues_identically(one_worker: None, route: str) -> No
         for ours, theirs in zip(run_hook(state, same), run_hook(restored, copies)):
             assert torch.equal(ours, theirs)
     for index in (0, 1):
-        ours, theirs = state._buckets[index][1], restored._buckets[index][1]
+        ours, theirs = state.buckets[index].step, restored.buckets[index].step
         assert ours.step_count == theirs.step_count == 9
         np.testing.assert_array_equal(ours.residual, theirs.residual)
         np.testing.assert_array_equal(ours.velocity, theirs.velocity)
@@ -315,7 +316,8 @@ def test_restore_into_a_new_ddp_model_continues_exactly(one_worker: None,
     restored_model = DDP(fresh, bucket_cap_mb=0.001)
     restored = checkpoint["hook"]
     if saved_at >= 2:  # DDP's first buckets (one per dtype) are not its final ones (3)
-        assert len(restored._construction["layouts"]) == 2 and len(restored._saved) == 3
+        assert len(restored.remap.saved_record["layouts"]) == 2
+        assert len(restored.restored_buckets) == 3
     restored_model.register_comm_hook(restored, gtopk_hook)
     train(restored_model, torch.optim.SGD(restored_model.parameters(), lr=0.2),
           range(saved_at, 8))
@@ -331,6 +333,133 @@ def test_a_restored_state_refuses_other_buckets(one_worker: None) -> None:
     restored = pickle.loads(pickle.dumps(state))
     with pytest.raises(RuntimeError, match="restored state"):
         run_hook(restored, [Bucket(0, [torch.zeros(9)], torch.ones(9))])
+
+
+class RecordingTransport(TorchDistributedTransport):
+    """The one-worker Gloo group's transport, counting the calls made through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def sendrecv(self, *args: object, **kwargs: object) -> int:
+        self.calls += 1
+        return super().sendrecv(*args, **kwargs)
+
+    def allgather(self, local: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return super().allgather(local)
+
+    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return super().allgatherv(local, counts)
+
+    def allreduce_sum(self, array: np.ndarray) -> None:
+        self.calls += 1
+        super().allreduce_sum(array)
+
+
+class TwoWorkers(Transport):
+    """A transport that claims two workers (the process group has one)."""
+
+    rank, size = 1, 2
+
+    def sendrecv(self, *args: object, **kwargs: object) -> int:
+        raise AssertionError("not to be used")
+
+    allgather = allgatherv = allreduce_sum = sendrecv
+
+
+@pytest.mark.parametrize("reduction", ["gtopk", "allgather"])
+def test_the_transport_given_is_the_one_used(one_worker: None, reduction: str) -> None:
+    """transport=: a Transport object is used as it is, "torch" is the process-wide one over
+    the default group, None a TorchDistributedTransport over the process group; all three step
+    alike."""
+    transport = RecordingTransport()
+    states = {"object": GTopkHookState(density=0.1, reduction=reduction, transport=transport),
+              "torch": GTopkHookState(density=0.1, reduction=reduction, transport="torch"),
+              "default": GTopkHookState(density=0.1, reduction=reduction)}
+    assert states["object"].transport is transport and states["default"].transport is None
+    assert all(state.active_transport is None for state in states.values())  # not yet
+    parameters = [[torch.zeros(30)], [torch.zeros(5, 4)]]
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        gradients = [torch.randn(n, generator=generator) for n in (30, 20)]
+        results = {name: run_hook(state, [Bucket(i, parameters[i], g.clone(), last=i == 1)
+                                          for i, g in enumerate(gradients)])
+                   for name, state in states.items()}
+        for name in ("object", "torch"):
+            for ours, theirs in zip(results[name], results["default"]):
+                assert torch.equal(ours, theirs), name
+    assert states["object"].get_transport() is transport
+    assert states["torch"].get_transport() is default_transport()
+    default = states["default"].get_transport()
+    assert type(default) is TorchDistributedTransport and default is not default_transport()
+    assert default.group is None
+    for name, state in states.items():
+        assert sorted(state.buckets) == [0, 1]
+        for bucket in state.buckets.values():
+            assert bucket.step.transport is state.get_transport(), name
+            assert bucket.step.step_count == 5
+    assert transport.calls > 0  # the reductions went through the object given
+
+
+def test_a_transport_of_other_workers_is_refused(one_worker: None) -> None:
+    with pytest.raises(RuntimeError, match=r"the DDP process group's: TwoWorkers sees rank 1 "
+                                           r"of 2, the process group rank 0 of 1"):
+        GTopkHookState(density=0.1, transport=TwoWorkers())
+    state = GTopkHookState(density=0.1)
+    state.transport = TwoWorkers()  # set after construction: refused at the first hook call
+    with pytest.raises(RuntimeError, match="process group's"):
+        run_hook(state, [Bucket(0, [torch.zeros(8)], torch.ones(8))])
+    with pytest.raises(ValueError, match="unknown transport 'nonsense'"):
+        GTopkHookState(density=0.1, transport="nonsense")
+    with pytest.raises(TypeError, match="transport must be"):
+        GTopkHookState(density=0.1, transport=object())
+
+
+def test_pickling_keeps_the_checkpoint_and_drops_the_group_and_transport(
+        one_worker: None, caplog: pytest.LogCaptureFixture) -> None:
+    """pickle.dumps / loads: compression, iter, start_iter and every bucket's layout, sizes,
+    residual, velocity and step come back; the process group is None and the transport is
+    resolved again in the loading process (a registered name is kept, a Transport object is
+    not), with a logged note naming what was dropped."""
+    compression = Compression.topk(0.2, momentum_correction=True)
+    parameters = [[torch.zeros(10)], [torch.zeros(3, 4)]]
+    generator = torch.Generator().manual_seed(4)
+    states = {"name": GTopkHookState(compression=compression, start_iter=3, transport="torch"),
+              "object": GTopkHookState(dist.group.WORLD, compression=compression,
+                                       start_iter=3, transport=RecordingTransport())}
+    for state in states.values():
+        for _ in range(5):
+            run_hook(state, [Bucket(i, parameters[i], torch.randn(n, generator=generator),
+                                    last=i == 1) for i, n in enumerate((10, 12))])
+    for name, state in states.items():
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="gtopk_hvd.torch.ddp"):
+            restored = pickle.loads(pickle.dumps(state))
+        notes = [record.getMessage() for record in caplog.records]
+        if name == "name":
+            assert not notes and restored.transport == "torch"
+            assert restored.get_transport() is default_transport()
+        else:
+            assert len(notes) == 2 and all("process_group and transport" in note
+                                           for note in notes), notes
+            assert restored.transport is None
+            resolved = restored.get_transport()
+            assert type(resolved) is TorchDistributedTransport and resolved.group is None
+        assert restored.process_group is None
+        assert restored.compression == compression
+        assert (restored.iter, restored.start_iter) == (5, 3)
+        assert not restored.buckets and restored.restored_indices == {0, 1}
+        assert restored.remap.saved_record == state.remap.record()
+        for index, bucket in state.buckets.items():
+            saved = restored.restored_buckets[index]
+            assert saved["layout"] == bucket.layout and saved["sizes"] == bucket.step.sizes
+            assert saved["step"] == bucket.step.step_count == 5
+            np.testing.assert_array_equal(saved["residual"].numpy(), bucket.step.residual)
+            np.testing.assert_array_equal(saved["velocity"].numpy(), bucket.step.velocity)
+        pickle.loads(pickle.dumps(restored))  # a restored state, not yet used, saves again
 
 
 def test_transport_in_one_process(one_worker: None) -> None:

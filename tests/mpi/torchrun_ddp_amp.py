@@ -65,17 +65,17 @@ def injected() -> None:
     for iteration in range(10):
         index = torch.arange(BATCH) + BATCH * (2 * iteration + dist.get_rank())
         poison["on"] = iteration == bad_iteration and dist.get_rank() == 1
-        residuals = {i: s.residual.copy() for i, (_, s) in state._buckets.items()}
+        residuals = {i: b.step.residual.copy() for i, b in state.buckets.items()}
         iter_before = state.iter
         optimizer.zero_grad()
         nn.functional.cross_entropy(ddp(x_train[index]), y_train[index]).backward()
         grads = [p.grad for p in ddp.parameters()]
         if iteration == bad_iteration:
-            assert len(state._buckets) >= 2, f"only {len(state._buckets)} bucket(s)"
+            assert len(state.buckets) >= 2, f"only {len(state.buckets)} bucket(s)"
             assert all(torch.isnan(g).all() for g in grads), "a gradient is not all NaN"
-            for i, (_, sparse) in state._buckets.items():
-                assert sparse.residual.tobytes() == residuals[i].tobytes(), f"bucket {i}"
-                assert sparse.last_stats.skipped
+            for i, bucket in state.buckets.items():
+                assert bucket.step.residual.tobytes() == residuals[i].tobytes(), f"bucket {i}"
+                assert bucket.step.last_stats.skipped
             assert state.iter == iter_before, "a skipped iteration was counted"
             continue  # as a loss scaler would: no optimizer step
         assert all(torch.isfinite(g).all() for g in grads), iteration

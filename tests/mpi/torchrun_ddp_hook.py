@@ -14,6 +14,10 @@ buckets of both dtypes. Checks, on every rank:
   restore    a state pickled (torch.save) or saved as tensors (state_dict, weights_only=True)
              mid-training, restored into a new model under a new DDP (whose first iteration
              has DDP's construction-time buckets), continues exactly as the uninterrupted run
+  transport  transport="torch" (the process-wide transport over the default group) trains
+             bit for bit as the default (a TorchDistributedTransport over DDP's group), every
+             bucket's step on the transport resolved; with a process group of other workers
+             than the transport's, the state refuses it
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.transports.torch_distributed import default_transport
 
 BUCKET_CAP_MB = 0.002  # about 500 float32 values: 3 buckets (2 at construction, by dtype)
 
@@ -114,7 +119,7 @@ def check_parity(reduction: str) -> None:
     assert state.iter == 6
     stats = state.last_stats
     assert len(stats) >= 3, f"expected several buckets, got {len(stats)}"
-    dtypes = {dtype for layout, _ in state._buckets.values() for _, dtype in layout}
+    dtypes = {dtype for bucket in state.buckets.values() for _, dtype in bucket.layout}
     assert dtypes == {"float32", "float64"}, dtypes
     assert all(s.density == 1.0 and s.step == 5 for s in stats.values()), stats
     check_same_everywhere(hooked, f"{reduction} density 1")
@@ -130,8 +135,8 @@ def check_replay(reduction: str, steps: int = 4) -> None:
 
     def recording_hook(hook_state, bucket):  # no annotations: DDP checks them as objects
         index = bucket.index()
-        sparse = hook_state._buckets.get(index)
-        residual = (np.array(sparse[1].residual) if sparse is not None
+        known = hook_state.buckets.get(index)
+        residual = (np.array(known.step.residual) if known is not None
                     else np.zeros(bucket.buffer().numel(), np.float32))
         gradient = bucket.buffer().to(torch.float32).numpy().copy()
         dtype = bucket.buffer().dtype
@@ -140,10 +145,10 @@ def check_replay(reduction: str, steps: int = 4) -> None:
         def record(done: torch.futures.Future) -> torch.Tensor:
             # When the bucket's step has run: at the iteration's last bucket (the hook holds
             # the buckets to decide on non-finite gradients once for all of them).
-            sparse = hook_state._buckets.get(index)
-            if sparse is not None:
+            known = hook_state.buckets.get(index)
+            if known is not None:
                 seen[index] = {"gradient": gradient, "residual": residual, "dtype": str(dtype),
-                               "new_residual": np.array(sparse[1].residual),
+                               "new_residual": np.array(known.step.residual),
                                "update": done.value().to(torch.float64).numpy().copy()}
             return done.value()
 
@@ -212,7 +217,7 @@ def check_restore(route: str) -> None:
     model.register_comm_hook(state, gtopk_hook)
     optimizer = make_optimizer(model.parameters())
     train(model, optimizer, range(first))
-    assert state._buckets and state._construction_now() is not None
+    assert state.buckets and state.remap.record() is not None
     snapshot = io.BytesIO()
     if route == "pickle":
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
@@ -220,7 +225,7 @@ def check_restore(route: str) -> None:
     else:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                     "hook": state.state_dict()}, snapshot)
-    saved_layouts = [layout for layout, _ in state._buckets.values()]
+    saved_layouts = [bucket.layout for bucket in state.buckets.values()]
     train(model, optimizer, range(first, first + more))
     expected = digest(model)
 
@@ -235,7 +240,7 @@ def check_restore(route: str) -> None:
     else:
         restored = GTopkHookState(compression=compression)
         restored.load_state_dict(checkpoint["hook"])
-    construction = restored._construction
+    construction = restored.remap.saved_record
     assert construction is not None
     assert [list(layout) for layout in construction["layouts"]] != [
         list(layout) for layout in saved_layouts], "the new DDP's first buckets were the same"
@@ -249,6 +254,31 @@ def check_restore(route: str) -> None:
     pickle.loads(pickle.dumps(restored))  # a restored state saves again
 
 
+# -- transport= ---------------------------------------------------------------------------
+
+def check_transport() -> None:
+    digests = {}
+    for transport in (None, "torch"):
+        model = ddp(make_model(3))
+        state = GTopkHookState(density=0.01, transport=transport)
+        model.register_comm_hook(state, gtopk_hook)
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), range(5))
+        resolved = state.get_transport()
+        assert (resolved is default_transport()) == (transport == "torch"), transport
+        assert len(state.buckets) >= 3 and all(bucket.step.transport is resolved
+                                               for bucket in state.buckets.values())
+        digests[transport] = digest(model)
+    assert digests[None] == digests["torch"], "transport='torch' trains otherwise"
+    others = dist.new_group(ranks=list(range(dist.get_world_size() - 1)))  # all but the last
+    state = GTopkHookState(others, density=0.01, transport="torch")
+    try:
+        state.get_transport()
+    except RuntimeError as error:
+        assert "process group's" in str(error), error
+    else:
+        raise AssertionError("a transport of other workers than the process group's was used")
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -257,6 +287,7 @@ def main() -> None:
         check_replay(reduction)
     check_restore("pickle")
     check_restore("state_dict")
+    check_transport()
     dist.barrier()
     if dist.get_rank() == 0:
         print(f"ddp hook ok on {dist.get_world_size()} workers", flush=True)
