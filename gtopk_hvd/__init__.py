@@ -4,7 +4,7 @@ Each step exchanges only the k largest-magnitude gradient entries (with error fe
 of the whole gradient. Training scripts use it through the framework adapters, the subpackages
 named after the framework they serve (`gtopk_hvd.torch`, `gtopk_hvd.tensorflow`), which mirror
 Horovod's wrappers; the compiled kernels and the communication parts beneath them are
-framework-neutral subpackages of their own. README.md has the API and the install.
+framework-neutral subpackages of their own. docs/README.md indexes the API and the install.
 
 Importing this package loads no framework, no Horovod and no MPI: an adapter loads its
 framework and Horovod, and mpi4py is loaded only for the MPI transport (under an MPI launcher,

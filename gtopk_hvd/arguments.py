@@ -2,14 +2,11 @@
 
 `parse_arguments` fills Horovod's defaults (op=Average, the global process set), refuses what a
 compression cannot do with a clear error, and returns what the step needs.
-`warn_if_density_needs_warmup` (called by every SparseState, so by every adapter and the DDP
-hook) warns once per process when a sparse density is aggressive and nothing protects accuracy.
+(The warning for an aggressive density is the core's: `gtopk_hvd.core.warmup_warning`.)
 """
 
 from __future__ import annotations
 
-import sys
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,62 +81,3 @@ def _ours(hvd: Any, compression: object) -> object:
                                                                       name, None):
             return getattr(Compression, name)
     return compression
-
-
-WARMUP_DENSITY_THRESHOLD = 0.01
-"""Below this density, without a warm-up or momentum correction, the sparse step warns.
-
-From results/convergence (digits CNN, 4 workers, 30 epochs; README, Convergence): at density
-0.01 plain error feedback ends within about one point of dense (gTop-k -1.1, Top-k +0.0); at
-0.001 gTop-k ends 23.3 points below (0.750 against 0.983) and DGC's warm-up with momentum
-correction brings it back to -2.2 (0.961; momentum correction alone: 0.961 too, the warm-up
-alone: 0.861, one run each with the same seed). So 0.01 itself is not warned about, anything
-below is."""
-
-_FRAMEWORK_MODULES = ("gtopk_hvd", "horovod", "torch", "tensorflow", "keras", "tf_keras")
-
-_density_warning_issued = False
-
-
-def density_warning_text(compression: SparseCompression) -> str:
-    """The warning for an aggressive density without protection (names the fixes)."""
-    return (f"gtopk_hvd: density {compression.density:g} is below "
-            f"{WARMUP_DENSITY_THRESHOLD:g} with no warm-up (warmup_steps=0) and no momentum "
-            "correction: accuracy can drop silently (digits CNN, 4 workers, 30 epochs: gTop-k "
-            "at 0.001 reached 0.750 test accuracy against 0.983 dense; 0.961 with momentum "
-            "correction, 0.861 with the warm-up alone). Add a warm-up: warmup_steps=<steps per "
-            "stage>, warmup_densities=gtopk_hvd.compression.DGC_WARMUP (DGC's exponentially "
-            "decreasing density), and/or momentum_correction=True (with an optimizer without "
-            "momentum of its own). This warning is shown once per process.")
-
-
-def needs_warmup_warning(compression: object) -> bool:
-    """True for a sparse compression with density < WARMUP_DENSITY_THRESHOLD whose warm-up is
-    off (warmup_steps == 0 or no warmup_densities) and without momentum correction."""
-    if not isinstance(compression, SparseCompression):
-        return False
-    warmup = compression.warmup_steps > 0 and len(compression.warmup_densities) > 0
-    return (compression.density < WARMUP_DENSITY_THRESHOLD and not warmup
-            and not compression.momentum_correction)
-
-
-def warn_if_density_needs_warmup(compression: object) -> bool:
-    """Emits the `density_warning_text` UserWarning on the first call in this process for which
-    `needs_warmup_warning` holds; never again after. Returns whether it warned. The numerics
-    are unchanged: it only tells."""
-    global _density_warning_issued
-    if _density_warning_issued or not needs_warmup_warning(compression):
-        return False
-    _density_warning_issued = True
-    warnings.warn(density_warning_text(compression), UserWarning, stacklevel=_user_stacklevel())
-    return True
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel of warnings.warn (called by our caller) that names the first frame
-    outside gtopk_hvd and the frameworks: the user's line that built the optimizer."""
-    frame, level = sys._getframe(2), 2  # 2: the frame that called our caller
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in (
-            _FRAMEWORK_MODULES):
-        frame, level = frame.f_back, level + 1
-    return level

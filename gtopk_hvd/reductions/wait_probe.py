@@ -7,8 +7,8 @@ partner(s) (`probe_partner`, a zero-byte `sendrecv` in the phase's own probe tag
 collective, a one-value all-gather, `probe_everyone`), so that
 
     wait     = time of the probe: until the slowest of the partners (or of all workers, for a
-               collective) reached the exchange, plus one small-message latency (~10-100 us on
-               shared memory, a network round trip's worth between hosts)
+               collective) reached the exchange, plus one small-message latency (microseconds
+               on shared memory, a network round trip's worth between hosts)
     transfer = time of the data exchange itself, which starts with every partner ready
 
 and comm_seconds = wait + transfer. A partner can be late because it waited for its own partner
@@ -18,12 +18,11 @@ waits for every worker, and a worker idle in a phase (gTop-k's folds) waits ther
 phases count, probe as wait and data as transfer (on point-to-point transports they take no
 time).
 
-The probe costs one more small message per data exchange (per gTop-k round, fold message, dense
-all-reduce). Measured on this project's 2-core machine, gTop-k with the probe on and off
-alternating call by call, k = 25.6k to 256k: over MPI +0.01-0.04 ms per step at P = 2 (+1.4% at
-k = 25.6k) and about +0.1 ms at P = 4 (a few percent at k = 25.6k, within the noise above), but
-+2-4 ms over Horovod's collectives (+20-44%) and torch.distributed (+9-23%), where each probe is
-one more negotiated operation. Hence the default follows the transport
+The probe costs one more operation per data exchange (per gTop-k round, fold message, dense
+all-reduce): over MPI a zero-byte message, small next to the data; over Horovod's collectives
+and torch.distributed one more negotiated operation (an alltoall, a length exchange) per
+exchange, whose fixed cost is a large share of a step at small k. The measured figures, with
+their command, are in docs/results.md ("The wait probe"). Hence the default follows the transport
 (`Transport.wait_probe_default`: on for "mpi" and for transports that do not say, off for
 "horovod" and "torch"), and GTOPK_HVD_WAIT_PROBE=1 / 0 forces it on / off. Without the probe
 wait_seconds is 0 and transfer_seconds holds all of the communication, waits included. Every

@@ -81,7 +81,9 @@ class HorovodTransport(Transport):
     """Transport over the collectives of an initialised Horovod module (default: the one that
     is initialised, torch first)."""
 
-    wait_probe_default = False  # a probe is one more negotiated alltoall: +20-40% at k = 25k
+    # Off: each wait probe would be one more negotiated operation (a whole hvd.alltoall) per
+    # data exchange (`gtopk_hvd.reductions.wait_probe`; measured cost: docs/results.md).
+    wait_probe_default = False
 
     def __init__(self, hvd: Any = None, wait_timeout_s: float | None = None) -> None:
         self.hvd = hvd if hvd is not None else initialized_horovod()

@@ -38,7 +38,9 @@ class TorchDistributedTransport(Transport):
     GTOPK_HVD_WAIT_TIMEOUT, default 600 s; 0: none), past which the job is aborted.
     """
 
-    wait_probe_default = False  # a probe is one more length exchange: +10-20% at k = 25k
+    # Off: each wait probe would be one more negotiated operation (a length exchange) per data
+    # exchange (`gtopk_hvd.reductions.wait_probe`; measured cost: docs/results.md).
+    wait_probe_default = False
     mismatch_hint = ("Initialise torch.distributed (init_process_group) with the same workers "
                      "as Horovod: the same world size and each process's rank, e.g. "
                      "dist.init_process_group(backend, rank=hvd.rank(), "

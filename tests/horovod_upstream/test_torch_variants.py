@@ -10,7 +10,7 @@ out of that enumeration, so that every other optimizer is still exercised.
 Finite: test_dynamic_requires_grad trains a 1x1-conv generator and discriminator on the sum of a
 100x100 output with SGD(lr=0.1); the gradients grow about 1000-fold per step and reach Inf
 within ten steps. Plain Horovod averages the Inf on; gtopk_hvd raises FloatingPointError on every
-worker by design (README: non-finite gradients). The variant scales SGD's learning rates by
+worker by design (docs/mixed-precision.md). The variant scales SGD's learning rates by
 1e-6, which keeps every value finite, and so tests what the test is about: parameters that stop
 and start requiring grad between steps.
 """

@@ -171,7 +171,7 @@ def check_mixed_dtypes() -> None:
     except ValueError as error:
         assert "BFloat16" in str(error), error
     else:
-        raise AssertionError("Horovod now reduces bfloat16: update the README")
+        raise AssertionError("Horovod now reduces bfloat16: update docs/torch.md")
     assert_equals_dense_reference(MixedDtypes, classification_loss,
                                   gtopk.Compression.gtopk(density=1.0), steps=10)
 
