@@ -1,6 +1,6 @@
-"""The warning for an aggressive density without a warm-up (gtopk_hvd/core/warmup_warning.py): once per
-process, from SparseState (the one place every adapter and the DDP hook pass through), naming
-the fix; the step's numerics are unchanged."""
+"""The warning for an aggressive density without a warm-up (gtopk_hvd/core/warmup_warning.py):
+once per process, from SparseStep (the one place every adapter and the DDP hook pass through),
+naming the fix; the step's numerics are unchanged."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from helpers.thread_transport import ThreadGroup, ThreadTransport
 
-from gtopk_hvd.core import warmup_warning
 from gtopk_hvd.compression import DGC_WARMUP, Compression, SparseCompression
-from gtopk_hvd.core import SparseStep
+from gtopk_hvd.core import SparseStep, warmup_warning
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,9 @@ from helpers.mpi_launcher import run_mpi
 from helpers.thread_transport import ThreadGroup, ThreadTransport
 
 from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.reductions import GTopkReducer, ReductionStats, dense_allreduce, topk_allgather
 from gtopk_hvd.reductions.wait_probe import resolve_wait_probe, wait_probe_from_environment
-from gtopk_hvd.core import SparseStep
 from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.horovod import HorovodTransport
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
