@@ -55,7 +55,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--history", metavar="PATH", default=None,
                         help="rank 0 writes each epoch's training loss (mean over workers), "
-                             "test loss and test accuracy to PATH as JSON")
+                             "test loss and test accuracy to PATH as JSON (topk/gtopk: also "
+                             "the density and k of each of its sparse steps)")
     args = parser.parse_args(argv)
     if args.backward_passes_per_step < 1:
         parser.error("--backward-passes-per-step must be at least 1")
@@ -107,14 +108,19 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch
 
 
 def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
-                passes: int, progress: tqdm, timer: StepTimer) -> tuple[float, float]:
+                passes: int, progress: tqdm, timer: StepTimer,
+                sparse_steps: list[dict]) -> tuple[float, float]:
     """One pass over this worker's shard; returns the mean training loss and the seconds the
-    steps took."""
+    steps took, and appends each sparse step's density and k (its `last_stats`: the warm-up's
+    stages show there) to sparse_steps."""
     model.train()
     losses = []
     start = time.perf_counter()
     for images, labels in loader:
         losses.append(train_step(model, optimizer, images, labels, passes, timer))
+        stats = getattr(optimizer, "last_stats", None)  # gtopk_hvd's sparse optimizers
+        if stats is not None:
+            sparse_steps.append({"density": stats.density, "k": stats.k})
         progress.update(1)
         progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     seconds = time.perf_counter() - start
@@ -147,8 +153,10 @@ def main() -> None:
     with tqdm(total=args.epochs * len(loader), disable=not show, desc="train") as progress:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
+            sparse_steps: list[dict] = []
             train_loss, epoch_seconds = train_epoch(
-                model, optimizer, loader, args.backward_passes_per_step, progress, timer)
+                model, optimizer, loader, args.backward_passes_per_step, progress, timer,
+                sparse_steps)
             seconds += epoch_seconds
             if args.history:  # every worker: the means are collectives
                 train_loss = hvd.allreduce(torch.tensor(train_loss), op=hvd.Average,
@@ -162,6 +170,8 @@ def main() -> None:
                                 "test_loss": test_loss, "test_accuracy": accuracy})
                 if args.history:
                     history[-1]["phases"] = dict(zip(timer.means(), phases))
+                    if sparse_steps:
+                        history[-1]["sparse_steps"] = sparse_steps
                 if show:
                     progress.write(f"epoch {epoch + 1}/{args.epochs} train_loss="
                                    f"{train_loss:.4f} test_loss={test_loss:.4f} "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
+import numpy as np
 import pytest
 from helpers.mpi_launcher import run_mpi
 
@@ -41,10 +43,11 @@ def test_pytorch_digits_gtopk_reaches_95_percent(launcher: str, workers: int) ->
 
 
 def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
-    history_path = tmp_path / "history.json"
+    history_path, checkpoint = tmp_path / "history.json", tmp_path / "state"
     output = run_mpi("examples/pytorch_digits.py", 4, "--compression", "gtopk", "--density",
                      "0.001", "--epochs", "4", "--warmup-epochs", "2", "--momentum-correction",
-                     "--history", str(history_path), "--quiet", timeout_s=600)
+                     "--history", str(history_path), "--checkpoint", str(checkpoint), "--quiet",
+                     timeout_s=600)
     fields = parse_digits_run(output, 4)
     history = json.loads(history_path.read_text())
     assert [epoch["epoch"] for epoch in history] == [1, 2, 3, 4]
@@ -57,3 +60,36 @@ def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
     for epoch in history:  # the sparse step's own phases were timed, by the step's split
         assert epoch["phases"]["select"] > 0 and epoch["phases"]["transfer"] > 0, epoch
     assert float(fields["density"]) == 0.001  # the warm-up stages are over by the last step
+
+    # The warm-up took effect: DGC's stages above 0.001, each round(2 epochs / 4) steps, then
+    # 0.001; every step's k = max(1, ceil(density * d)) (each step's optimizer.last_stats).
+    sparse_steps = [step for epoch in history for step in epoch["sparse_steps"]]
+    assert len(sparse_steps) == steps[-1]
+    stage = round(2 * steps[0] / 4)
+    stages = (0.25, 0.0625, 0.015625, 0.004)
+    want = [stages[step // stage] if step < 4 * stage else 0.001 for step in range(steps[-1])]
+    assert [step["density"] for step in sparse_steps] == want
+    d = int(fields["params"])
+    assert [step["k"] for step in sparse_steps] == [max(1, math.ceil(x * d)) for x in want]
+
+    # Momentum correction took effect: the SGD the example wraps has no momentum of its own,
+    # and every worker's checkpoint holds its own velocity u (u = m u + g, accumulated into the
+    # residual r), cleared where the worker sent at its last step: where r is 0 (sent and kept
+    # globally; or an entry whose gradient has always been 0) u is 0 too, and u is 0 but r not
+    # at the entries sent but not kept (back in r): at most k, and some on some worker.
+    import torch
+
+    velocities, sent_not_kept, k = [], 0, sparse_steps[-1]["k"]
+    for rank in range(4):
+        state = torch.load(f"{checkpoint}.rank{rank}", weights_only=True)["optimizer"]
+        assert [group["momentum"] for group in state["param_groups"]] == [0.0]
+        velocity = state["gtopk"]["velocity"].numpy()
+        residual = state["gtopk"]["residual"].numpy()
+        assert velocity.size == d and np.isfinite(velocity).all() and velocity.any()
+        assert not np.any((residual == 0) & (velocity != 0)), rank
+        back = np.count_nonzero((velocity == 0) & (residual != 0))
+        assert back <= k, (rank, back, k)
+        sent_not_kept += back
+        velocities.append(velocity.tobytes())
+    assert sent_not_kept > 0
+    assert len(set(velocities)) == 4  # each worker's own (its own data)

@@ -68,6 +68,10 @@ def test_pytorch_synthetic_benchmark(workers: int) -> None:
     output = run_mpi("examples/horovod/pytorch_synthetic_benchmark.py", workers, *SPARSE,
                      timeout_s=120)
     assert re.search(rf"Total img/sec on {workers} CPU\(s\): [0-9.]+", output), output[-3000:]
+    # Each rank's own fake data: the replicas then agree only if every rank applied the same
+    # reduced update (a rank-local or partial reduction would leave them different).
+    data = re.findall(r"DATA rank=(\d+) ([0-9a-f]{64})", output)
+    assert len({digest for _, digest in data}) == workers, data
     check_replicas(output, workers)
 
 

@@ -1,45 +1,37 @@
-"""A transport passed in is the one every adapter uses (one process, Horovod of size 1).
+"""A transport passed in is the one every adapter uses, its reduction included.
 
-The transport here wraps a one-worker thread group and counts its calls; with density 1.0 and
-one worker the update equals the local gradient, computed independently by plain autograd.
+In this process (Horovod of size 1): the transport wraps a one-worker thread group and records
+its calls (tests/helpers/counting_transport.py); with density 1.0 and one worker the update equals
+the local gradient, computed independently by plain autograd. At P = 1 gTop-k has no partner (no
+message), while Top-k's step still all-gathers its set through the transport.
+
+Under mpirun (P = 3, tests/mpi/mpi_transport_seam.py): the torch optimizer and the TensorFlow
+tape, given a recording wrapper around MPI's or Horovod's transport, send every step's
+reduction through it (gTop-k's messages, fold in, round and fold out, of 8 bytes per entry, as
+the step's stats count them; Top-k's all-gathers), and the update equals numpy's reduction of
+every rank's own gradient gathered with mpi4py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.counting_transport import CountingTransport, data_messages
+from helpers.mpi_launcher import run_mpi
 from helpers.thread_transport import ThreadGroup
 
-from gtopk_hvd.transports import Transport
+
+def one_worker() -> CountingTransport:
+    return CountingTransport(ThreadGroup(1).run(lambda t: t)[0])
 
 
-class CountingTransport(Transport):
-    """One worker; counts the calls that reach it."""
-
-    def __init__(self) -> None:
-        self.inner = ThreadGroup(1).run(lambda t: t)[0]
-        self.rank, self.size = 0, 1
-        self.calls: list[str] = []
-
-    def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None, receive: np.ndarray,
-                 source: int | None, tag: int) -> int:
-        self.calls.append("sendrecv")
-        return self.inner.sendrecv(send, send_bytes, dest, receive, source, tag)
-
-    def allgather(self, local: np.ndarray) -> np.ndarray:
-        self.calls.append("allgather")
-        return self.inner.allgather(local)
-
-    def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        self.calls.append("allgatherv")
-        return self.inner.allgatherv(local, counts)
-
-    def allreduce_sum(self, array: np.ndarray) -> None:
-        self.calls.append("allreduce_sum")
-        self.inner.allreduce_sum(array)
-
-    def abort(self, message: str) -> None:
-        raise RuntimeError(message)
+def check_step_calls(transport: CountingTransport, scheme: str, d: int) -> None:
+    """One worker, density 1.0: Top-k all-gathers its d indices and d values (int32, float32),
+    nothing coming back; gTop-k sends nothing."""
+    calls = transport.take()
+    gathers = [(c.sent, c.received) for c in calls if c.operation == "allgatherv"]
+    assert gathers == ([(4 * d, 0)] * 2 if scheme == "topk" else []), calls
+    assert not data_messages(calls), calls
 
 
 @pytest.mark.parametrize("scheme", ["gtopk", "topk"])
@@ -54,23 +46,27 @@ def test_torch_optimizer_uses_the_transport_it_is_given(scheme: str) -> None:
     model = torch.nn.Linear(5, 3)
     reference = torch.nn.Linear(5, 3)
     reference.load_state_dict(model.state_dict())
-    transport = CountingTransport()
+    transport = one_worker()
     optimizer = gtopk.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters(),
         compression=getattr(gtopk.Compression, scheme)(density=1.0), transport=transport)
     plain = torch.optim.SGD(reference.parameters(), lr=0.5)
     x = torch.randn(8, 5)
     for net, opt in ((model, optimizer), (reference, plain)):
-        for _ in range(2):
+        for step in range(2):
             opt.zero_grad()
             net(x).square().mean().backward()
             opt.step()
-    assert "allgather" in transport.calls  # the agreement check at the first step, at least
+            if opt is optimizer:
+                if step == 0:  # the agreement check at the first step
+                    assert [c.operation for c in transport.calls][0] == "allgather"
+                check_step_calls(transport, scheme, 18)
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
 
-def test_tensorflow_tape_uses_the_transport_it_is_given() -> None:
+@pytest.mark.parametrize("scheme", ["gtopk", "topk"])
+def test_tensorflow_tape_uses_the_transport_it_is_given(scheme: str) -> None:
     tf = pytest.importorskip("tensorflow")
     import horovod.tensorflow as hvd
 
@@ -78,14 +74,15 @@ def test_tensorflow_tape_uses_the_transport_it_is_given() -> None:
 
     hvd.init()
     variable = tf.Variable(tf.range(6, dtype=tf.float32))
-    transport = CountingTransport()
+    transport = one_worker()
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(variable ** 2)
-    tape = gtopk.DistributedGradientTape(tape, compression=gtopk.Compression.gtopk(density=1.0),
-                                         transport=transport)
+    compression = getattr(gtopk.Compression, scheme)(density=1.0)
+    tape = gtopk.DistributedGradientTape(tape, compression=compression, transport=transport)
     (gradient,) = tape.gradient(loss, [variable])
     np.testing.assert_allclose(gradient.numpy(), 2 * np.arange(6, dtype=np.float32))
-    assert "allgather" in transport.calls
+    assert [c.operation for c in transport.calls][0] == "allgather"  # the agreement check
+    check_step_calls(transport, scheme, 6)
 
 
 def test_a_transport_without_horovods_workers_is_refused() -> None:
@@ -95,7 +92,7 @@ def test_a_transport_without_horovods_workers_is_refused() -> None:
     import gtopk_hvd.torch as gtopk
 
     hvd.init()
-    transport = CountingTransport()
+    transport = one_worker()
     transport.size = 2  # claims a second worker Horovod does not have
     model = torch.nn.Linear(2, 2)
     with pytest.raises(RuntimeError, match="CountingTransport sees rank 0 of 2, Horovod rank 0 "
@@ -104,3 +101,10 @@ def test_a_transport_without_horovods_workers_is_refused() -> None:
                                    named_parameters=model.named_parameters(),
                                    compression=gtopk.Compression.gtopk(density=0.5),
                                    transport=transport)
+
+
+@pytest.mark.mpi  # launches mpirun: `pytest -m "not mpi"` skips it
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_the_step_reduces_through_the_transport_it_is_given(framework: str) -> None:
+    output = run_mpi("mpi_transport_seam.py", 3, "--framework", framework, timeout_s=180)
+    assert f"transport seam ok: {framework} on 3 workers" in output, output[-3000:]

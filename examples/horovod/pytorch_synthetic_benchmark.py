@@ -10,6 +10,10 @@
 #       (`--gtopk-density D`: gtopk.Compression.gtopk(D); 0, the default: Horovod's line as is).
 #   (c) a final `CHECKSUM rank=<r> <sha256>` line of the parameters on every rank, for
 #       tests/test_horovod_examples.py.
+#   (d) the fake data seeded by rank (torch.manual_seed(1000 + rank)) and a `DATA rank=<r>
+#       <sha256>` line of it: every rank trains on its own data, so a reduction that is not
+#       the same all-reduce on every rank leaves the replicas different (with the same data
+#       everywhere, even no reduction at all would keep them identical).
 import argparse
 import hashlib
 import timeit
@@ -102,6 +106,7 @@ hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 # Set up fixed fake data
+torch.manual_seed(1000 + hvd.rank())  # (d) different data on every rank
 data = torch.randn(args.batch_size, 3, 32, 32)
 target = torch.LongTensor(args.batch_size).random_() % 10
 if args.cuda:
@@ -147,6 +152,8 @@ log('Img/sec per %s: %.1f +-%.1f' % (device, img_sec_mean, img_sec_conf))
 log('Total img/sec on %d %s(s): %.1f +-%.1f' %
     (hvd.size(), device, hvd.size() * img_sec_mean, hvd.size() * img_sec_conf))
 
+print('DATA rank=%d %s' % (hvd.rank(), hashlib.sha256(
+    data.cpu().numpy().tobytes() + target.cpu().numpy().tobytes()).hexdigest()), flush=True)
 digest = hashlib.sha256()
 for tensor in model.state_dict().values():
     digest.update(tensor.detach().cpu().numpy().tobytes())

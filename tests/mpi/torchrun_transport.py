@@ -3,7 +3,11 @@
 Messages shorter than the buffer, one-sided and idle phases, several dtypes, a transport over a
 sub-group (group ranks differ from global ranks) and the "torch" name of the registry. The
 reductions through this transport are checked against numpy by tests/mpi/mpi_gtopk_reduction.py
-(`--transport torch`, tests/test_reduction.py).
+(`--transport torch`, tests/test_reduction.py). The sparse step given this transport (in a
+recording wrapper, tests/helpers/counting_transport.py) sends each step's reduction through it
+(gTop-k's schedule of messages, Top-k's all-gathers, with their bytes), and its update equals the
+mean of every rank's gradient, gathered by torch.distributed's all_gather_object (not through the
+transport) and averaged in numpy.
 
 `--abort` instead makes the last rank call transport.abort while the others wait in a
 collective: torchrun must end them all and exit non-zero.
@@ -16,8 +20,11 @@ import time
 
 import numpy as np
 import torch.distributed as dist
+from helpers.counting_transport import CountingTransport, check_reduction_calls
 from helpers.reference import gtopk_schedule_reference
 
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
 from gtopk_hvd.reductions import gtopk_allreduce
 from gtopk_hvd.transports import resolve_transport
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
@@ -94,6 +101,30 @@ def check_subgroup() -> None:
     assert result.values.tobytes() == expected[transport.rank][1].tobytes()
 
 
+def check_sparse_step(transport: TorchDistributedTransport) -> None:
+    """Density 1.0, three steps of each reduction through a recording wrapper: the calls and
+    bytes of each step's reduction, and the update against numpy's mean of the gradients."""
+    counting = CountingTransport(transport)
+    rank, size, sizes = transport.rank, transport.size, [200, 7, 93]
+    d = sum(sizes)
+    for reduction, compression in (("gtopk", Compression.gtopk(1.0)),
+                                   ("allgather", Compression.topk(1.0))):
+        state = SparseStep(compression, sizes, counting)
+        for step in range(3):
+            what = f"sparse step, {reduction}, step {step}, rank {rank}"
+            gradient = np.random.default_rng([rank, step]).standard_normal(d).astype(np.float32)
+            counting.take()
+            indices, values = state.step(gradient.copy())
+            check_reduction_calls(counting.take(), state.last_stats, reduction, d, rank, size,
+                                  what)
+            gathered: list = [None] * size
+            dist.all_gather_object(gathered, gradient)
+            update = np.zeros(d, np.float32)
+            update[indices] = values
+            np.testing.assert_allclose(update, np.mean(np.array(gathered, np.float64), axis=0),
+                                       rtol=1e-5, atol=1e-7, err_msg=what)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     transport = TorchDistributedTransport()
@@ -108,6 +139,7 @@ def main() -> None:
         return
     check_operations(transport)
     check_subgroup()
+    check_sparse_step(transport)
     dist.barrier()
     if rank == 0:
         print(f"torch.distributed transport ok on {size} workers", flush=True)
