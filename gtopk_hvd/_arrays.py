@@ -124,21 +124,3 @@ def to_host_numpy(x: Any) -> np.ndarray:
     if framework_of(x) == "torch":
         return x.detach().cpu().numpy()
     return np.asarray(x)
-
-
-def concatenate(parts: list[Any]) -> Any:
-    """numpy.concatenate or torch.cat, by the type of the parts."""
-    if framework_of(parts[0]) == "torch":
-        import torch
-
-        return torch.cat(parts)
-    return np.concatenate(parts)
-
-
-def as_index_dtype(indices: Any, dtype: Any) -> Any:
-    """indices converted to the integer numpy dtype `dtype` (torch: the same-named dtype)."""
-    if framework_of(indices) == "torch":
-        import torch
-
-        return indices.to(getattr(torch, np.dtype(dtype).name))
-    return indices.astype(dtype, copy=False)

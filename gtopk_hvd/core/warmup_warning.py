@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
 
-
-def _is_sparse(compression: object) -> bool:
-    return all(hasattr(compression, name) for name in ("density", "warmup_steps",
-                                                        "momentum_correction"))
-
+from gtopk_hvd.compression import SparseCompression
 
 WARMUP_DENSITY_THRESHOLD = 0.01
 """Below this density, without a warm-up or momentum correction, the sparse step warns.
@@ -30,7 +25,7 @@ _FRAMEWORK_MODULES = ("gtopk_hvd", "horovod", "torch", "tensorflow", "keras", "t
 _density_warning_issued = False
 
 
-def density_warning_text(compression: Any) -> str:
+def density_warning_text(compression: SparseCompression) -> str:
     """The warning for an aggressive density without protection (names the fixes)."""
     return (f"gtopk_hvd: density {compression.density:g} is below "
             f"{WARMUP_DENSITY_THRESHOLD:g} with no warm-up (warmup_steps=0) and no momentum "
@@ -45,7 +40,7 @@ def density_warning_text(compression: Any) -> str:
 def needs_warmup_warning(compression: object) -> bool:
     """True for a sparse compression with density < WARMUP_DENSITY_THRESHOLD whose warm-up is
     off (warmup_steps == 0 or no warmup_densities) and without momentum correction."""
-    if not _is_sparse(compression):
+    if not isinstance(compression, SparseCompression):
         return False
     warmup = compression.warmup_steps > 0 and len(compression.warmup_densities) > 0
     return (compression.density < WARMUP_DENSITY_THRESHOLD and not warmup

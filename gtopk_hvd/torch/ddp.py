@@ -75,6 +75,7 @@ from gtopk_hvd.core import SparseStep, StepStats, count_nonfinite_workers
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
+from gtopk_hvd.transports.base import check_same_workers
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
 
 logger = logging.getLogger(__name__)
@@ -322,13 +323,11 @@ class GTopkHookState:
 
 def check_matches_process_group(transport: Transport, process_group: Any = None) -> None:
     """Raises if the transport's workers are not the process group's (same rank, same size)."""
-    rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
-    if transport.size != size or transport.rank != rank:
-        raise RuntimeError(
-            f"gtopk_hook needs a transport whose workers are the DDP process group's: "
-            f"{type(transport).__name__} sees rank {transport.rank} of {transport.size}, the "
-            f"process group rank {rank} of {size}. Pass transport=None (torch.distributed over "
-            "the process group) or one over the same workers.")
+    check_same_workers(transport, dist.get_rank(process_group),
+                       dist.get_world_size(process_group), "gtopk_hook",
+                       "the DDP process group's", "the process group",
+                       "Pass transport=None (torch.distributed over the process group) or one "
+                       "over the same workers.")
 
 
 def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket

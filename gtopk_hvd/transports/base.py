@@ -60,10 +60,19 @@ class Transport(ABC):
         os._exit(1)
 
 
+def check_same_workers(transport: Transport, rank: int, size: int, needed_by: str,
+                       whose: str, owner: str, hint: str) -> None:
+    """Raises RuntimeError if the transport is not this worker of `owner`'s group (rank `rank`
+    of `size`): "<needed_by> needs a transport whose workers are <whose>: <transport> sees rank
+    .. of .., <owner> rank .. of ... <hint>"."""
+    if transport.size != size or transport.rank != rank:
+        raise RuntimeError(
+            f"{needed_by} needs a transport whose workers are {whose}: "
+            f"{type(transport).__name__} sees rank {transport.rank} of {transport.size}, "
+            f"{owner} rank {rank} of {size}. {hint}".rstrip())
+
+
 def check_matches_horovod(transport: Transport, hvd_rank: int, hvd_size: int) -> None:
     """Raises if the transport's workers are not Horovod's (same rank, same size)."""
-    if transport.size != hvd_size or transport.rank != hvd_rank:
-        raise RuntimeError(
-            f"gtopk_hvd needs a transport whose workers are Horovod's: "
-            f"{type(transport).__name__} sees rank {transport.rank} of {transport.size}, "
-            f"Horovod rank {hvd_rank} of {hvd_size}. {transport.mismatch_hint}".rstrip())
+    check_same_workers(transport, hvd_rank, hvd_size, "gtopk_hvd", "Horovod's", "Horovod",
+                       transport.mismatch_hint)
