@@ -302,6 +302,83 @@ py::array_t<uint8_t> mark_survivors(const py::array& local_index, const py::arra
     return survived;
 }
 
+py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, int64_t begin,
+                               int64_t end, uint64_t threshold_key, uint64_t histogram_base_key,
+                               int histogram_shift, int64_t n_bins,
+                               const std::string& value_type, bool clear_gradient) {
+    require_contiguous_1d(gradient, "gradient");
+    require_contiguous_1d(residual, "residual");
+    const int64_t d = gradient.shape(0);
+    if (residual.shape(0) != d || !gradient.dtype().is(residual.dtype())) {
+        throw py::value_error("gradient and residual must have the same length and dtype");
+    }
+    if (!residual.writeable()) throw py::value_error("residual must be writeable");
+    if (clear_gradient && !gradient.writeable()) {
+        throw py::value_error("gradient must be writeable to be cleared");
+    }
+    if (clear_gradient && gradient.data() == residual.data()) {
+        throw py::value_error("gradient and residual must not be the same array when the "
+                              "gradient is cleared");
+    }
+    if (!(0 <= begin && begin <= end && end <= d)) {
+        throw py::value_error("need 0 <= begin <= end <= d, got begin=" + std::to_string(begin) +
+                              ", end=" + std::to_string(end) + ", d=" + std::to_string(d));
+    }
+    if (n_bins < 1 || histogram_shift < 0 || histogram_shift > 52) {
+        throw py::value_error("need n_bins >= 1 and 0 <= histogram_shift <= 52");
+    }
+    py::array_t<int64_t> histogram(n_bins);
+    return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
+        using T = decltype(tag);
+        using Key = gtopk::MagnitudeKey<T>;
+        T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
+        T* r = static_cast<T*>(residual.mutable_data());
+        auto run = [&](auto index_tag) -> py::tuple {
+            using Index = decltype(index_tag);
+            std::vector<Index> selected;
+            {
+                py::gil_scoped_release release;
+                gtopk::cpu::accumulate_threshold<T, Index>(
+                    g, r, d, begin, end, static_cast<Key>(threshold_key),
+                    static_cast<Key>(histogram_base_key), histogram_shift, n_bins,
+                    histogram.mutable_data(), clear_gradient, selected);
+            }
+            py::array_t<Index> indices(static_cast<py::ssize_t>(selected.size()));
+            std::copy(selected.begin(), selected.end(), indices.mutable_data());
+            return py::make_tuple(indices, histogram);
+        };
+        return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
+    });
+}
+
+py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
+                            uint64_t threshold_key, const std::string& value_type) {
+    require_contiguous_1d(x, "x");
+    const int64_t d = x.shape(0);
+    if (!(0 <= begin && begin <= end && end <= d)) {
+        throw py::value_error("need 0 <= begin <= end <= d, got begin=" + std::to_string(begin) +
+                              ", end=" + std::to_string(end) + ", d=" + std::to_string(d));
+    }
+    return with_value_type(value_type, x, true, [&](auto tag) -> py::array {
+        using T = decltype(tag);
+        const T* data = static_cast<const T*>(x.data());
+        auto run = [&](auto index_tag) -> py::array {
+            using Index = decltype(index_tag);
+            std::vector<Index> selected;
+            {
+                py::gil_scoped_release release;
+                gtopk::cpu::threshold_indices<T, Index>(
+                    data, begin, end, static_cast<gtopk::MagnitudeKey<T>>(threshold_key),
+                    selected);
+            }
+            py::array_t<Index> indices(static_cast<py::ssize_t>(selected.size()));
+            std::copy(selected.begin(), selected.end(), indices.mutable_data());
+            return indices;
+        };
+        return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
+    });
+}
+
 uint64_t read_pass(const py::array& x) {
     require_contiguous_1d(x, "x");
     const int64_t d = x.shape(0);
@@ -396,6 +473,12 @@ PYBIND11_MODULE(_C, m) {
     m.def("accumulate_select", &accumulate_select, py::arg("gradient"), py::arg("residual"),
           py::arg("k"), py::arg("threshold_hint"), py::arg("value_type"),
           py::arg("clear_gradient") = false);
+    m.def("accumulate_threshold", &accumulate_threshold, py::arg("gradient"),
+          py::arg("residual"), py::arg("begin"), py::arg("end"), py::arg("threshold_key"),
+          py::arg("histogram_base_key"), py::arg("histogram_shift"), py::arg("n_bins"),
+          py::arg("value_type"), py::arg("clear_gradient") = false);
+    m.def("threshold_indices", &threshold_indices, py::arg("x"), py::arg("begin"),
+          py::arg("end"), py::arg("threshold_key"), py::arg("value_type"));
     m.def("merge_topk", &merge_topk, py::arg("index_a"), py::arg("value_a"), py::arg("index_b"),
           py::arg("value_b"), py::arg("k"), py::arg("value_type"),
           py::arg("out_index") = py::none(), py::arg("out_value") = py::none());

@@ -115,7 +115,7 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     model = DDP(build_model(args.seed))  # broadcasts rank 0's parameters
-    corrected = args.momentum_correction and args.compression in ("topk", "gtopk")
+    corrected = args.momentum_correction and args.compression not in digits_common.DENSE
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
                                 momentum=0.0 if corrected else args.momentum)
     state = register_compression(args, model, len(loader))

@@ -25,11 +25,12 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-COMPRESSIONS = ("none", "fp16", "topk", "gtopk")
+COMPRESSIONS = ("none", "fp16", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
 DENSE = ("none", "fp16")  # Horovod's dense allreduce; the others are gtopk_hvd's sparse ones
 
 _HELP = {
-    "compression": "gradient compression (none/fp16: Horovod's; topk/gtopk: gtopk_hvd's)",
+    "compression": "gradient compression (none/fp16: Horovod's; the others gtopk_hvd's "
+                   "sparse schemes)",
     "epochs": "passes over the training set",
     "seed": "seed of the model and the shards",
 }
@@ -47,7 +48,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, **help_texts: str) -> 
     parser.add_argument("--compression", choices=COMPRESSIONS, default="gtopk",
                         help=helps["compression"])
     parser.add_argument("--density", type=float, default=0.01,
-                        help="fraction k/d of gradient entries sent (topk, gtopk)")
+                        help="fraction k/d of gradient entries sent (sparse schemes)")
     parser.add_argument("--epochs", type=int, default=30, help=helps["epochs"])
     parser.add_argument("--batch-size", type=int, default=32, help="batch size per worker")
     parser.add_argument("--lr", type=float, default=0.02,

@@ -23,6 +23,7 @@ import digits_common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from sparse_options import SPARSE
 
 import gtopk_hvd.tensorflow.keras as gtopk
 
@@ -57,9 +58,10 @@ def build_model(seed: int) -> keras.Model:
 
 def distributed_optimizer(args: argparse.Namespace, optimizer: Any) -> Any:
     """The one place that differs from a single-worker Keras script."""
-    compression = {"none": gtopk.Compression.none, "fp16": gtopk.Compression.fp16,
-                   "topk": gtopk.Compression.topk(density=args.density),
-                   "gtopk": gtopk.Compression.gtopk(density=args.density)}[args.compression]
+    if args.compression in digits_common.DENSE:
+        compression = getattr(gtopk.Compression, args.compression)
+    else:
+        compression = SPARSE[args.compression](density=args.density)
     return gtopk.DistributedOptimizer(optimizer, compression=compression,
                                       backward_passes_per_step=args.backward_passes_per_step)
 

@@ -111,7 +111,7 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Data
                 passes: int, progress: tqdm, timer: StepTimer,
                 sparse_steps: list[dict]) -> tuple[float, float]:
     """One pass over this worker's shard; returns the mean training loss and the seconds the
-    steps took, and appends each sparse step's density and k (its `last_stats`: the warm-up's
+    steps took, and appends each sparse step's density, k and global set size (its `last_stats`: the warm-up's
     stages show there) to sparse_steps."""
     model.train()
     losses = []
@@ -120,7 +120,8 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Data
         losses.append(train_step(model, optimizer, images, labels, passes, timer))
         stats = getattr(optimizer, "last_stats", None)  # gtopk_hvd's sparse optimizers
         if stats is not None:
-            sparse_steps.append({"density": stats.density, "k": stats.k})
+            sparse_steps.append({"density": stats.density, "k": stats.k,
+                                 "selected": stats.global_entries})
         progress.update(1)
         progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     seconds = time.perf_counter() - start
@@ -139,7 +140,7 @@ def main() -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     model = build_model(args.seed)
-    corrected = args.momentum_correction and args.compression in ("topk", "gtopk")
+    corrected = args.momentum_correction and args.compression not in digits_common.DENSE
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
                                 momentum=0.0 if corrected else args.momentum)
     optimizer = distributed_optimizer(args, optimizer, model, len(loader))

@@ -75,8 +75,9 @@ class LSTMLanguageModel(nn.Module):
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compression", choices=digits_common.COMPRESSIONS, default="gtopk",
-                        help="none/fp16: Horovod's dense allreduce; topk/gtopk: gtopk_hvd's")
-    parser.add_argument("--density", type=float, default=0.001, help="k/d for topk and gtopk")
+                        help="none/fp16: Horovod's dense allreduce; the others gtopk_hvd's "
+                             "sparse schemes")
+    parser.add_argument("--density", type=float, default=0.001, help="k/d for the sparse schemes")
     parser.add_argument("--vocab-size", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=256, help="embedding and LSTM width")
     parser.add_argument("--layers", type=int, default=2)
@@ -187,7 +188,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     params = sum(p.numel() for p in model.parameters())
 
-    timer, history, seconds = StepTimer(), [], 0.0
+    timer, history, seconds, sparse_steps = StepTimer(), [], 0.0, []
     hidden = model.initial_hidden(args.batch_size)
     show = rank == 0 and not args.quiet
     progress = tqdm(total=total_steps, disable=not show, desc="train")
@@ -205,6 +206,9 @@ def main() -> None:
                           timer, clip=partial(nn.utils.clip_grad_norm_, model.parameters(),
                                               args.clip))
         seconds += time.perf_counter() - began
+        stats = getattr(optimizer, "last_stats", None)  # gtopk_hvd's sparse optimizers
+        if stats is not None:
+            sparse_steps.append({"k": stats.k, "selected": stats.global_entries})
         progress.update(1)
         progress.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if (step + 1) % eval_every == 0 or step + 1 == total_steps:
@@ -221,7 +225,7 @@ def main() -> None:
             with open(args.history, "w") as file:
                 json.dump({"params": params, "workers": workers, "steps": total_steps,
                            "steps_per_epoch": steps_per_epoch, "test_perplexity": test_ppl,
-                           "evaluations": history}, file, indent=1)
+                           "evaluations": history, "sparse_steps": sparse_steps}, file, indent=1)
         digits_common.emit(
             f"RESULT compression={args.compression} density={history[-1]['density']:g} "
             f"workers={workers} steps={total_steps} valid_perplexity="

@@ -5,8 +5,19 @@ with --compression, --density and --momentum."""
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from gtopk_hvd.compression import DGC_WARMUP, Compression, SparseCompression
+
+SPARSE = {
+    "topk": Compression.topk,
+    "gtopk": Compression.gtopk,
+    "gtopk-exact": partial(Compression.gtopk, exact=True),
+    "micro": Compression.micro,
+    "exdyna": Compression.exdyna,
+    "sketch": Compression.sketch,
+}
+"""The sparse --compression choices and what each asks for."""
 
 
 def add_sparse_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +31,9 @@ def add_sparse_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sparse_compression(args: argparse.Namespace, steps_per_epoch: int) -> SparseCompression:
-    """--compression topk|gtopk at --density, with the DGC warm-up over --warmup-epochs (its
+    """--compression (a name in SPARSE) at --density, with the DGC warm-up over --warmup-epochs (its
     densities above --density, in equal stages) and --momentum-correction."""
-    factory = getattr(Compression, args.compression)  # .topk or .gtopk (argparse choices)
+    factory = SPARSE[args.compression]
     stages = tuple(density for density in DGC_WARMUP if density > args.density)
     stage_steps = round(args.warmup_epochs * steps_per_epoch / len(stages)) if stages else 0
     return factory(density=args.density, warmup_densities=stages,

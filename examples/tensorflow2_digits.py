@@ -28,6 +28,7 @@ import digits_common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from sparse_options import SPARSE
 
 import gtopk_hvd.tensorflow as gtopk  # before hvd.init(): under mpirun it loads MPI first
 
@@ -68,8 +69,8 @@ def distributed_tape(args: argparse.Namespace, tape: tf.GradientTape,
     if args.compression in ("none", "fp16"):
         return gtopk.DistributedGradientTape(
             tape, compression=getattr(gtopk.Compression, args.compression))
-    factory = getattr(gtopk.Compression, args.compression)  # .topk or .gtopk (argparse choices)
-    return gtopk.DistributedGradientTape(tape, compression=factory(density=args.density),
+    return gtopk.DistributedGradientTape(tape,
+                                         compression=SPARSE[args.compression](args.density),
                                          gtopk_state=gtopk_state)
 
 

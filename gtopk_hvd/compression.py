@@ -9,6 +9,9 @@ plain, immutable data. Names are checked against the registries where a step is 
     Compression.sparse(density, sparsifier=..., reduction=...)
                                   any registered selection rule and reduction, e.g.
                                   sparsifier="randomk" (with the "allreduce" reduction)
+    Compression.micro(density)    MiCRO: rotating partitions, threshold selection, exact sums
+    Compression.exdyna(density)   ExDyna: MiCRO with count-balancing block boundaries
+    Compression.sketch(density)   sketched SGD: count sketch, heavy hitters, second round
     Compression.scheme(name, density, **options)
                                   any registered scheme (`gtopk_hvd.schemes`), its own options
                                   as keyword arguments
@@ -29,6 +32,11 @@ Sparse choices carry their hyper-parameters:
     sparsifier              the selection rule, a name in gtopk_hvd.sparsifiers.SPARSIFIERS
     reduction               the reduction, a name in gtopk_hvd.reductions.REDUCTIONS (None:
                             the sparsifier's default_reduction)
+    exact                   after the reduction found the global index set I, one more sum
+                            all-reduce of every worker's accumulated values at I (k float32
+                            values), applied instead of the reduction's sums, the residual
+                            cleared at I on every worker: gTop-k's values lose no worker's
+                            contribution in an intermediate merge (select-reduce schemes)
     scheme                  the scheme, a name in gtopk_hvd.schemes.SCHEMES ("select-reduce":
                             the sparsifier, then the reduction)
     options                 the scheme's own options, as sorted (name, value) pairs
@@ -105,6 +113,7 @@ class SparseCompression:
     sparsifier: str = "topk"
     seed: int = 0
     nonfinite: str = "propagate"
+    exact: bool = False
     scheme: str = "select-reduce"
     options: tuple[tuple[str, Any], ...] = ()
 
@@ -126,6 +135,8 @@ class SparseCompression:
                              f"got {self.granularity!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact must be True or False, got {self.exact!r}")
         if self.nonfinite not in NONFINITE_RULES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_RULES}, "
                              f"got {self.nonfinite!r}")
@@ -199,6 +210,33 @@ class Compression:
         """A registered selection rule with a registered reduction (default: the one the
         sparsifier names, e.g. "randomk" -> "allreduce"). Options: module docstring."""
         return sparse_config(reduction, density, **options, sparsifier=sparsifier)
+
+    @staticmethod
+    def micro(density: float, threshold: float | None = None, controller: str = "histogram",
+              **options: Any) -> SparseCompression:
+        """MiCRO (`gtopk_hvd.schemes.micro`): threshold = the start (None: measured at the
+        first step), controller = "histogram" (ours) or "multiplicative" (the authors').
+        Other options: module docstring (momentum correction and warm-up apply)."""
+        return Compression.scheme("micro", density, threshold=threshold,
+                                  controller=controller, **options)
+
+    @staticmethod
+    def exdyna(density: float, threshold: float | None = None, controller: str = "histogram",
+               blocks: int = 1024, balance: float = 0.05, **options: Any) -> SparseCompression:
+        """ExDyna (`gtopk_hvd.schemes.exdyna`): MiCRO's options, plus `blocks` (the number of
+        fine blocks) and `balance` (the count imbalance, as a fraction of the mean, that moves
+        a boundary by one block)."""
+        return Compression.scheme("exdyna", density, threshold=threshold,
+                                  controller=controller, blocks=blocks, balance=balance,
+                                  **options)
+
+    @staticmethod
+    def sketch(density: float, rows: int = 5, columns: int | None = None,
+               second_round: bool = True, **options: Any) -> SparseCompression:
+        """Sketched SGD (`gtopk_hvd.schemes.sketch`): a rows x columns count sketch (columns
+        None: 10 k), and the second round of exact values (True) or the sketch's estimates."""
+        return Compression.scheme("sketch", density, rows=rows, columns=columns,
+                                  second_round=second_round, **options)
 
     @staticmethod
     def scheme(name: str, density: float, **options: Any) -> SparseCompression:

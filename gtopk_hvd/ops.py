@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd import _C, threads
-from gtopk_hvd._arrays import NumpyView, as_numpy, check_count, dtype_name, is_cuda, like
+from gtopk_hvd._arrays import (
+    NumpyView,
+    as_numpy,
+    check_count,
+    dtype_name,
+    framework_of,
+    is_cuda,
+    like,
+)
 
 __all__ = [
     "topk_abs",
@@ -112,6 +120,98 @@ def accumulate_select(
         _hint_array(threshold_hint, gradient_view), gradient_view.value_type,
         bool(clear_gradient))
     return like(indices, gradient_view), like(values, gradient_view)
+
+
+def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
+                         threshold_key: int, histogram_base_key: int, histogram_shift: int,
+                         n_bins: int, clear_gradient: bool = False) -> tuple[Any, np.ndarray]:
+    """Threshold selection fused with the accumulation (MiCRO / ExDyna), one pass over d:
+
+        residual += gradient                              (gradient = 0 too if clear_gradient)
+        indices = [i in [begin, end) with key(residual[i]) >= threshold_key]   (sorted)
+        histogram[b] = #[i in [begin, end) with key >= histogram_base_key and
+                         b = min((key - histogram_base_key) >> histogram_shift, n_bins - 1)]
+
+    key(v): the magnitude's bits (`magnitude_key`: NaN above +Inf above every number), so every
+    NaN reaches the selection. Returns (indices, histogram int64, on the host). float32 /
+    float64; CUDA tensors run as torch operations on their device.
+    """
+    if is_cuda(gradient) or is_cuda(residual):
+        return _torch_accumulate_threshold(gradient, residual, begin, end, threshold_key,
+                                           histogram_base_key, histogram_shift, n_bins,
+                                           clear_gradient)
+    gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
+    residual_view = as_numpy(residual, "residual", writeable=True)
+    indices, histogram = _C.accumulate_threshold(
+        gradient_view.array, residual_view.array, int(begin), int(end), int(threshold_key),
+        int(histogram_base_key), int(histogram_shift), int(n_bins), gradient_view.value_type,
+        bool(clear_gradient))
+    return like(indices, gradient_view), histogram
+
+
+def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+    """The indices i in [begin, end) with magnitude_key(x[i]) >= threshold_key, sorted: one
+    read of x[begin:end) (float32 / float64, numpy or torch; a NaN's key is above every
+    number's, so every NaN is in)."""
+    if framework_of(x) == "torch" and x.is_cuda:
+        import torch
+
+        wide = x.dtype == torch.float64
+        bits = x[begin:end].view(torch.int64 if wide else torch.int32).to(torch.int64)
+        keys = bits & (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF)
+        return torch.nonzero(keys >= threshold_key).reshape(-1) + begin
+    view = as_numpy(x, "x")
+    return like(_C.threshold_indices(view.array, int(begin), int(end), int(threshold_key),
+                                     view.value_type), view)
+
+
+def largest_finite_magnitude(x: Any) -> float:
+    """max |x| over the finite entries of x (0.0 if none), numpy or torch."""
+    if framework_of(x) == "torch":
+        import torch
+
+        finite = x[torch.isfinite(x)]
+        return float(finite.abs().max()) if finite.numel() else 0.0
+    finite = np.abs(x[np.isfinite(x)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def magnitude_key(value: float, dtype: Any = np.float32) -> int:
+    """The kernels' magnitude key of one value of `dtype` (float32 / float64): its bits with
+    the sign cleared, every NaN mapped to one key above +Inf (gtopk/magnitude_order.h)."""
+    if np.dtype(dtype) == np.float64:
+        bits = int(np.array([value], np.float64).view(np.uint64)[0]) & 0x7FFFFFFFFFFFFFFF
+        return min(bits, 0x7FF0000000000001)
+    bits = int(np.array([value], np.float32).view(np.uint32)[0]) & 0x7FFFFFFF
+    return min(bits, 0x7F800001)
+
+
+def value_of_key(key: int, dtype: Any = np.float32) -> float:
+    """The non-negative value whose magnitude key is `key` (the inverse of magnitude_key)."""
+    if np.dtype(dtype) == np.float64:
+        return float(np.array([key], np.uint64).view(np.float64)[0])
+    return float(np.array([key], np.uint32).view(np.float32)[0])
+
+
+def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
+                                threshold_key: int, histogram_base_key: int,
+                                histogram_shift: int, n_bins: int, clear_gradient: bool
+                                ) -> tuple[Any, np.ndarray]:
+    """`accumulate_threshold` as torch operations (tensors on any one device)."""
+    import torch
+
+    residual += gradient
+    if clear_gradient:
+        gradient.zero_()
+    wide = residual.dtype == torch.float64
+    bits = residual[begin:end].view(torch.int64 if wide else torch.int32).to(torch.int64)
+    keys = bits & (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF)
+    keys = keys.clamp(max=0x7FF0000000000001 if wide else 0x7F800001)
+    counted = keys[keys >= histogram_base_key]
+    bins = ((counted - histogram_base_key) >> histogram_shift).clamp(max=n_bins - 1)
+    histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
+    indices = torch.nonzero(keys >= threshold_key).reshape(-1) + begin
+    return indices, histogram
 
 
 def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,

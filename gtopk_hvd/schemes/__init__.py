@@ -1,7 +1,11 @@
 """Sparse schemes by name (`SCHEMES`), and the one place a configuration meets the registries.
 
     "select-reduce"  a registered sparsifier selects k, a registered reduction reduces
-                     (select_reduce.py): Top-k, gTop-k and random-k S-SGD
+                     (select_reduce.py): Top-k, gTop-k (also exact) and random-k S-SGD
+    "micro"          MiCRO: rotating partitions, threshold selection, exact union sum (micro.py)
+    "exdyna"         ExDyna: MiCRO with block boundaries that balance the counts (exdyna.py)
+    "sketch"         sketched SGD: count sketch all-reduced, heavy hitters, second round
+                     (sketch.py)
 
 `check_config` validates a sparse configuration against the registries (names, and what the
 chosen parts can do together); `build_scheme` makes the scheme a `SparseStep` runs. Both are
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd.backend import ArrayBackend
-from gtopk_hvd.schemes import select_reduce  # noqa: F401  (registration)
+from gtopk_hvd.schemes import exdyna, micro, select_reduce, sketch  # noqa: F401  (registration)
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.transports.base import Transport
 

@@ -4,6 +4,15 @@
     (I, V) = reduce((I_p, V_p))           the reduction (`gtopk_hvd.reductions`), over workers
     r[j] += V_p[j] for j in I_p not in I  sent but not kept globally: back to the residual
 
+With `exact` (Compression.gtopk(density, exact=True)), after the reduction found I:
+
+    V = sum over workers of acc_p[I]      one sum all-reduce of k values (`union.sum_at`),
+                                          acc_p[j] = V_p[j] for j in I_p, r_p[j] otherwise
+    r_p[I] = 0 on every worker            then the non-survivors go back as above
+
+so no worker's contribution at I is lost in an intermediate merge (gTop-k's subtlety), for
+8k (P-1)/P more bytes per worker.
+
 Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
 with its own k_i (`gtopk_hvd.density`) and joins the sets. The sparsifier and the reduction
 are chosen by name (`config.sparsifier`, `config.reduction`; no reduction: the sparsifier's
@@ -15,10 +24,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.union import sum_at
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
 
 
@@ -56,10 +68,19 @@ class SelectReduce(Scheme):
                                                    clear_gradient)
         select_seconds = time.perf_counter() - start
         to_host = self.backend.to_host
-        result = self.reduction.reduce(to_host(local_indices), to_host(local_values), budget.k)
+        host_indices, host_values = to_host(local_indices), to_host(local_values)
+        result = self.reduction.reduce(host_indices, host_values, budget.k)
+        if not self.config.exact:
+            ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+            return Exchange(result.indices, result.values, local_indices, result.stats,
+                            select_seconds)
+        values, _ = sum_at(self.transport, self.backend, residual, result.indices,
+                           result.stats, taken=(host_indices, host_values))
         ops.restore_residual(residual, local_indices, local_values, ~result.survived)
-        return Exchange(result.indices, result.values, local_indices, result.stats,
-                        select_seconds)
+        taken = np.union1d(host_indices, result.indices).astype(self.index_dtype, copy=False)
+        if self.backend.name != "numpy":
+            taken = self.backend.from_host(taken.astype(np.int64))
+        return Exchange(result.indices, values, taken, result.stats, select_seconds)
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
                 clear_gradient: bool) -> tuple[Any, Any]:

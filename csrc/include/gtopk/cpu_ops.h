@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "gtopk/magnitude_order.h"
 #include "gtopk/types.h"
@@ -27,6 +28,25 @@ template <typename T, typename Index>
 int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
                           const T* threshold_hint, Index* out_index, T* out_value,
                           bool clear_gradient);
+
+// Threshold selection fused with the accumulation (MiCRO, ExDyna), one pass over d:
+//   residual += gradient over [0, d)                 (gradient = 0 there too if clear_gradient)
+//   out_index = { i in [begin, end) : key(residual[i]) >= threshold }, sorted (NaN: always in)
+//   histogram[b] = #{ i in [begin, end) : b = min((key - histogram_base) >> histogram_shift,
+//                                                 n_bins - 1), key >= histogram_base }
+// Keys are magnitude_key's; entries below histogram_base are not counted. The histogram and the
+// compare read only the entries at or above histogram_base (a vectorised mask), so the pass
+// costs about the accumulation alone when few entries reach it.
+template <typename T, typename Index>
+void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, int64_t end,
+                          MagnitudeKey<T> threshold, MagnitudeKey<T> histogram_base,
+                          int histogram_shift, int64_t n_bins, int64_t* histogram,
+                          bool clear_gradient, std::vector<Index>& out_index);
+
+// out_index = { i in [begin, end) : key(x[i]) >= threshold }, sorted: a read of [begin, end).
+template <typename T, typename Index>
+void threshold_indices(const T* x, int64_t begin, int64_t end, MagnitudeKey<T> threshold,
+                       std::vector<Index>& out_index);
 
 // dest = 0 except dest[index[j]] = value[j]: one multi-threaded pass over d. index is sorted.
 template <typename T, typename Index>

@@ -50,6 +50,8 @@ template <> struct MagnitudeTraits<bfloat16_bits> {
     static constexpr Key kCanonicalNan = 0x7F81u;
 };
 
+template <typename T> using MagnitudeKey = typename MagnitudeTraits<T>::Key;
+
 template <typename T>
 GTOPK_HOST_DEVICE typename MagnitudeTraits<T>::Key magnitude_key(T value) {
     using Traits = MagnitudeTraits<T>;

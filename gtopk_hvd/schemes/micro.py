@@ -1,0 +1,170 @@
+"""MiCRO (Yoon & Oh, HiPC 2023): partitioned threshold selection with an exact union sum
+(registered as "micro").
+
+The fused gradient is cut into P contiguous partitions (`bounds`). At step t worker p owns
+partition (p + t) mod P and selects only there, by one compare against the threshold tau shared
+by every worker (no top-k, and no index is chosen by two workers):
+
+    acc_p = r_p + g_p                                  (every worker, all d entries)
+    S_p = { i in partition (p + t) mod P : |acc_p[i]| >= tau }     (fused: ops.accumulate_threshold)
+    I = S_0 u ... u S_{P-1}                            (all-gather of counts, then of indices)
+    V = sum over p of acc_p[I]                         (one sum all-reduce, `union.sum_at`)
+    r_p = acc_p, then r_p[I] = 0 on every worker
+
+Bytes per worker per step, |I| = k: 4k (P-1)/P (indices, all-gather) + 8k (P-1)/P (values, ring
+all-reduce) + 8 N_BINS (P-1)/P (the density histogram) + 16 (P-1) (counts): about 12k, nearly
+independent of P (gTop-k: 8k log2 P; Top-k: 8k (P-1)).
+
+tau is set for each step's k (`gtopk_hvd.schemes.threshold`): "histogram" (default) measures it
+on the step (a histogram counted in the accumulation pass, summed by one all-reduce, then a read
+of the partition); "multiplicative" is the authors' rule (one pass; tau carried between steps).
+Options:
+
+    threshold    the first step's tau for "multiplicative", the centre of the first
+                 histogram for "histogram" (None, the default: the first histogram hangs from
+                 the largest |acc| over workers)
+    controller   "histogram" or "multiplicative"
+
+The last tau and |I| are the scheme's state (checkpointed with the step). Needs granularity
+"model" and float32 on the wire.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from gtopk_hvd import ops
+from gtopk_hvd.density import Budget
+from gtopk_hvd.reductions.result import ReductionStats
+from gtopk_hvd.schemes import threshold as control
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at
+
+
+@SCHEMES.register("micro")
+class Micro(Scheme):
+
+    option_names = ("threshold", "controller")
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        check_fused_float32(config)
+        options = dict(config.options)
+        start = options.get("threshold")
+        if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float))
+                                  or not 0 < start < math.inf):
+            raise ValueError(f"threshold must be a positive number or None, got {start!r}")
+        if options.get("controller", "histogram") not in control.CONTROLLERS:
+            raise ValueError(f"controller must be one of {control.CONTROLLERS}, "
+                             f"got {options.get('controller')!r}")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        options = dict(self.config.options)
+        self.controller = options.get("controller", "histogram")
+        start = options.get("threshold")
+        self.threshold: float | None = None if start is None else float(np.float32(start))
+        self.selected = -1  # |I| of the last step (-1: none yet)
+        self.d = sum(self.sizes)
+
+    # -- partitions -------------------------------------------------------------------------
+
+    def bounds(self) -> np.ndarray:
+        """P + 1 partition edges over [0, d): partition q is [bounds[q], bounds[q + 1])."""
+        size = self.transport.size
+        return (np.arange(size + 1, dtype=np.int64) * self.d) // size
+
+    def owned(self, step: int) -> int:
+        """The partition this worker selects in at `step`."""
+        return (self.transport.rank + step) % self.transport.size
+
+    def after_step(self, counts: np.ndarray, step: int) -> None:
+        """Hook for what moves with the selected counts (per partition, summed): ExDyna."""
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                 clear_gradient: bool) -> Exchange:
+        start = time.perf_counter()
+        stats = ReductionStats()
+        bounds = self.bounds()
+        part = self.owned(step)
+        begin, end = int(bounds[part]), int(bounds[part + 1])
+        if self.controller == "multiplicative" and self.threshold is not None:
+            tau = self.threshold if self.selected < 0 else control.multiplicative(
+                self.threshold, self.selected, budget.k)
+            mine, _ = ops.accumulate_threshold(gradient, residual, begin, end,
+                                               ops.magnitude_key(tau), control.NO_KEY,
+                                               control.HISTOGRAM_SHIFT, 1, clear_gradient)
+        else:
+            tau, mine = self._measured(gradient, residual, budget.k, begin, end,
+                                       clear_gradient, stats)
+        mine = self.backend.to_host(mine).astype(self.index_dtype, copy=False)
+        select_seconds = time.perf_counter() - start
+
+        everyone, counts = gather_indices(self.transport, mine, stats)
+        union = self._in_partition_order(everyone, counts, step)
+        merge_start = time.perf_counter()
+        values, _ = sum_at(self.transport, self.backend, residual, union, stats)
+        stats.merge_seconds += time.perf_counter() - merge_start
+        self.threshold, self.selected = tau, int(union.size)
+        per_partition = np.zeros(self.transport.size, np.int64)
+        per_partition[(np.arange(self.transport.size) + step) % self.transport.size] = counts
+        self.after_step(per_partition, step)
+        taken = union if self.backend.name == "numpy" else self.backend.from_host(
+            union.astype(np.int64))
+        return Exchange(union, values, taken, stats, select_seconds)
+
+    def _in_partition_order(self, everyone: np.ndarray, counts: np.ndarray,
+                            step: int) -> np.ndarray:
+        """The union sorted by index: rank q's indices lie in partition (q + step) mod P, and the
+        partitions are contiguous and in order, so the segments are put in partition order."""
+        size = self.transport.size
+        if size == 1:
+            return everyone
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        ranks = [(part - step) % size for part in range(size)]
+        return np.concatenate([everyone[offsets[q]:offsets[q + 1]] for q in ranks])
+
+    def _measured(self, gradient: Any, residual: Any, k: int, begin: int, end: int,
+                  clear_gradient: bool, stats: ReductionStats) -> tuple[float, Any]:
+        """This step's tau, measured on this step (`gtopk_hvd.schemes.threshold`), and this
+        worker's indices at or above it."""
+        size = self.transport.size
+        if self.threshold is None:  # the first step: the window hangs from the largest |acc|
+            largest = ops.largest_finite_magnitude(residual[begin:end] + gradient[begin:end])
+            if size > 1:
+                largest = float(self.transport.allgather(np.array([largest], np.float64)).max())
+                stats.bytes_sent += 8 * (size - 1)
+                stats.bytes_received += 8 * (size - 1)
+            base_key, n_bins = control.window_under(largest), control.START_BINS + 2
+        else:
+            base_key, n_bins = control.window_below(self.threshold), control.N_BINS
+        _, histogram = ops.accumulate_threshold(
+            gradient, residual, begin, end, control.NO_KEY, base_key, control.HISTOGRAM_SHIFT,
+            n_bins, clear_gradient)
+        summed = histogram.astype(np.float32)
+        if size > 1:
+            self.transport.allreduce_sum(summed)
+            ring = 2 * (size - 1) * summed.nbytes // size
+            stats.bytes_sent += ring
+            stats.bytes_received += ring
+        tau = control.from_histogram(summed, base_key, k)
+        return tau, ops.threshold_indices(residual, begin, end, ops.magnitude_key(tau))
+
+    # -- checkpoint -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        state: dict = {"selected": np.array(self.selected, np.int64)}
+        if self.threshold is not None:
+            state["threshold"] = np.array(self.threshold, np.float32)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.selected = int(state.get("selected", -1))
+        if "threshold" in state:
+            self.threshold = float(state["threshold"])

@@ -1,0 +1,98 @@
+"""Density control of the threshold schemes (MiCRO, ExDyna): each step's threshold from that
+step's own magnitude histogram, summed over workers.
+
+A threshold carried over from the last step misses k by however much the accumulated gradient
+moved in between: early in training and on sparse layers (an LM's embedding) that is a factor
+of ten either way from one step to the next. So the threshold is measured on the step itself:
+
+    1. in the accumulation pass, each worker counts the magnitudes of its partition in bins of
+       1/16 octave (a float32 magnitude's exponent and top 4 mantissa bits: key >> 19), from
+       BINS_BELOW / 16 = 4 octaves below the last threshold's bin to 8 octaves above it, the
+       last bin holding everything higher (the first step: the 20 octaves below the largest
+       |acc| over workers, one all-gather of one value);
+    2. one sum all-reduce of the N_BINS counts: every worker holds the same histogram H of the
+       whole gradient;
+    3. tau from H for the step's k (below), the same on every worker;
+    4. a read of the partition keeps the entries with |acc| >= tau (ops.threshold_indices).
+
+With C(b) = the count at or above bin b's lower edge:
+
+    C(last) >= k:  tau = the last bin's lower edge     (more than k far above: take them)
+    C(0)   <  k:   tau = the lowest edge               (fewer than k in the window: take them)
+    otherwise:     b = the highest bin with C(b) >= k, lo and hi its edges;
+                   log tau = log lo + (log C(b) - log k) / (log C(b) - log C(b+1)) (log hi - log lo)
+                   (C is a power of the magnitude between two edges: exact for power-law
+                   tails; log-uniform inside the top bin, where C(b+1) = 0)
+
+So the count misses k only by the shape of C inside one bin of 1/16 octave. Cost: the count in
+the accumulation pass (only entries at or above the lowest edge are counted), one all-reduce of
+N_BINS float32 values, one read of the partition. The authors' rule (kljp/micro) is kept as
+"multiplicative", for comparison: one pass with the carried threshold; ratio = selected / k;
+ratio > 1.1: tau x 1.005; ratio < 1/1.1: tau x 0.995; else tau x 1.00125.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gtopk_hvd.ops import magnitude_key, value_of_key
+
+HISTOGRAM_SHIFT = 19
+BINS_BELOW = 64
+BINS_ABOVE = 128
+N_BINS = BINS_BELOW + BINS_ABOVE + 1
+START_BINS = 320  # the first step: 20 octaves below the largest |acc|
+NO_KEY = 0xFFFFFFFF  # above every float32 key: the accumulation pass selects nothing
+CONTROLLERS = ("histogram", "multiplicative")
+SMALLEST_THRESHOLD = float(np.finfo(np.float32).tiny)
+
+
+def bin_floor(key: int) -> int:
+    """The lower edge (a key) of the bin holding `key`."""
+    return (key >> HISTOGRAM_SHIFT) << HISTOGRAM_SHIFT
+
+
+def window_below(tau: float) -> int:
+    """The lowest edge (a key) of the histogram around the last threshold `tau`."""
+    return max(0, bin_floor(magnitude_key(tau)) - (BINS_BELOW << HISTOGRAM_SHIFT))
+
+
+def window_under(largest: float) -> int:
+    """The lowest edge (a key) of the first step's histogram, under the largest |acc|."""
+    top = bin_floor(magnitude_key(max(largest, SMALLEST_THRESHOLD)))
+    return max(0, top - (START_BINS << HISTOGRAM_SHIFT))
+
+
+def edge(base_key: int, b: int) -> float:
+    """The lower edge (a magnitude) of bin b of the histogram that starts at base_key."""
+    return value_of_key(base_key + (b << HISTOGRAM_SHIFT))
+
+
+def from_histogram(histogram: np.ndarray, base_key: int, k: int) -> float:
+    """The threshold that passes k entries of the histogram (module docstring), float32."""
+    above = np.cumsum(np.asarray(histogram, np.float64)[::-1])[::-1]  # C(b)
+    last = len(histogram) - 1
+    if above[last] >= k:
+        tau = edge(base_key, last)
+    elif above[0] < k:
+        tau = edge(base_key, 0)
+    else:
+        b = int(np.nonzero(above >= k)[0][-1])
+        lo, hi = max(edge(base_key, b), SMALLEST_THRESHOLD), edge(base_key, b + 1)
+        higher = above[b + 1]
+        if higher > 0:
+            fraction = (math.log(above[b]) - math.log(k)) / (math.log(above[b])
+                                                             - math.log(higher))
+        else:
+            fraction = (above[b] - k) / above[b]
+        tau = math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
+    return float(np.float32(max(tau, SMALLEST_THRESHOLD)))
+
+
+def multiplicative(threshold: float, selected: int, k: int) -> float:
+    """The authors' rule (module docstring), as a float32 value."""
+    ratio = selected / k
+    factor = 1.005 if ratio > 1.1 else 0.995 if ratio < 1 / 1.1 else 1.00125
+    return float(np.float32(max(threshold * factor, SMALLEST_THRESHOLD)))
