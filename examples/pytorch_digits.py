@@ -111,8 +111,8 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Data
                 passes: int, progress: tqdm, timer: StepTimer,
                 sparse_steps: list[dict]) -> tuple[float, float]:
     """One pass over this worker's shard; returns the mean training loss and the seconds the
-    steps took, and appends each sparse step's density, k and global set size (its `last_stats`: the warm-up's
-    stages show there) to sparse_steps."""
+    steps took, and appends each sparse step's density, k and global set size (its
+    `last_stats`: the warm-up's stages show there) to sparse_steps."""
     model.train()
     losses = []
     start = time.perf_counter()
