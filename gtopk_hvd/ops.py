@@ -128,7 +128,8 @@ def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
     """Threshold selection fused with the accumulation (MiCRO / ExDyna), one pass over d:
 
         residual += gradient                              (gradient = 0 too if clear_gradient)
-        indices = [i in [begin, end) with key(residual[i]) >= threshold_key]   (sorted)
+        indices = [i in [begin, end) with key(residual[i]) >= max(threshold_key,
+                                                                   histogram_base_key)]
         histogram[b] = #[i in [begin, end) with key >= histogram_base_key and
                          b = min((key - histogram_base_key) >> histogram_shift, n_bins - 1)]
 
@@ -153,13 +154,8 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
     """The indices i in [begin, end) with magnitude_key(x[i]) >= threshold_key, sorted: one
     read of x[begin:end) (float32 / float64, numpy or torch; a NaN's key is above every
     number's, so every NaN is in)."""
-    if framework_of(x) == "torch" and x.is_cuda:
-        import torch
-
-        wide = x.dtype == torch.float64
-        bits = x[begin:end].view(torch.int64 if wide else torch.int32).to(torch.int64)
-        keys = bits & (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF)
-        return torch.nonzero(keys >= threshold_key).reshape(-1) + begin
+    if is_cuda(x):
+        return _torch_threshold_indices(x, begin, end, threshold_key)
     view = as_numpy(x, "x")
     return like(_C.threshold_indices(view.array, int(begin), int(end), int(threshold_key),
                                      view.value_type), view)
@@ -193,6 +189,23 @@ def value_of_key(key: int, dtype: Any = np.float32) -> float:
     return float(np.array([key], np.uint32).view(np.float32)[0])
 
 
+def _torch_keys(x: Any) -> Any:
+    """magnitude_key of every entry of a float32 / float64 tensor, as int64."""
+    import torch
+
+    wide = x.dtype == torch.float64
+    keys = x.view(torch.int64 if wide else torch.int32).to(torch.int64)
+    keys = keys & (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF)
+    return keys.clamp(max=0x7FF0000000000001 if wide else 0x7F800001)
+
+
+def _torch_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+    """`threshold_indices` as torch operations."""
+    import torch
+
+    return torch.nonzero(_torch_keys(x[begin:end]) >= threshold_key).reshape(-1) + begin
+
+
 def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
                                 threshold_key: int, histogram_base_key: int,
                                 histogram_shift: int, n_bins: int, clear_gradient: bool
@@ -203,14 +216,11 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
     residual += gradient
     if clear_gradient:
         gradient.zero_()
-    wide = residual.dtype == torch.float64
-    bits = residual[begin:end].view(torch.int64 if wide else torch.int32).to(torch.int64)
-    keys = bits & (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF)
-    keys = keys.clamp(max=0x7FF0000000000001 if wide else 0x7F800001)
+    keys = _torch_keys(residual[begin:end])
     counted = keys[keys >= histogram_base_key]
     bins = ((counted - histogram_base_key) >> histogram_shift).clamp(max=n_bins - 1)
     histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
-    indices = torch.nonzero(keys >= threshold_key).reshape(-1) + begin
+    indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
     return indices, histogram
 
 

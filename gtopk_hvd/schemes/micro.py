@@ -97,8 +97,8 @@ class Micro(Scheme):
         if self.controller == "multiplicative" and self.threshold is not None:
             tau = self.threshold if self.selected < 0 else control.multiplicative(
                 self.threshold, self.selected, budget.k)
-            mine, _ = ops.accumulate_threshold(gradient, residual, begin, end,
-                                               ops.magnitude_key(tau), control.NO_KEY,
+            key = ops.magnitude_key(tau)
+            mine, _ = ops.accumulate_threshold(gradient, residual, begin, end, key, key,
                                                control.HISTOGRAM_SHIFT, 1, clear_gradient)
         else:
             tau, mine = self._measured(gradient, residual, budget.k, begin, end,

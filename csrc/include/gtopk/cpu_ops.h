@@ -31,7 +31,8 @@ int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
 
 // Threshold selection fused with the accumulation (MiCRO, ExDyna), one pass over d:
 //   residual += gradient over [0, d)                 (gradient = 0 there too if clear_gradient)
-//   out_index = { i in [begin, end) : key(residual[i]) >= threshold }, sorted (NaN: always in)
+//   out_index = { i in [begin, end) : key(residual[i]) >= max(threshold, histogram_base) },
+//               sorted (NaN: always in, unless threshold is above NaN's key: none selected)
 //   histogram[b] = #{ i in [begin, end) : b = min((key - histogram_base) >> histogram_shift,
 //                                                 n_bins - 1), key >= histogram_base }
 // Keys are magnitude_key's; entries below histogram_base are not counted. The histogram and the

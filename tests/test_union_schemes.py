@@ -1,0 +1,469 @@
+"""MiCRO, ExDyna, sketched SGD and gTop-k's exact variant against independent numpy replays of
+their rules, on P = 1..8 workers (threads over an in-process transport):
+
+  exclusivity    MiCRO / ExDyna: every index of the union comes from one worker's partition
+  conservation   what is applied plus every worker's residual equals the sum of every
+                 worker's gradients, to float32 rounding
+  replicas       every worker's result is bitwise identical
+  density        the threshold schemes select within 10% of k at every step
+  resume         a step object restored from a checkpoint continues bit for bit
+  empty          steps where nobody selects anything run (no hang), and apply nothing
+
+The replays take from the library only the threshold it chose for each step (its rule, the
+histogram's, is checked on its own: `test_the_histogram_threshold_passes_k`) and the
+sketch's hash keys; everything else (partitions, block boundaries, hashes, medians, the
+gTop-k schedule, the sums) is computed here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helpers.reference import gtopk_schedule_reference, magnitude_order, topk_reference
+from helpers.thread_transport import ThreadGroup, ThreadTransport
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
+from gtopk_hvd.schemes import threshold as control
+
+WORKERS = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def heavy_tailed(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Gradient-like data: Student-t noise (3 degrees of freedom) with scales varying across
+    the vector (layers of different magnitude)."""
+    rng = np.random.default_rng(seed)
+    scale = np.repeat(rng.uniform(0.05, 2.0, 16), -(-shape[-1] // 16))[: shape[-1]]
+    return (rng.standard_t(3, shape) * scale).astype(np.float32)
+
+
+def run_steps(config: object, gradients: np.ndarray, sizes: list[int] | None = None,
+              record: str | None = None) -> list[list[dict]]:
+    """Every worker's steps: indices, values, residual (and a scheme attribute, `record`)."""
+    workers, steps, d = gradients.shape
+
+    def work(transport: object) -> list[dict]:
+        step = SparseStep(config, sizes or [d], transport)
+        out = []
+        for t in range(steps):
+            before = None if record is None else np.copy(getattr(step.scheme, record))
+            indices, values = step.step(gradients[transport.rank, t].copy())
+            out.append({"indices": indices.copy(), "values": values.copy(),
+                        "residual": step.residual.copy(), "k": step.last_stats.k,
+                        "threshold": getattr(step.scheme, "threshold", None),
+                        "record": before, "bytes": step.last_stats.bytes_sent})
+        return out
+
+    return ThreadGroup(workers).run(work)
+
+
+def check_replicas_and_conservation(results: list[list[dict]], gradients: np.ndarray) -> None:
+    workers, steps, d = gradients.shape
+    applied = np.zeros(d, np.float64)
+    for t in range(steps):
+        for rank in range(1, workers):
+            np.testing.assert_array_equal(results[rank][t]["indices"], results[0][t]["indices"])
+            np.testing.assert_array_equal(results[rank][t]["values"], results[0][t]["values"])
+        applied[results[0][t]["indices"]] += results[0][t]["values"].astype(np.float64) * workers
+    residuals = sum(results[rank][-1]["residual"].astype(np.float64) for rank in range(workers))
+    np.testing.assert_allclose(applied + residuals, gradients.astype(np.float64).sum(axis=(0, 1)),
+                               rtol=1e-5, atol=1e-4)
+
+
+# -- MiCRO and ExDyna ----------------------------------------------------------------------------
+
+def exdyna_blocks(d: int, blocks: int, workers: int) -> tuple[int, int, int]:
+    """(values per block, number of blocks, fewest blocks a partition keeps): ExDyna's layout."""
+    block = math.ceil(d / blocks)
+    block = 32 * math.ceil(block / 32) if block >= 32 else max(1, block)
+    n_blocks = math.ceil(d / block)
+    return block, n_blocks, (max(1, n_blocks // (4 * workers)) if n_blocks >= workers else 0)
+
+
+def replay_partitioned(gradients: np.ndarray, thresholds: list[float], exdyna: dict | None
+                       ) -> list[dict]:
+    """MiCRO's rule (ExDyna's with `exdyna`: blocks, balance) for every worker at once."""
+    workers, steps, d = gradients.shape
+    residuals = np.zeros((workers, d), np.float32)
+    if exdyna is not None:
+        block, n_blocks, fewest = exdyna_blocks(d, exdyna["blocks"], workers)
+        edges = [q * n_blocks // workers for q in range(workers + 1)]
+    out = []
+    for t in range(steps):
+        if exdyna is None:
+            bounds = [q * d // workers for q in range(workers + 1)]
+        else:
+            bounds = [min(e * block, d) for e in edges]
+        acc = residuals + gradients[:, t]
+        chosen, per_partition = [], [0] * workers
+        for p in range(workers):
+            part = (p + t) % workers
+            begin, end = bounds[part], bounds[part + 1]
+            magnitude = np.abs(acc[p, begin:end])
+            mine = np.nonzero((magnitude >= thresholds[t]) | np.isnan(magnitude))[0] + begin
+            chosen.append(mine)
+            per_partition[part] = mine.size
+        union = np.sort(np.concatenate(chosen))
+        assert np.unique(union).size == union.size  # exclusivity
+        values = acc[:, union].sum(axis=0, dtype=np.float64)
+        acc[:, union] = 0
+        residuals = acc
+        out.append({"union": union, "values": values / workers, "residuals": residuals.copy(),
+                    "bounds": bounds})
+        if exdyna is not None:
+            mean = sum(per_partition) / workers
+            high, low = (1 + exdyna["balance"]) * mean, (1 - exdyna["balance"]) * mean
+            for q in range(workers - 1):
+                c, c_next = per_partition[q], per_partition[q + 1]
+                if c > high and c_next < low and edges[q + 1] - edges[q] > fewest:
+                    edges[q + 1] -= 1
+                elif c_next > high and c < low and edges[q + 2] - edges[q + 1] > fewest:
+                    edges[q + 1] += 1
+    return out
+
+
+def check_partitioned(config: object, gradients: np.ndarray, exdyna: dict | None = None
+                      ) -> list[list[dict]]:
+    results = run_steps(config, gradients, record="boundaries" if exdyna else None)
+    workers = gradients.shape[0]
+    expected = replay_partitioned(gradients, [r["threshold"] for r in results[0]], exdyna)
+    for t, want in enumerate(expected):
+        for rank in range(workers):
+            got = results[rank][t]
+            np.testing.assert_array_equal(got["indices"], want["union"], err_msg=f"step {t}")
+            np.testing.assert_allclose(got["values"], want["values"], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got["residual"], want["residuals"][rank], rtol=1e-6,
+                                       atol=1e-6)
+        if exdyna is not None and t > 0:  # the boundaries the step used
+            block = exdyna_blocks(gradients.shape[2], exdyna["blocks"], workers)[0]
+            np.testing.assert_array_equal(
+                np.minimum(results[0][t]["record"] * block, gradients.shape[2]), want["bounds"])
+    check_replicas_and_conservation(results, gradients)
+    return results
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_micro_matches_its_replay(workers: int) -> None:
+    gradients = heavy_tailed((workers, 6, 3001), workers)
+    results = check_partitioned(Compression.micro(0.02), gradients)
+    for t, step in enumerate(results[0]):
+        assert abs(step["indices"].size / step["k"] - 1) <= 0.1, (t, step["indices"].size)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_exdyna_matches_its_replay_boundaries_included(workers: int) -> None:
+    # Scales rising along the vector: the partitions' counts differ, boundaries move.
+    gradients = heavy_tailed((workers, 8, 4000), 10 + workers) * np.linspace(
+        0.2, 3.0, 4000, dtype=np.float32)
+    config = Compression.exdyna(0.02, blocks=64, balance=0.05)
+    results = check_partitioned(config, gradients, {"blocks": 64, "balance": 0.05})
+    if workers > 1:
+        moved = [not np.array_equal(r["record"], results[0][1]["record"]) for r in results[0][2:]]
+        assert any(moved), "no boundary moved: the test would not see a wrong balance rule"
+
+
+def test_micro_with_momentum_correction_and_warmup_keeps_its_rules() -> None:
+    gradients = heavy_tailed((3, 8, 2000), 7)
+    config = Compression.micro(0.01, momentum_correction=True, momentum=0.9,
+                               warmup_densities=(0.1,), warmup_steps=3)
+    results = run_steps(config, gradients)
+    ks = [step["k"] for step in results[0]]
+    assert ks == [200] * 3 + [20] * 5
+    for step in results[0]:
+        assert abs(step["indices"].size / step["k"] - 1) <= 0.1
+    for t in range(8):
+        for rank in range(1, 3):
+            np.testing.assert_array_equal(results[rank][t]["values"], results[0][t]["values"])
+
+
+def test_the_histogram_threshold_passes_k() -> None:
+    """from_histogram on a histogram counted here in numpy: the count at tau is within 2% of k
+    (or 3 entries) for power-law and Gaussian magnitudes."""
+    rng = np.random.default_rng(0)
+    for magnitudes in (np.abs(rng.standard_t(2, 400_000)), np.abs(rng.standard_normal(400_000))):
+        magnitudes = magnitudes.astype(np.float32)
+        for k in (40, 400, 4000):
+            exact = np.sort(magnitudes)[-k]
+            base = control.window_below(float(exact) * 1.7)  # last step's tau, 1.7x off
+            keys = magnitudes.view(np.uint32).astype(np.int64)
+            counted = keys[keys >= base]
+            histogram = np.bincount(np.minimum((counted - base) >> control.HISTOGRAM_SHIFT,
+                                               control.N_BINS - 1), minlength=control.N_BINS)
+            tau = control.from_histogram(histogram, base, k)
+            count = np.count_nonzero(magnitudes >= tau)
+            assert abs(count - k) <= max(0.02 * k, 3), (k, count, tau, exact)
+
+
+def test_the_authors_rule_is_slow_from_a_far_start_and_ours_is_not() -> None:
+    gradients = heavy_tailed((2, 30, 5000), 3)
+    slow = run_steps(Compression.micro(0.01, threshold=100.0, controller="multiplicative"),
+                     gradients)
+    fast = run_steps(Compression.micro(0.01, threshold=100.0), gradients)
+    assert all(step["indices"].size < 5 for step in slow[0][:20])  # 100 is far above k's tau
+    assert [r["threshold"] for r in slow[0][:4]] == pytest.approx(
+        [100.0, 99.5, 99.0025, 98.5074875], rel=1e-6)  # x 0.995 a step: the authors' rule
+    assert all(abs(step["indices"].size / 50 - 1) <= 0.1 for step in fast[0])
+
+
+# -- sketched SGD --------------------------------------------------------------------------------
+
+def mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def replay_sketch(gradients: np.ndarray, keys: np.ndarray, columns: int, k: int,
+                  second_round: bool) -> list[dict]:
+    workers, steps, d = gradients.shape
+    rows = keys.shape[0]
+    bucket = np.array([[mix32(i ^ int(keys[j, 0])) * columns >> 32 for i in range(d)]
+                       for j in range(rows)])
+    sign = np.array([[-1.0 if mix32(i ^ int(keys[j, 1])) >> 31 else 1.0 for i in range(d)]
+                     for j in range(rows)])
+    residuals = np.zeros((workers, d), np.float32)
+    out = []
+    for t in range(steps):
+        acc = residuals + gradients[:, t]
+        table = np.zeros((rows, columns))
+        for p in range(workers):
+            for j in range(rows):
+                np.add.at(table[j], bucket[j], sign[j] * acc[p])
+        estimate = np.median([sign[j] * table[j, bucket[j]] for j in range(rows)], axis=0)
+        union = topk_reference(estimate.astype(np.float32), k)
+        values = acc[:, union].sum(axis=0) if second_round else estimate[union]
+        acc[:, union] = 0
+        residuals = acc
+        out.append({"union": union, "values": values / workers, "residuals": acc.copy()})
+    return out
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_sketch_matches_its_replay(workers: int) -> None:
+    d, k = 600, 12
+    gradients = heavy_tailed((workers, 5, d), 20 + workers)
+    gradients[:, :, 100:106] += 50.0  # heavy hitters for the sketch to find
+    config = Compression.sketch(k / d, rows=5, columns=120, seed=workers)
+    results = run_steps(config, gradients)
+    keys = np.random.default_rng([workers, 0x5EED]).integers(0, 2**32, (5, 2), dtype=np.uint64)
+    expected = replay_sketch(gradients, keys, 120, k, True)
+    for t, want in enumerate(expected):
+        for rank in range(workers):
+            got = results[rank][t]
+            np.testing.assert_array_equal(got["indices"], want["union"], err_msg=f"step {t}")
+            np.testing.assert_allclose(got["values"], want["values"], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got["residual"], want["residuals"][rank], atol=1e-5)
+        assert set(range(100, 106)) <= set(want["union"].tolist()) or t > 0
+    check_replicas_and_conservation(results, gradients)
+
+
+def test_sketch_without_the_second_round_applies_the_estimates() -> None:
+    d, k, workers = 400, 8, 3
+    gradients = heavy_tailed((workers, 3, d), 5)
+    results = run_steps(Compression.sketch(k / d, rows=3, columns=80, second_round=False),
+                        gradients)
+    keys = np.random.default_rng([0, 0x5EED]).integers(0, 2**32, (3, 2), dtype=np.uint64)
+    for t, want in enumerate(replay_sketch(gradients, keys, 80, k, False)):
+        np.testing.assert_array_equal(results[1][t]["indices"], want["union"])
+        np.testing.assert_allclose(results[1][t]["values"], want["values"], rtol=1e-5,
+                                   atol=1e-5)
+
+
+# -- gTop-k, exact -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_exact_gtopk_sums_every_workers_values_at_the_global_set(workers: int) -> None:
+    d, k, steps = 500, 10, 5
+    gradients = heavy_tailed((workers, steps, d), 30 + workers)
+    results = run_steps(Compression.gtopk(k / d, exact=True), gradients)
+    residuals = np.zeros((workers, d), np.float32)
+    for t in range(steps):
+        acc = residuals + gradients[:, t]
+        sets = []
+        for p in range(workers):
+            chosen = topk_reference(acc[p], k)
+            sets.append((chosen.astype(np.int32), acc[p, chosen].copy()))
+        finals, _, _ = gtopk_schedule_reference(sets, k, 8, lambda v: v)
+        union = finals[0][0]
+        values = acc[:, union].sum(axis=0, dtype=np.float64) / workers
+        acc[:, union] = 0
+        residuals = acc
+        for rank in range(workers):
+            got = results[rank][t]
+            np.testing.assert_array_equal(got["indices"], union)
+            np.testing.assert_allclose(got["values"], values, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got["residual"], residuals[rank], rtol=1e-6, atol=1e-6)
+    check_replicas_and_conservation(results, gradients)
+
+
+def test_exact_costs_one_all_reduce_of_the_global_set_more() -> None:
+    d, k, workers = 4000, 40, 4
+    gradients = heavy_tailed((workers, 2, d), 1)
+    plain = run_steps(Compression.gtopk(k / d), gradients)
+    exact = run_steps(Compression.gtopk(k / d, exact=True), gradients)
+    for t in range(2):
+        extra = exact[0][t]["bytes"] - plain[0][t]["bytes"]
+        assert extra == 2 * (workers - 1) * 4 * exact[0][t]["indices"].size // workers
+
+
+# -- every scheme: checkpoints, empty steps, bytes -----------------------------------------------
+
+SCHEMES = {
+    "micro": lambda: Compression.micro(0.02),
+    "exdyna": lambda: Compression.exdyna(0.02, blocks=32),
+    "sketch": lambda: Compression.sketch(0.02, columns=200),
+    "gtopk-exact": lambda: Compression.gtopk(0.02, exact=True),
+    "micro-multiplicative": lambda: Compression.micro(0.02, threshold=0.5,
+                                                      controller="multiplicative"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_resume_from_a_checkpoint_is_exact(name: str) -> None:
+    workers, steps, d = 3, 8, 1500
+    gradients = heavy_tailed((workers, steps, d), 4) * np.linspace(0.2, 3, d, dtype=np.float32)
+    config = SCHEMES[name]()
+
+    def work(transport: object) -> tuple[list, list]:
+        straight = SparseStep(config, [d], transport)
+        first = SparseStep(config, [d], transport)
+        through, resumed = [], []
+        for t in range(steps):
+            through.append(straight.step(gradients[transport.rank, t].copy())[1].copy())
+            if t < 4:
+                resumed.append(first.step(gradients[transport.rank, t].copy())[1].copy())
+            if t == 3:
+                saved = first.state_dict()
+                first = SparseStep(config, [d], transport)
+                first.load_state_dict(saved)
+            if t >= 4:
+                resumed.append(first.step(gradients[transport.rank, t].copy())[1].copy())
+        return through, resumed
+
+    for through, resumed in ThreadGroup(workers).run(work):
+        for t in range(steps):
+            np.testing.assert_array_equal(resumed[t], through[t], err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_steps_where_nothing_is_selected_apply_nothing_and_do_not_hang(name: str) -> None:
+    workers, d = 4, 800
+    gradients = np.zeros((workers, 3, d), np.float32)
+    gradients[:, 2, 5] = 1.0  # one entry at the last step, in one worker's partition only
+
+    results = run_steps(SCHEMES[name](), gradients)
+    for t in range(2):
+        for rank in range(workers):
+            assert not np.any(results[rank][t]["values"]), (t, rank)
+    last = results[0][2]
+    assert 5 in last["indices"].tolist()
+    np.testing.assert_allclose(last["values"][last["indices"].tolist().index(5)], 1.0)
+
+
+def test_micro_bytes_follow_the_formula() -> None:
+    """Bytes per worker per step of a ring: indices 4k (P-1)/P, values 8k (P-1)/P, the
+    histogram 8 N_BINS (P-1)/P, counts 16 (P-1)."""
+    for workers in (2, 4, 8):
+        d = 16_000
+        gradients = heavy_tailed((workers, 3, d), workers)
+        results = run_steps(Compression.micro(0.01), gradients)
+        for rank in range(workers):
+            for step in results[rank][1:]:
+                union = step["indices"].size
+                formula = (12 * union + 4 * control.N_BINS * 2) * (workers - 1) / workers + (
+                    16 * (workers - 1))
+                assert abs(step["bytes"] / formula - 1) <= 0.1, (workers, step["bytes"], formula)
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"threshold": -1.0}, "threshold must be a positive number"),
+    ({"controller": "pid"}, "controller must be one of"),
+    ({"granularity": "bucket"}, "granularity='model'"),
+    ({"wire_dtype": "float16"}, "wire_dtype='float32'"),
+])
+def test_bad_micro_options_are_refused_where_the_step_is_built(option: dict, message: str
+                                                                ) -> None:
+    with pytest.raises(ValueError, match=message):
+        SparseStep(Compression.micro(0.01, **option), [100], ThreadTransport(ThreadGroup(1), 0))
+
+
+def test_bad_sketch_and_exdyna_options_are_refused() -> None:
+    transport = ThreadTransport(ThreadGroup(1), 0)
+    with pytest.raises(ValueError, match="rows must be a positive integer"):
+        SparseStep(Compression.sketch(0.01, rows=0), [100], transport)
+    with pytest.raises(ValueError, match="blocks must be a positive integer"):
+        SparseStep(Compression.exdyna(0.01, blocks=0), [100], transport)
+    with pytest.raises(ValueError, match="balance must be in"):
+        SparseStep(Compression.exdyna(0.01, balance=1.5), [100], transport)
+    with pytest.raises(ValueError, match="exact must be True or False"):
+        Compression.gtopk(0.01, exact="yes")
+
+
+def test_selection_order_helper_agrees_with_the_kernels_nan_rule() -> None:
+    values = np.array([1.0, np.nan, -3.0, 0.5], np.float32)
+    assert magnitude_order(values)[0] == 1  # NaN first, as the threshold read keeps it
+
+
+# -- the selection pass --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("begin, end", [(0, 300_007), (1_000, 250_000), (77, 77), (299_990,
+                                                                                  300_007)])
+def test_the_fused_pass_and_the_threshold_read_match_numpy(dtype: type, begin: int, end: int
+                                                           ) -> None:
+    """ops.accumulate_threshold (C++, and the torch operations CUDA tensors run) against numpy:
+    the accumulation over all of d, the cleared gradient, the selection (NaN and Inf in) and
+    the histogram; ops.threshold_indices likewise."""
+    import torch
+
+    from gtopk_hvd import ops
+
+    rng = np.random.default_rng(1)
+    d = 300_007
+    gradient = rng.standard_normal(d).astype(dtype)
+    residual = rng.standard_normal(d).astype(dtype)
+    gradient[[5, 100_000, 260_000]] = [np.nan, np.inf, -np.inf]
+    acc = residual + gradient
+    tau, low = 2.5, 0.75
+    width = 64 if dtype == np.float64 else 32
+    shift = 48 if dtype == np.float64 else 19
+    bits = acc[begin:end].view(np.uint64 if width == 64 else np.uint32).astype(np.uint64)
+    keys = np.minimum(bits & np.uint64((1 << (width - 1)) - 1),
+                      np.uint64(0x7FF0000000000001 if width == 64 else 0x7F800001))
+    threshold_key, base_key = ops.magnitude_key(tau, dtype), ops.magnitude_key(low, dtype)
+    counted = keys[keys >= base_key].astype(np.int64) - base_key
+    want_histogram = np.bincount(np.minimum(counted >> shift, 40), minlength=41)
+    magnitude = np.abs(acc[begin:end])
+    want = np.nonzero((magnitude >= tau) | np.isnan(magnitude))[0] + begin
+
+    for run in ("kernel", "torch"):
+        g, r = gradient.copy(), residual.copy()
+        if run == "kernel":
+            indices, histogram = ops.accumulate_threshold(g, r, begin, end, threshold_key,
+                                                          base_key, shift, 41, True)
+            read = ops.threshold_indices(r, begin, end, threshold_key)
+        else:
+            g, r = torch.from_numpy(g), torch.from_numpy(r)
+            indices, histogram = ops._torch_accumulate_threshold(
+                g, r, begin, end, threshold_key, base_key, shift, 41, True)
+            read = ops._torch_threshold_indices(r, begin, end, threshold_key)
+            g, r, indices, read = g.numpy(), r.numpy(), indices.numpy(), read.numpy()
+        np.testing.assert_array_equal(r, acc)
+        assert not np.any(g)
+        np.testing.assert_array_equal(indices, want, err_msg=run)
+        np.testing.assert_array_equal(read, want, err_msg=run)
+        np.testing.assert_array_equal(histogram, want_histogram, err_msg=run)
+
+
+def test_the_fused_pass_refuses_bad_bounds() -> None:
+    from gtopk_hvd import ops
+
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
+        ops.accumulate_threshold(x, x.copy(), 4, 11, 0, 0, 19, 4)
+    with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
+        ops.threshold_indices(x, 5, 4, 0)
