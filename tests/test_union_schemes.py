@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers.mpi_launcher import run_mpi
 from helpers.reference import gtopk_schedule_reference, magnitude_order, topk_reference
 from helpers.thread_transport import ThreadGroup, ThreadTransport
 
@@ -467,3 +468,20 @@ def test_the_fused_pass_refuses_bad_bounds() -> None:
         ops.accumulate_threshold(x, x.copy(), 4, 11, 0, 0, 19, 4)
     with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
         ops.threshold_indices(x, 5, 4, 0)
+
+
+# -- through the adapters, launched ---------------------------------------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "keras"])
+def test_the_schemes_are_one_line_choices_of_every_adapter_under_mpirun(framework: str) -> None:
+    """tests/mpi/mpi_union_schemes.py on 3 workers: torch over the mpi and horovod transports,
+    the TF tape, Keras' optimizer; each update equals the core's, replicas bitwise equal."""
+    output = run_mpi("mpi_union_schemes.py", 3, framework, timeout_s=600)
+    assert f"UNION SCHEMES THROUGH {framework} OK" in output
+
+
+@pytest.mark.mpi
+def test_the_schemes_run_in_the_ddp_hook_and_resume_exactly_under_torchrun() -> None:
+    output = run_mpi("torchrun_union_schemes.py", 3, launcher="torchrun", timeout_s=600)
+    assert "union schemes through the ddp hook ok on 3 workers" in output
