@@ -27,7 +27,7 @@ from helpers.thread_transport import ThreadGroup, ThreadTransport
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.schemes import threshold as control
+import gtopk_hvd.schemes.threshold as control
 
 WORKERS = [1, 2, 3, 4, 5, 6, 7, 8]
 

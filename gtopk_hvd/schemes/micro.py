@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
+import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.result import ReductionStats
-from gtopk_hvd.schemes import threshold as control
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at
 
