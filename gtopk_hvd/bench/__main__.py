@@ -1,11 +1,11 @@
-"""python -m gtopk_hvd.bench {topk,merge,step,comm} [options]: benchmarks of gtopk_hvd."""
+"""python -m gtopk_hvd.bench {topk,select,merge,step,comm} [options]: benchmarks of gtopk_hvd."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-COMMANDS = ("topk", "merge", "step", "comm")
+COMMANDS = ("topk", "select", "merge", "step", "comm")
 
 
 def main() -> None:

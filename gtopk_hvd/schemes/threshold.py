@@ -19,10 +19,15 @@ With C(b) = the count at or above bin b's lower edge:
 
     C(last) >= k:  tau = the last bin's lower edge     (more than k far above: take them)
     C(0)   <  k:   tau = the lowest edge               (fewer than k in the window: take them)
-    otherwise:     b = the highest bin with C(b) >= k, lo and hi its edges;
-                   log tau = log lo + (log C(b) - log k) / (log C(b) - log C(b+1)) (log hi - log lo)
-                   (C is a power of the magnitude between two edges: exact for power-law
-                   tails; log-uniform inside the top bin, where C(b+1) = 0)
+    otherwise:     b = the highest bin with C(b) >= k, lo and hi its edges, tau = lo (hi/lo)^u:
+                   a tail (C falls across bin b at most as the square of how it fell across
+                   bin b - 1): C is taken as a power of the magnitude inside the bin (exact for
+                   power-law tails, nearly so for Gaussian ones),
+                       u = (log C(b) - log k) / (log C(b) - log C(b+1));
+                   a cut (C falls much faster, or to 0: the top was taken at the last step and
+                   little came back): the density inside bin b is taken to fall at the rate it
+                   fell from bin b - 1, s = log(H(b-1) / H(b)), and u solves
+                       e^(-s u) = e^(-s) + (k - C(b+1)) / H(b) (1 - e^(-s))
 
 So the count misses k only by the shape of C inside one bin of 1/16 octave. Cost: the count in
 the accumulation pass (only entries at or above the lowest edge are counted), one all-reduce of
@@ -47,6 +52,7 @@ START_BINS = 320  # the first step: 20 octaves below the largest |acc|
 NO_KEY = 0xFFFFFFFF  # above every float32 key: the accumulation pass selects nothing
 CONTROLLERS = ("histogram", "multiplicative")
 SMALLEST_THRESHOLD = float(np.finfo(np.float32).tiny)
+MAX_DECAY = 5.0
 
 
 def bin_floor(key: int) -> int:
@@ -81,14 +87,25 @@ def from_histogram(histogram: np.ndarray, base_key: int, k: int) -> float:
     else:
         b = int(np.nonzero(above >= k)[0][-1])
         lo, hi = max(edge(base_key, b), SMALLEST_THRESHOLD), edge(base_key, b + 1)
-        higher = above[b + 1]
-        if higher > 0:
-            fraction = (math.log(above[b]) - math.log(k)) / (math.log(above[b])
-                                                             - math.log(higher))
-        else:
-            fraction = (above[b] - k) / above[b]
-        tau = math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
+        falls_here = above[b] / above[b + 1] if above[b + 1] > 0 else math.inf
+        falls_below = above[b - 1] / above[b] if b > 0 else 1.0
+        if falls_here <= falls_below ** 2:  # a tail: C a power of the magnitude inside bin b
+            position = (math.log(above[b]) - math.log(k)) / math.log(falls_here)
+        else:  # the top of the distribution is cut inside bin b
+            position = cut_position((k - above[b + 1]) / histogram[b],
+                                    histogram[b - 1] if b > 0 else histogram[b], histogram[b])
+        tau = math.exp(math.log(lo) + position * (math.log(hi) - math.log(lo)))
     return float(np.float32(max(tau, SMALLEST_THRESHOLD)))
+
+
+def cut_position(share: float, below: float, here: float) -> float:
+    """Where in a bin (0: its lower edge, 1: its upper) `share` of its entries lie above, if
+    its density in log-magnitude falls at the rate it fell from the bin below, s = log(below /
+    here): e^(-s u) = e^(-s) + share (1 - e^(-s))."""
+    decay = min(max(math.log(max(below, 1) / max(here, 1)), -MAX_DECAY), MAX_DECAY)
+    if abs(decay) < 1e-6:
+        return 1.0 - share
+    return -math.log(math.exp(-decay) + share * (1 - math.exp(-decay))) / decay
 
 
 def multiplicative(threshold: float, selected: int, k: int) -> float:

@@ -1,0 +1,102 @@
+"""Selection passes per worker: MiCRO/ExDyna's threshold selection and sketched SGD's sketch
+against our exact top-k and a read pass.
+
+Every pass reads the residual r (Gaussian float32, as gradients nearly are) with an all-zero
+gradient, so r stays the data between runs. Rows, on one worker's vector of d values:
+
+    read         one multi-threaded read of r (the floor of any pass)
+    accumulate   r += g alone (`ops.accumulate_threshold` over an empty partition): the pass every
+                 error-feedback scheme makes, the "shared accumulate pass"
+    topk fused   r += g fused with the exact top-k (`ops.accumulate_select`), Top-k / gTop-k's
+    topk alone   the exact top-k of r (`ops.topk_abs`)
+    micro P=n    the threshold schemes' selection as worker 0 of n runs it: the accumulation
+                 over d with the histogram counted over its partition (d/n values), then the
+                 threshold read of the partition (the all-reduce of the histogram between them
+                 is communication, not timed here)
+    sketch       (with --sketch) 5 x 10k count sketch of r, and recovering the estimates of all
+                 d entries and their top-k (numpy)
+
+"selection" = the row minus the accumulate row: what each scheme adds to the pass they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import gtopk_hvd.schemes.threshold as control
+from gtopk_hvd import _C, ops
+from gtopk_hvd.bench.timing import median_seconds
+from gtopk_hvd.schemes.sketch import CountSketch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", type=float, nargs="+", default=[25.6e6, 1e8],
+                        help="numbers of values d")
+    parser.add_argument("--density", type=float, default=0.001, help="k / d")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 16],
+                        help="P of the MiCRO rows (worker 0's partition is d / P values)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sketch", action="store_true",
+                        help="also time sketched SGD's sketch and recovery (slow: numpy)")
+
+
+def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float, k: int
+               ) -> np.ndarray:
+    """Worker 0's selection at P = d / end: the fused pass with the histogram, the threshold
+    (from that histogram, as the scheme does after the all-reduce), the read."""
+    base = control.window_below(tau)
+    _, histogram = ops.accumulate_threshold(gradient, residual, 0, end, control.NO_KEY, base,
+                                            control.HISTOGRAM_SHIFT, control.N_BINS)
+    threshold = control.from_histogram(histogram, base, max(1, k * end // residual.size))
+    return ops.threshold_indices(residual, 0, end, ops.magnitude_key(threshold))
+
+
+def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: bool
+             ) -> list[tuple[str, float, int]]:
+    residual = np.random.default_rng(0).standard_normal(d, dtype=np.float32)
+    gradient = np.zeros(d, np.float32)
+    k = max(1, int(density * d))
+    tau = float(np.partition(np.abs(residual), d - k)[d - k])
+    time = lambda fn: median_seconds(fn, repeats)  # noqa: E731
+    rows = [("read", time(lambda: _C.read_pass(residual)), 0),
+            ("accumulate", time(lambda: ops.accumulate_threshold(
+                gradient, residual, 0, 0, control.NO_KEY, control.NO_KEY,
+                control.HISTOGRAM_SHIFT, 1)), 0)]
+    rows.append(("topk fused", time(lambda: ops.accumulate_select(gradient, residual, k)), k))
+    rows.append(("topk alone", time(lambda: ops.topk_abs(residual, k)), k))
+    for p in workers:
+        end = d // p
+        selected = micro_pass(gradient, residual, end, tau, k).size
+        rows.append((f"micro P={p}", time(lambda end=end: micro_pass(gradient, residual, end,
+                                                                     tau, k)), selected))
+    if sketch:
+        table = CountSketch(5, 10 * k, d, seed=0)
+
+        def sketch_step() -> None:
+            summed = table.sketch(residual)
+            ops.topk_abs(table.estimate(summed), k)
+
+        rows.append(("sketch 5x10k", median_seconds(sketch_step, 1, warmup=0), k))
+    return rows
+
+
+def run(args: argparse.Namespace) -> None:
+    print(f"kernel threads: {ops.get_num_threads()}; density {args.density}; median of "
+          f"{args.repeats}; selection = row - accumulate")
+    header = (f"{'d':>12} {'pass':14} {'ms':>9} {'selection ms':>13} {'/ topk fused':>13} "
+              f"{'selected':>10}")
+    print(header)
+    print("-" * len(header))
+    for size in args.sizes:
+        d = int(size)
+        rows = rows_for(d, args.density, args.workers, args.repeats, args.sketch)
+        times = {name: seconds for name, seconds, _ in rows}
+        accumulate = times["accumulate"]
+        topk = times["topk fused"] - accumulate
+        for name, seconds, selected in rows:
+            extra = seconds - accumulate
+            ratio = f"{extra / topk:13.2f}" if name not in ("read", "accumulate") else " " * 13
+            print(f"{d:>12,} {name:14} {seconds * 1e3:9.2f} {extra * 1e3:13.2f} {ratio} "
+                  f"{selected:>10,}", flush=True)
