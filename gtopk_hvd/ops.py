@@ -161,6 +161,29 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
                                      view.value_type), view)
 
 
+def keep_at_or_above(x: Any, indices: Any, threshold_key: int) -> Any:
+    """The entries of `indices` (sorted) where magnitude_key(x) >= threshold_key (numpy or
+    torch, float32)."""
+    if framework_of(x) == "torch":
+        return indices[_torch_keys(x[indices]) >= threshold_key]
+    keys = x[indices].view(np.uint32) & np.uint32(0x7FFFFFFF)
+    return indices[keys >= np.uint32(threshold_key)]
+
+
+def magnitude_histogram(x: Any, begin: int, end: int, base_key: int, shift: int,
+                        n_bins: int) -> np.ndarray:
+    """The histogram of `accumulate_threshold` over x[begin:end) without accumulating (float32,
+    numpy or torch; numpy operations: for the rare step that needs a second look)."""
+    part = x[begin:end]
+    if framework_of(part) == "torch":
+        keys = _torch_keys(part).cpu().numpy()
+    else:
+        keys = np.minimum(part.view(np.uint32) & np.uint32(0x7FFFFFFF),
+                          np.uint32(0x7F800001)).astype(np.int64)
+    counted = keys[keys >= base_key] - base_key
+    return np.bincount(np.minimum(counted >> shift, n_bins - 1), minlength=n_bins)
+
+
 def largest_finite_magnitude(x: Any) -> float:
     """max |x| over the finite entries of x (0.0 if none), numpy or torch."""
     if framework_of(x) == "torch":

@@ -25,9 +25,9 @@ from helpers.mpi_launcher import run_mpi
 from helpers.reference import gtopk_schedule_reference, magnitude_order, topk_reference
 from helpers.thread_transport import ThreadGroup, ThreadTransport
 
+import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-import gtopk_hvd.schemes.threshold as control
 
 WORKERS = [1, 2, 3, 4, 5, 6, 7, 8]
 

@@ -9,10 +9,12 @@ gradient, so r stays the data between runs. Rows, on one worker's vector of d va
                  error-feedback scheme makes, the "shared accumulate pass"
     topk fused   r += g fused with the exact top-k (`ops.accumulate_select`), Top-k / gTop-k's
     topk alone   the exact top-k of r (`ops.topk_abs`)
-    micro P=n    the threshold schemes' selection as worker 0 of n runs it: the accumulation
-                 over d with the histogram counted over its partition (d/n values), then the
-                 threshold read of the partition (the all-reduce of the histogram between them
-                 is communication, not timed here)
+    micro P=n    the threshold schemes' selection as worker 0 of n runs it at a step whose
+                 threshold moved by less than half an octave: the accumulation over d with the
+                 histogram and the candidates of its partition (d/n values), the threshold, the
+                 candidates kept (the all-reduce of the histogram is communication, not timed)
+    1-pass P=n   the authors' selection (controller="multiplicative"): the compare against the
+                 carried threshold fused into the accumulation, no histogram, no second read
     sketch       (with --sketch) 5 x 10k count sketch of r, and recovering the estimates of all
                  d entries and their top-k (numpy)
 
@@ -44,13 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float, k: int
                ) -> np.ndarray:
-    """Worker 0's selection at P = d / end: the fused pass with the histogram, the threshold
-    (from that histogram, as the scheme does after the all-reduce), the read."""
+    """Worker 0's selection at P = d / end, as `Micro._measured` makes it at a step whose
+    threshold moved little: the fused pass with the histogram and the candidates, the threshold
+    from that histogram (as after the all-reduce), the candidates at or above it."""
     base = control.window_below(tau)
-    _, histogram = ops.accumulate_threshold(gradient, residual, 0, end, control.NO_KEY, base,
-                                            control.HISTOGRAM_SHIFT, control.N_BINS)
+    candidate_key = ops.magnitude_key(tau * control.CANDIDATE_MARGIN)
+    candidates, histogram = ops.accumulate_threshold(
+        gradient, residual, 0, end, candidate_key, base, control.HISTOGRAM_SHIFT, control.N_BINS)
     threshold = control.from_histogram(histogram, base, max(1, k * end // residual.size))
-    return ops.threshold_indices(residual, 0, end, ops.magnitude_key(threshold))
+    return ops.keep_at_or_above(residual, candidates, ops.magnitude_key(threshold))
 
 
 def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: bool
@@ -64,13 +68,18 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
             ("accumulate", time(lambda: ops.accumulate_threshold(
                 gradient, residual, 0, 0, control.NO_KEY, control.NO_KEY,
                 control.HISTOGRAM_SHIFT, 1)), 0)]
-    rows.append(("topk fused", time(lambda: ops.accumulate_select(gradient, residual, k)), k))
+    cut = residual.copy()  # the exact top-k clears what it selects: give it its own copy
+    rows.append(("topk fused", time(lambda: ops.accumulate_select(gradient, cut, k)), k))
     rows.append(("topk alone", time(lambda: ops.topk_abs(residual, k)), k))
     for p in workers:
         end = d // p
         selected = micro_pass(gradient, residual, end, tau, k).size
         rows.append((f"micro P={p}", time(lambda end=end: micro_pass(gradient, residual, end,
                                                                      tau, k)), selected))
+        one_pass = lambda end=end, key=ops.magnitude_key(tau): (  # noqa: E731
+            ops.accumulate_threshold(gradient, residual, 0, end, key, key,
+                                     control.HISTOGRAM_SHIFT, 1))
+        rows.append((f"1-pass P={p}", time(one_pass), one_pass()[0].size))
     if sketch:
         table = CountSketch(5, 10 * k, d, seed=0)
 

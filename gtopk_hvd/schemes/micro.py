@@ -142,19 +142,36 @@ class Micro(Scheme):
                 stats.bytes_sent += 8 * (size - 1)
                 stats.bytes_received += 8 * (size - 1)
             base_key, n_bins = control.window_under(largest), control.START_BINS + 2
+            candidate_key = control.NO_KEY
         else:
             base_key, n_bins = control.window_below(self.threshold), control.N_BINS
-        _, histogram = ops.accumulate_threshold(
-            gradient, residual, begin, end, control.NO_KEY, base_key, control.HISTOGRAM_SHIFT,
+            candidate_key = ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
+        candidates, histogram = ops.accumulate_threshold(
+            gradient, residual, begin, end, candidate_key, base_key, control.HISTOGRAM_SHIFT,
             n_bins, clear_gradient)
+        summed = self._summed(histogram, stats)
+        if summed.sum() < k and base_key > 0:  # tau fell below the window: look further down
+            top_key = base_key
+            base_key = max(0, top_key - (control.START_BINS << control.HISTOGRAM_SHIFT))
+            summed = self._summed(ops.magnitude_histogram(
+                residual, begin, end, base_key, control.HISTOGRAM_SHIFT,
+                control.START_BINS + 1), stats)
+        tau = control.from_histogram(summed, base_key, k)
+        key = ops.magnitude_key(tau)
+        if key >= candidate_key:  # the pass kept every entry at or above tau: no second read
+            return tau, ops.keep_at_or_above(residual, candidates, key)
+        return tau, ops.threshold_indices(residual, begin, end, key)
+
+    def _summed(self, histogram: np.ndarray, stats: ReductionStats) -> np.ndarray:
+        """The histogram summed over workers (one all-reduce), as float32."""
         summed = histogram.astype(np.float32)
+        size = self.transport.size
         if size > 1:
             self.transport.allreduce_sum(summed)
             ring = 2 * (size - 1) * summed.nbytes // size
             stats.bytes_sent += ring
             stats.bytes_received += ring
-        tau = control.from_histogram(summed, base_key, k)
-        return tau, ops.threshold_indices(residual, begin, end, ops.magnitude_key(tau))
+        return summed
 
     # -- checkpoint -------------------------------------------------------------------------
 

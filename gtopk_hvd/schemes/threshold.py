@@ -7,13 +7,18 @@ of ten either way from one step to the next. So the threshold is measured on the
 
     1. in the accumulation pass, each worker counts the magnitudes of its partition in bins of
        1/16 octave (a float32 magnitude's exponent and top 4 mantissa bits: key >> 19), from
-       BINS_BELOW / 16 = 4 octaves below the last threshold's bin to 8 octaves above it, the
+       half an octave (BINS_BELOW) below the last threshold's bin to 8 octaves above it, the
        last bin holding everything higher (the first step: the 20 octaves below the largest
        |acc| over workers, one all-gather of one value);
     2. one sum all-reduce of the N_BINS counts: every worker holds the same histogram H of the
        whole gradient;
-    3. tau from H for the step's k (below), the same on every worker;
-    4. a read of the partition keeps the entries with |acc| >= tau (ops.threshold_indices).
+    3. tau from H for the step's k (below), the same on every worker; if the window holds
+       fewer than k entries (tau fell by more than half an octave since the last step), every
+       worker counts the 20 octaves below the window too (a read of the partition) and one more
+       all-reduce sums them;
+    4. the entries with |acc| >= tau: the accumulation pass also kept those at or above
+       CANDIDATE_MARGIN x the last threshold, so when tau is not lower than that they are
+       picked from those; else a read of the partition (ops.threshold_indices).
 
 With C(b) = the count at or above bin b's lower edge:
 
@@ -31,7 +36,8 @@ With C(b) = the count at or above bin b's lower edge:
 
 So the count misses k only by the shape of C inside one bin of 1/16 octave. Cost: the count in
 the accumulation pass (only entries at or above the lowest edge are counted), one all-reduce of
-N_BINS float32 values, one read of the partition. The authors' rule (kljp/micro) is kept as
+N_BINS float32 values, and a read of the partition only where tau fell by more than
+CANDIDATE_MARGIN. The authors' rule (kljp/micro) is kept as
 "multiplicative", for comparison: one pass with the carried threshold; ratio = selected / k;
 ratio > 1.1: tau x 1.005; ratio < 1/1.1: tau x 0.995; else tau x 1.00125.
 """
@@ -45,10 +51,11 @@ import numpy as np
 from gtopk_hvd.ops import magnitude_key, value_of_key
 
 HISTOGRAM_SHIFT = 19
-BINS_BELOW = 64
+BINS_BELOW = 8
 BINS_ABOVE = 128
 N_BINS = BINS_BELOW + BINS_ABOVE + 1
 START_BINS = 320  # the first step: 20 octaves below the largest |acc|
+CANDIDATE_MARGIN = 2 ** -0.25  # a quarter octave below the last threshold
 NO_KEY = 0xFFFFFFFF  # above every float32 key: the accumulation pass selects nothing
 CONTROLLERS = ("histogram", "multiplicative")
 SMALLEST_THRESHOLD = float(np.finfo(np.float32).tiny)
