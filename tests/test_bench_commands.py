@@ -25,6 +25,19 @@ def test_bench_merge_prints_its_ratios() -> None:
     assert all(len(row.split("|")) == 3 for row in rows), output
 
 
+def test_bench_select_prints_every_pass_and_its_selected_count() -> None:
+    output = bench("select", "--sizes", "200000", "--workers", "1", "4", "--repeats", "1",
+                   "--sketch")
+    passes = ("read", "accumulate", "topk fused", "topk alone", "micro P=1", "1-pass P=1",
+              "micro P=4", "1-pass P=4", "sketch 5x10k")
+    rows = {name: line for line in output.splitlines() for name in passes
+            if line.strip().startswith("200,000") and f" {name} " in line}
+    assert set(rows) == set(passes), output
+    selected = {name: int(rows[name].split()[-1].replace(",", "")) for name in passes}
+    assert selected["topk fused"] == 200
+    assert abs(selected["micro P=1"] - 200) <= 20 and abs(selected["micro P=4"] - 50) <= 5
+
+
 def test_bench_step_prints_phases_and_floors() -> None:
     output = bench("step", "--parameters", "200000", "--tensors", "7", "--density", "0.01",
                    "--steps", "2")

@@ -187,7 +187,7 @@ def test_the_histogram_threshold_passes_k() -> None:
         magnitudes = magnitudes.astype(np.float32)
         for k in (40, 400, 4000):
             exact = np.sort(magnitudes)[-k]
-            base = control.window_below(float(exact) * 1.7)  # last step's tau, 1.7x off
+            base = control.window_below(float(exact) * 1.3)  # last step's tau, 1.3x off
             keys = magnitudes.view(np.uint32).astype(np.int64)
             counted = keys[keys >= base]
             histogram = np.bincount(np.minimum((counted - base) >> control.HISTOGRAM_SHIFT,

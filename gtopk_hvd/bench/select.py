@@ -76,9 +76,9 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
         selected = micro_pass(gradient, residual, end, tau, k).size
         rows.append((f"micro P={p}", time(lambda end=end: micro_pass(gradient, residual, end,
                                                                      tau, k)), selected))
-        one_pass = lambda end=end, key=ops.magnitude_key(tau): (  # noqa: E731
-            ops.accumulate_threshold(gradient, residual, 0, end, key, key,
-                                     control.HISTOGRAM_SHIFT, 1))
+        key = ops.magnitude_key(tau)
+        one_pass = lambda end=end, key=key: ops.accumulate_threshold(  # noqa: E731
+            gradient, residual, 0, end, key, key, control.HISTOGRAM_SHIFT, 1)
         rows.append((f"1-pass P={p}", time(one_pass), one_pass()[0].size))
     if sketch:
         table = CountSketch(5, 10 * k, d, seed=0)
