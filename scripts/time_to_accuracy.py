@@ -39,8 +39,12 @@ from pathlib import Path
 from gtopk_hvd._mpirun import stop_mpirun
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMES = (("none", 1.0), ("topk", 0.01), ("gtopk", 0.01), ("topk", 0.001), ("gtopk", 0.001))
-LABELS = {"none": "dense", "topk": "Top-k", "gtopk": "gTop-k"}
+SCHEMES = (("none", 1.0), ("topk", 0.01), ("gtopk", 0.01), ("topk", 0.001), ("gtopk", 0.001),
+           ("gtopk-exact", 0.001), ("micro", 0.001), ("exdyna", 0.001), ("sketch", 0.001))
+LABELS = {"none": "dense", "topk": "Top-k", "gtopk": "gTop-k", "gtopk-exact": "gTop-k exact",
+          "micro": "MiCRO", "exdyna": "ExDyna", "sketch": "sketch"}
+COLORS = {"none": "black", "topk": "tab:orange", "gtopk": "tab:blue", "gtopk-exact": "tab:cyan",
+          "micro": "tab:green", "exdyna": "tab:olive", "sketch": "tab:red"}
 PHASES = ("compute", "select", "wait", "transfer", "merge", "other", "apply")
 
 
@@ -80,6 +84,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--scaling-steps", type=int, default=20,
                         help="steps of each one-worker run (LM; digits: 1 epoch)")
     parser.add_argument("--timeout", type=float, default=1500, help="seconds per run")
+    parser.add_argument("--schemes", nargs="+", choices=sorted(LABELS), default=None,
+                        help="train only these (the tables and figures show every run found)")
     parser.add_argument("--out", type=Path, default=Path("results/time_to_accuracy"))
     parser.add_argument("--skip-train", action="store_true", help="tables and figures of saved "
                                                                   "runs")
@@ -292,8 +298,7 @@ def plot(model: Model, rates: list[str], out: Path) -> Path:
     for column, rate in enumerate(rates):
         for run in load_runs(model, rate, out):
             style = {"label": run.label, "linestyle": "--" if run.density == 0.01 else "-",
-                     "color": {"none": "black", "topk": "tab:orange",
-                               "gtopk": "tab:blue"}[run.compression]}
+                     "color": COLORS[run.compression]}
             if column == 0:
                 axes[0].plot(run.steps, run.metric, marker=".", **style)
             axes[column + 1].plot(run.seconds, run.metric, marker=".", **style)
@@ -321,6 +326,8 @@ def main() -> None:
     if not args.skip_train:
         for model in models:
             for compression, density in SCHEMES:
+                if args.schemes and compression not in args.schemes:
+                    continue
                 if not args.skip_single:
                     train_single(args, model, compression, density)
                 for rate in args.rates:
