@@ -38,6 +38,19 @@ def test_bench_select_prints_every_pass_and_its_selected_count() -> None:
     assert abs(selected["micro P=1"] - 200) <= 20 and abs(selected["micro P=4"] - 50) <= 5
 
 
+@pytest.mark.mpi
+def test_bench_schemes_bytes_follow_their_formulas_under_mpirun() -> None:
+    """Every scheme's bytes per worker per step on 4 workers within 10% of its formula."""
+    output = run_mpi("gtopk_hvd/bench/__main__.py", 4, "schemes", "--parameters", "200000",
+                     "--steps", "3", timeout_s=300)
+    rows = {line.split()[0]: line.split() for line in output.splitlines()
+            if line.split() and line.split()[0] in ("topk", "gtopk", "gtopk-exact", "micro",
+                                                    "exdyna", "sketch")}
+    assert len(rows) == 6, output
+    for name, row in rows.items():
+        assert abs(float(row[4]) - 1) <= 0.1, (name, row)
+
+
 def test_bench_step_prints_phases_and_floors() -> None:
     output = bench("step", "--parameters", "200000", "--tensors", "7", "--density", "0.01",
                    "--steps", "2")

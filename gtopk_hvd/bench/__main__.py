@@ -1,11 +1,12 @@
-"""python -m gtopk_hvd.bench {topk,select,merge,step,comm} [options]: benchmarks of gtopk_hvd."""
+"""python -m gtopk_hvd.bench COMMAND [options]: benchmarks of gtopk_hvd (COMMAND: topk, select,
+merge, step, comm, schemes)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-COMMANDS = ("topk", "select", "merge", "step", "comm")
+COMMANDS = ("topk", "select", "merge", "step", "comm", "schemes")
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ of ten either way from one step to the next. So the threshold is measured on the
 
     1. in the accumulation pass, each worker counts the magnitudes of its partition in bins of
        1/16 octave (a float32 magnitude's exponent and top 4 mantissa bits: key >> 19), from
-       half an octave (BINS_BELOW) below the last threshold's bin to 8 octaves above it, the
+       half an octave (BINS_BELOW) below the last threshold's bin to 4 octaves above it, the
        last bin holding everything higher (the first step: the 20 octaves below the largest
        |acc| over workers, one all-gather of one value);
     2. one sum all-reduce of the N_BINS counts: every worker holds the same histogram H of the
@@ -52,7 +52,7 @@ from gtopk_hvd.ops import magnitude_key, value_of_key
 
 HISTOGRAM_SHIFT = 19
 BINS_BELOW = 8
-BINS_ABOVE = 128
+BINS_ABOVE = 64
 N_BINS = BINS_BELOW + BINS_ABOVE + 1
 START_BINS = 320  # the first step: 20 octaves below the largest |acc|
 CANDIDATE_MARGIN = 2 ** -0.25  # a quarter octave below the last threshold
