@@ -50,6 +50,31 @@ void require_contiguous_1d(const py::array& a, const char* name) {
     }
 }
 
+// What the accumulating kernels rely on: residual += gradient in place, gradient = 0 if asked.
+void require_accumulation(const py::array& gradient, const py::array& residual,
+                          bool clear_gradient) {
+    require_contiguous_1d(gradient, "gradient");
+    require_contiguous_1d(residual, "residual");
+    if (gradient.shape(0) != residual.shape(0) || !gradient.dtype().is(residual.dtype())) {
+        throw py::value_error("gradient and residual must have the same length and dtype");
+    }
+    if (!residual.writeable()) throw py::value_error("residual must be writeable");
+    if (clear_gradient && !gradient.writeable()) {
+        throw py::value_error("gradient must be writeable to be cleared");
+    }
+    if (clear_gradient && gradient.data() == residual.data()) {
+        throw py::value_error("gradient and residual must not be the same array when the "
+                              "gradient is cleared");
+    }
+}
+
+void require_range(int64_t begin, int64_t end, int64_t d) {
+    if (!(0 <= begin && begin <= end && end <= d)) {
+        throw py::value_error("need 0 <= begin <= end <= d, got begin=" + std::to_string(begin) +
+                              ", end=" + std::to_string(end) + ", d=" + std::to_string(d));
+    }
+}
+
 void require_nonnegative(int64_t k) {
     if (k < 0) throw py::value_error("k must be >= 0, got " + std::to_string(k));
 }
@@ -102,20 +127,8 @@ py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>
 py::tuple accumulate_select(const py::array& gradient, py::array& residual, int64_t k,
                             const std::optional<py::array>& hint, const std::string& value_type,
                             bool clear_gradient) {
-    require_contiguous_1d(gradient, "gradient");
-    require_contiguous_1d(residual, "residual");
+    require_accumulation(gradient, residual, clear_gradient);
     require_nonnegative(k);
-    if (gradient.shape(0) != residual.shape(0) || !gradient.dtype().is(residual.dtype())) {
-        throw py::value_error("gradient and residual must have the same length and dtype");
-    }
-    if (!residual.writeable()) throw py::value_error("residual must be writeable");
-    if (clear_gradient && !gradient.writeable()) {
-        throw py::value_error("gradient must be writeable to be cleared");
-    }
-    if (clear_gradient && gradient.data() == residual.data()) {
-        throw py::value_error("gradient and residual must not be the same array when the "
-                              "gradient is cleared");
-    }
     if (hint && (hint->size() != 1 || hint->itemsize() != gradient.itemsize())) {
         throw py::value_error("threshold_hint must be one value of the gradient's dtype");
     }
@@ -306,24 +319,9 @@ py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, i
                                int64_t end, uint64_t threshold_key, uint64_t histogram_base_key,
                                int histogram_shift, int64_t n_bins,
                                const std::string& value_type, bool clear_gradient) {
-    require_contiguous_1d(gradient, "gradient");
-    require_contiguous_1d(residual, "residual");
+    require_accumulation(gradient, residual, clear_gradient);
     const int64_t d = gradient.shape(0);
-    if (residual.shape(0) != d || !gradient.dtype().is(residual.dtype())) {
-        throw py::value_error("gradient and residual must have the same length and dtype");
-    }
-    if (!residual.writeable()) throw py::value_error("residual must be writeable");
-    if (clear_gradient && !gradient.writeable()) {
-        throw py::value_error("gradient must be writeable to be cleared");
-    }
-    if (clear_gradient && gradient.data() == residual.data()) {
-        throw py::value_error("gradient and residual must not be the same array when the "
-                              "gradient is cleared");
-    }
-    if (!(0 <= begin && begin <= end && end <= d)) {
-        throw py::value_error("need 0 <= begin <= end <= d, got begin=" + std::to_string(begin) +
-                              ", end=" + std::to_string(end) + ", d=" + std::to_string(d));
-    }
+    require_range(begin, end, d);
     if (n_bins < 1 || histogram_shift < 0 || histogram_shift > 52) {
         throw py::value_error("need n_bins >= 1 and 0 <= histogram_shift <= 52");
     }
@@ -355,10 +353,7 @@ py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
                             uint64_t threshold_key, const std::string& value_type) {
     require_contiguous_1d(x, "x");
     const int64_t d = x.shape(0);
-    if (!(0 <= begin && begin <= end && end <= d)) {
-        throw py::value_error("need 0 <= begin <= end <= d, got begin=" + std::to_string(begin) +
-                              ", end=" + std::to_string(end) + ", d=" + std::to_string(d));
-    }
+    require_range(begin, end, d);
     return with_value_type(value_type, x, true, [&](auto tag) -> py::array {
         using T = decltype(tag);
         const T* data = static_cast<const T*>(x.data());

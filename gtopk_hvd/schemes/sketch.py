@@ -42,7 +42,8 @@ from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import check_fused_float32, sum_at
 
-CACHE_ENTRIES = 1 << 24  # rows x d at most this: the buckets and signs are kept between steps
+CACHE_ENTRIES = 1 << 24  # rows x d at most this: the buckets and signs (8 bytes an entry) are
+# kept between steps; beyond, they are hashed again at every step
 CHUNK = 1 << 20
 
 
@@ -69,7 +70,7 @@ class CountSketch:
     def _hashes(self, row: int, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         index = np.arange(begin, end, dtype=np.uint32)
         bucket = (mix32(index ^ self.keys[row, 0]).astype(np.uint64) * np.uint64(self.columns)
-                  >> np.uint64(32)).astype(np.int64)
+                  >> np.uint64(32)).astype(np.int32)
         sign = np.where(mix32(index ^ self.keys[row, 1]) >> np.uint32(31), -1.0, 1.0)
         return bucket, sign.astype(np.float32)
 
