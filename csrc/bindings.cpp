@@ -318,12 +318,14 @@ py::array_t<uint8_t> mark_survivors(const py::array& local_index, const py::arra
 py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, int64_t begin,
                                int64_t end, uint64_t threshold_key, uint64_t histogram_base_key,
                                int histogram_shift, int64_t n_bins,
-                               const std::string& value_type, bool clear_gradient) {
+                               const std::string& value_type, bool clear_gradient,
+                               int64_t n_fine, int coarse_shift) {
     require_accumulation(gradient, residual, clear_gradient);
     const int64_t d = gradient.shape(0);
     require_range(begin, end, d);
-    if (n_bins < 1 || histogram_shift < 0 || histogram_shift > 52) {
-        throw py::value_error("need n_bins >= 1 and 0 <= histogram_shift <= 52");
+    if (n_bins < 1 || histogram_shift < 0 || histogram_shift > 52 || coarse_shift < 0 ||
+        coarse_shift > 52 || n_fine > n_bins) {
+        throw py::value_error("need n_bins >= 1, n_fine <= n_bins and shifts in [0, 52]");
     }
     py::array_t<int64_t> histogram(n_bins);
     return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
@@ -339,7 +341,7 @@ py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, i
                 gtopk::cpu::accumulate_threshold<T, Index>(
                     g, r, d, begin, end, static_cast<Key>(threshold_key),
                     static_cast<Key>(histogram_base_key), histogram_shift, n_bins,
-                    histogram.mutable_data(), clear_gradient, selected);
+                    histogram.mutable_data(), clear_gradient, selected, n_fine, coarse_shift);
             }
             py::array_t<Index> indices(static_cast<py::ssize_t>(selected.size()));
             std::copy(selected.begin(), selected.end(), indices.mutable_data());
@@ -471,7 +473,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("accumulate_threshold", &accumulate_threshold, py::arg("gradient"),
           py::arg("residual"), py::arg("begin"), py::arg("end"), py::arg("threshold_key"),
           py::arg("histogram_base_key"), py::arg("histogram_shift"), py::arg("n_bins"),
-          py::arg("value_type"), py::arg("clear_gradient") = false);
+          py::arg("value_type"), py::arg("clear_gradient") = false, py::arg("n_fine") = -1,
+          py::arg("coarse_shift") = 0);
     m.def("threshold_indices", &threshold_indices, py::arg("x"), py::arg("begin"),
           py::arg("end"), py::arg("threshold_key"), py::arg("value_type"));
     m.def("merge_topk", &merge_topk, py::arg("index_a"), py::arg("value_a"), py::arg("index_b"),

@@ -124,30 +124,44 @@ def accumulate_select(
 
 def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
                          threshold_key: int, histogram_base_key: int, histogram_shift: int,
-                         n_bins: int, clear_gradient: bool = False) -> tuple[Any, np.ndarray]:
+                         n_bins: int, clear_gradient: bool = False, n_fine: int = -1,
+                         coarse_shift: int = 0) -> tuple[Any, np.ndarray]:
     """Threshold selection fused with the accumulation (MiCRO / ExDyna), one pass over d:
 
         residual += gradient                              (gradient = 0 too if clear_gradient)
         indices = [i in [begin, end) with key(residual[i]) >= max(threshold_key,
                                                                    histogram_base_key)]
-        histogram[b] = #[i in [begin, end) with key >= histogram_base_key and
-                         b = min((key - histogram_base_key) >> histogram_shift, n_bins - 1)]
+        histogram[b] = #[i in [begin, end) with key >= histogram_base_key, bin(key) = b]
 
     key(v): the magnitude's bits (`magnitude_key`: NaN above +Inf above every number), so every
-    NaN reaches the selection. Returns (indices, histogram int64, on the host). float32 /
-    float64; CUDA tensors run as torch operations on their device.
+    NaN reaches the selection. bin: `histogram_bin` (n_fine bins of 2^histogram_shift keys,
+    then bins of 2^coarse_shift; n_fine < 0: all fine). Returns (indices, histogram int64, on
+    the host). float32 / float64; CUDA tensors run as torch operations on their device.
     """
     if is_cuda(gradient) or is_cuda(residual):
         return _torch_accumulate_threshold(gradient, residual, begin, end, threshold_key,
                                            histogram_base_key, histogram_shift, n_bins,
-                                           clear_gradient)
+                                           clear_gradient, n_fine, coarse_shift)
     gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
     residual_view = as_numpy(residual, "residual", writeable=True)
     indices, histogram = _C.accumulate_threshold(
         gradient_view.array, residual_view.array, int(begin), int(end), int(threshold_key),
         int(histogram_base_key), int(histogram_shift), int(n_bins), gradient_view.value_type,
-        bool(clear_gradient))
+        bool(clear_gradient), int(n_fine), int(coarse_shift))
     return like(indices, gradient_view), histogram
+
+
+def histogram_bin(offset: Any, histogram_shift: int, n_bins: int, n_fine: int = -1,
+                  coarse_shift: int = 0) -> Any:
+    """The kernels' histogram bin of keys at `offset` = key - base >= 0 (int64 numpy arrays or
+    torch tensors): offset >> histogram_shift for the first n_fine bins, then n_fine +
+    ((offset - (n_fine << histogram_shift)) >> coarse_shift), at most n_bins - 1 (n_fine
+    outside [0, n_bins]: every bin is a fine one)."""
+    n_fine = n_fine if 0 <= n_fine <= n_bins else n_bins
+    span = n_fine << histogram_shift
+    fine = offset >> histogram_shift
+    coarse = n_fine + ((offset - span) >> coarse_shift)
+    return (fine * (offset < span) + coarse * (offset >= span)).clip(0, n_bins - 1)
 
 
 def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
@@ -181,7 +195,7 @@ def magnitude_histogram(x: Any, begin: int, end: int, base_key: int, shift: int,
         keys = np.minimum(part.view(np.uint32) & np.uint32(0x7FFFFFFF),
                           np.uint32(0x7F800001)).astype(np.int64)
     counted = keys[keys >= base_key] - base_key
-    return np.bincount(np.minimum(counted >> shift, n_bins - 1), minlength=n_bins)
+    return np.bincount(histogram_bin(counted, shift, n_bins), minlength=n_bins)
 
 
 def largest_finite_magnitude(x: Any) -> float:
@@ -231,7 +245,8 @@ def _torch_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -
 
 def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
                                 threshold_key: int, histogram_base_key: int,
-                                histogram_shift: int, n_bins: int, clear_gradient: bool
+                                histogram_shift: int, n_bins: int, clear_gradient: bool,
+                                n_fine: int = -1, coarse_shift: int = 0
                                 ) -> tuple[Any, np.ndarray]:
     """`accumulate_threshold` as torch operations (tensors on any one device)."""
     import torch
@@ -241,7 +256,8 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
         gradient.zero_()
     keys = _torch_keys(residual[begin:end])
     counted = keys[keys >= histogram_base_key]
-    bins = ((counted - histogram_base_key) >> histogram_shift).clamp(max=n_bins - 1)
+    bins = histogram_bin(counted - histogram_base_key, histogram_shift, n_bins, n_fine,
+                         coarse_shift)
     histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
     indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
     return indices, histogram

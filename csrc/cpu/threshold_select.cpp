@@ -55,8 +55,11 @@ template <typename T, typename Index>
 void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, int64_t end,
                           MagnitudeKey<T> threshold, MagnitudeKey<T> histogram_base,
                           int histogram_shift, int64_t n_bins, int64_t* histogram,
-                          bool clear_gradient, std::vector<Index>& out_index) {
+                          bool clear_gradient, std::vector<Index>& out_index, int64_t n_fine,
+                          int coarse_shift) {
     using Key = MagnitudeKey<T>;
+    if (n_fine < 0 || n_fine > n_bins) n_fine = n_bins;
+    const uint64_t fine_span = static_cast<uint64_t>(n_fine) << histogram_shift;
     const int n_threads = detail::threads_for(d);
     std::vector<std::vector<Index>> selected(n_threads);
     std::vector<std::vector<int64_t>> counts(
@@ -79,8 +82,12 @@ void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, in
             if (lo >= hi || detail::block_max_key(residual + lo, hi - lo) < histogram_base) continue;
             const int64_t hits = gather_hits(residual + lo, hi - lo, histogram_base, keys, positions);
             for (int64_t j = 0; j < hits; ++j) {
-                const int64_t bin = std::min<int64_t>((keys[j] - histogram_base) >> histogram_shift,
-                                                      n_bins - 1);
+                const uint64_t offset = keys[j] - histogram_base;
+                const int64_t bin = std::min<int64_t>(
+                    offset < fine_span ? static_cast<int64_t>(offset >> histogram_shift)
+                                       : n_fine + static_cast<int64_t>((offset - fine_span) >>
+                                                                       coarse_shift),
+                    n_bins - 1);
                 bins[(j % kHistogramCopies) * n_bins + bin]++;
             }
             for (int64_t j = 0; j < hits; ++j) {
@@ -134,7 +141,8 @@ void threshold_indices(const T* x, int64_t begin, int64_t end, MagnitudeKey<T> t
 #define GTOPK_INSTANTIATE(T, Index)                                                            \
     template void accumulate_threshold<T, Index>(T*, T*, int64_t, int64_t, int64_t,           \
                                                  MagnitudeKey<T>, MagnitudeKey<T>, int, int64_t, \
-                                                 int64_t*, bool, std::vector<Index>&); \
+                                                 int64_t*, bool, std::vector<Index>&, int64_t, \
+                                                 int); \
     template void threshold_indices<T, Index>(const T*, int64_t, int64_t, MagnitudeKey<T>,       \
                                               std::vector<Index>&);
 GTOPK_INSTANTIATE(float, int32_t)

@@ -49,11 +49,11 @@ def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float,
     """Worker 0's selection at P = d / end, as `Micro._measured` makes it at a step whose
     threshold moved little: the fused pass with the histogram and the candidates, the threshold
     from that histogram (as after the all-reduce), the candidates at or above it."""
-    base = control.window_below(tau)
+    window = control.window_around(tau)
     candidate_key = ops.magnitude_key(tau * control.CANDIDATE_MARGIN)
-    candidates, histogram = ops.accumulate_threshold(
-        gradient, residual, 0, end, candidate_key, base, control.HISTOGRAM_SHIFT, control.N_BINS)
-    threshold = control.from_histogram(histogram, base, max(1, k * end // residual.size))
+    candidates, histogram = ops.accumulate_threshold(gradient, residual, 0, end, candidate_key,
+                                                     **window.kernel_arguments())
+    threshold = control.from_histogram(histogram, window, max(1, k * end // residual.size))
     return ops.keep_at_or_above(residual, candidates, ops.magnitude_key(threshold))
 
 
@@ -66,8 +66,7 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
     time = lambda fn: median_seconds(fn, repeats)  # noqa: E731
     rows = [("read", time(lambda: _C.read_pass(residual)), 0),
             ("accumulate", time(lambda: ops.accumulate_threshold(
-                gradient, residual, 0, 0, control.NO_KEY, control.NO_KEY,
-                control.HISTOGRAM_SHIFT, 1)), 0)]
+                gradient, residual, 0, 0, control.NO_KEY, control.NO_KEY, 0, 1)), 0)]
     cut = residual.copy()  # the exact top-k clears what it selects: give it its own copy
     rows.append(("topk fused", time(lambda: ops.accumulate_select(gradient, cut, k)), k))
     rows.append(("topk alone", time(lambda: ops.topk_abs(residual, k)), k))
@@ -78,7 +77,7 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
                                                                      tau, k)), selected))
         key = ops.magnitude_key(tau)
         one_pass = lambda end=end, key=key: ops.accumulate_threshold(  # noqa: E731
-            gradient, residual, 0, end, key, key, control.HISTOGRAM_SHIFT, 1)
+            gradient, residual, 0, end, key, key, 0, 1)
         rows.append((f"1-pass P={p}", time(one_pass), one_pass()[0].size))
     if sketch:
         table = CountSketch(5, 10 * k, d, seed=0)

@@ -98,8 +98,8 @@ class Micro(Scheme):
             tau = self.threshold if self.selected < 0 else control.multiplicative(
                 self.threshold, self.selected, budget.k)
             key = ops.magnitude_key(tau)
-            mine, _ = ops.accumulate_threshold(gradient, residual, begin, end, key, key,
-                                               control.HISTOGRAM_SHIFT, 1, clear_gradient)
+            mine, _ = ops.accumulate_threshold(gradient, residual, begin, end, key, key, 0, 1,
+                                               clear_gradient)
         else:
             tau, mine = self._measured(gradient, residual, budget.k, begin, end,
                                        clear_gradient, stats)
@@ -141,22 +141,19 @@ class Micro(Scheme):
                 largest = float(self.transport.allgather(np.array([largest], np.float64)).max())
                 stats.bytes_sent += 8 * (size - 1)
                 stats.bytes_received += 8 * (size - 1)
-            base_key, n_bins = control.window_under(largest), control.START_BINS + 2
-            candidate_key = control.NO_KEY
+            window, candidate_key = control.window_under(largest), control.NO_KEY
         else:
-            base_key, n_bins = control.window_below(self.threshold), control.N_BINS
+            window = control.window_around(self.threshold)
             candidate_key = ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
         candidates, histogram = ops.accumulate_threshold(
-            gradient, residual, begin, end, candidate_key, base_key, control.HISTOGRAM_SHIFT,
-            n_bins, clear_gradient)
+            gradient, residual, begin, end, candidate_key, clear_gradient=clear_gradient,
+            **window.kernel_arguments())
         summed = self._summed(histogram, stats)
-        if summed.sum() < k and base_key > 0:  # tau fell below the window: look further down
-            top_key = base_key
-            base_key = max(0, top_key - (control.START_BINS << control.HISTOGRAM_SHIFT))
+        if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
+            window = control.window_under(window.edge(0))
             summed = self._summed(ops.magnitude_histogram(
-                residual, begin, end, base_key, control.HISTOGRAM_SHIFT,
-                control.START_BINS + 1), stats)
-        tau = control.from_histogram(summed, base_key, k)
+                residual, begin, end, window.base_key, window.shift, window.n_bins), stats)
+        tau = control.from_histogram(summed, window, k)
         key = ops.magnitude_key(tau)
         if key >= candidate_key:  # the pass kept every entry at or above tau: no second read
             return tau, ops.keep_at_or_above(residual, candidates, key)

@@ -5,11 +5,12 @@ A threshold carried over from the last step misses k by however much the accumul
 moved in between: early in training and on sparse layers (an LM's embedding) that is a factor
 of ten either way from one step to the next. So the threshold is measured on the step itself:
 
-    1. in the accumulation pass, each worker counts the magnitudes of its partition in bins of
-       1/16 octave (a float32 magnitude's exponent and top 4 mantissa bits: key >> 19), from
-       half an octave (BINS_BELOW) below the last threshold's bin to 4 octaves above it, the
-       last bin holding everything higher (the first step: the 20 octaves below the largest
-       |acc| over workers, one all-gather of one value);
+    1. in the accumulation pass, each worker counts the magnitudes of its partition in bins
+       (`Window`) cut from a float32 magnitude's bits: 1/64 octave (key >> 17) from half an
+       octave below the last threshold to half an octave above it, then 1/8 octave (key >> 20)
+       up to 4 octaves above, the last bin holding everything higher (the first step: bins of
+       1/16 octave over the 20 octaves below the largest |acc| over workers, found by one
+       all-gather of one value);
     2. one sum all-reduce of the N_BINS counts: every worker holds the same histogram H of the
        whole gradient;
     3. tau from H for the step's k (below), the same on every worker; if the window holds
@@ -34,7 +35,7 @@ With C(b) = the count at or above bin b's lower edge:
                    fell from bin b - 1, s = log(H(b-1) / H(b)), and u solves
                        e^(-s u) = e^(-s) + (k - C(b+1)) / H(b) (1 - e^(-s))
 
-So the count misses k only by the shape of C inside one bin of 1/16 octave. Cost: the count in
+So the count misses k only by the shape of C inside one bin of 1/64 octave. Cost: the count in
 the accumulation pass (only entries at or above the lowest edge are counted), one all-reduce of
 N_BINS float32 values, and a read of the partition only where tau fell by more than
 CANDIDATE_MARGIN. The authors' rule (kljp/micro) is kept as
@@ -45,16 +46,20 @@ ratio > 1.1: tau x 1.005; ratio < 1/1.1: tau x 0.995; else tau x 1.00125.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from gtopk_hvd.ops import magnitude_key, value_of_key
 
-HISTOGRAM_SHIFT = 19
-BINS_BELOW = 8
-BINS_ABOVE = 64
-N_BINS = BINS_BELOW + BINS_ABOVE + 1
-START_BINS = 320  # the first step: 20 octaves below the largest |acc|
+FINE_SHIFT = 17  # 1/64 octave
+COARSE_SHIFT = 20  # 1/8 octave
+FINE_BELOW = 32  # fine bins below the last threshold's: half an octave
+N_FINE = 64  # half an octave below to half an octave above
+N_COARSE = 28  # 3.5 octaves more above
+N_BINS = N_FINE + N_COARSE + 1  # the last counts everything higher
+START_SHIFT = 19  # the first step and a second look: 1/16 octave
+START_BINS = 320  # 20 octaves
 CANDIDATE_MARGIN = 2 ** -0.25  # a quarter octave below the last threshold
 NO_KEY = 0xFFFFFFFF  # above every float32 key: the accumulation pass selects nothing
 CONTROLLERS = ("histogram", "multiplicative")
@@ -62,38 +67,58 @@ SMALLEST_THRESHOLD = float(np.finfo(np.float32).tiny)
 MAX_DECAY = 5.0
 
 
-def bin_floor(key: int) -> int:
-    """The lower edge (a key) of the bin holding `key`."""
-    return (key >> HISTOGRAM_SHIFT) << HISTOGRAM_SHIFT
+@dataclass(frozen=True)
+class Window:
+    """The bins of one histogram: n_fine bins of 2^shift keys from base_key, then bins of
+    2^coarse_shift keys, n_bins in all, the last open above (`ops.histogram_bin`)."""
+
+    base_key: int
+    shift: int
+    n_bins: int
+    n_fine: int
+    coarse_shift: int = 0
+
+    def edge(self, b: int) -> float:
+        """The lower edge (a magnitude) of bin b."""
+        if b <= self.n_fine:
+            key = self.base_key + (b << self.shift)
+        else:
+            key = self.base_key + (self.n_fine << self.shift) + (
+                (b - self.n_fine) << self.coarse_shift)
+        return value_of_key(min(key, 0x7F800000))
+
+    def kernel_arguments(self) -> dict:
+        """The histogram's arguments of `ops.accumulate_threshold`."""
+        return {"histogram_base_key": self.base_key, "histogram_shift": self.shift,
+                "n_bins": self.n_bins, "n_fine": self.n_fine, "coarse_shift": self.coarse_shift}
 
 
-def window_below(tau: float) -> int:
-    """The lowest edge (a key) of the histogram around the last threshold `tau`."""
-    return max(0, bin_floor(magnitude_key(tau)) - (BINS_BELOW << HISTOGRAM_SHIFT))
+def window_around(tau: float) -> Window:
+    """The histogram of a step whose last threshold was `tau`."""
+    floor = (magnitude_key(tau) >> FINE_SHIFT) << FINE_SHIFT
+    return Window(max(0, floor - (FINE_BELOW << FINE_SHIFT)), FINE_SHIFT, N_BINS, N_FINE,
+                  COARSE_SHIFT)
 
 
-def window_under(largest: float) -> int:
-    """The lowest edge (a key) of the first step's histogram, under the largest |acc|."""
-    top = bin_floor(magnitude_key(max(largest, SMALLEST_THRESHOLD)))
-    return max(0, top - (START_BINS << HISTOGRAM_SHIFT))
+def window_under(top: float) -> Window:
+    """The 20 octaves below the magnitude `top` (the first step: the largest |acc|; a second
+    look: the lowest edge of the window that held fewer than k), in bins of 1/16 octave."""
+    floor = (magnitude_key(max(top, SMALLEST_THRESHOLD)) >> START_SHIFT) << START_SHIFT
+    base = max(0, floor - (START_BINS << START_SHIFT))
+    return Window(base, START_SHIFT, START_BINS + 2, START_BINS + 2)
 
 
-def edge(base_key: int, b: int) -> float:
-    """The lower edge (a magnitude) of bin b of the histogram that starts at base_key."""
-    return value_of_key(base_key + (b << HISTOGRAM_SHIFT))
-
-
-def from_histogram(histogram: np.ndarray, base_key: int, k: int) -> float:
+def from_histogram(histogram: np.ndarray, window: Window, k: int) -> float:
     """The threshold that passes k entries of the histogram (module docstring), float32."""
     above = np.cumsum(np.asarray(histogram, np.float64)[::-1])[::-1]  # C(b)
     last = len(histogram) - 1
     if above[last] >= k:
-        tau = edge(base_key, last)
+        tau = window.edge(last)
     elif above[0] < k:
-        tau = edge(base_key, 0)
+        tau = window.edge(0)
     else:
         b = int(np.nonzero(above >= k)[0][-1])
-        lo, hi = max(edge(base_key, b), SMALLEST_THRESHOLD), edge(base_key, b + 1)
+        lo, hi = max(window.edge(b), SMALLEST_THRESHOLD), window.edge(b + 1)
         falls_here = above[b] / above[b + 1] if above[b + 1] > 0 else math.inf
         falls_below = above[b - 1] / above[b] if b > 0 else 1.0
         if falls_here <= falls_below ** 2:  # a tail: C a power of the magnitude inside bin b

@@ -33,8 +33,10 @@ int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
 //   residual += gradient over [0, d)                 (gradient = 0 there too if clear_gradient)
 //   out_index = { i in [begin, end) : key(residual[i]) >= max(threshold, histogram_base) },
 //               sorted (NaN: always in, unless threshold is above NaN's key: none selected)
-//   histogram[b] = #{ i in [begin, end) : b = min((key - histogram_base) >> histogram_shift,
-//                                                 n_bins - 1), key >= histogram_base }
+//   histogram[b] = #{ i in [begin, end) : key >= histogram_base, bin(key) = b }, where with
+//   o = key - histogram_base: bin = o >> histogram_shift for the first n_fine bins, then
+//   n_fine + ((o - (n_fine << histogram_shift)) >> coarse_shift), and at most n_bins - 1
+//   (n_fine < 0: every bin is a fine one)
 // Keys are magnitude_key's; entries below histogram_base are not counted. The histogram and the
 // compare read only the entries at or above histogram_base (a vectorised mask), so the pass
 // costs about the accumulation alone when few entries reach it.
@@ -42,7 +44,8 @@ template <typename T, typename Index>
 void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, int64_t end,
                           MagnitudeKey<T> threshold, MagnitudeKey<T> histogram_base,
                           int histogram_shift, int64_t n_bins, int64_t* histogram,
-                          bool clear_gradient, std::vector<Index>& out_index);
+                          bool clear_gradient, std::vector<Index>& out_index,
+                          int64_t n_fine = -1, int coarse_shift = 0);
 
 // out_index = { i in [begin, end) : key(x[i]) >= threshold }, sorted: a read of [begin, end).
 template <typename T, typename Index>
