@@ -477,10 +477,11 @@ def test_the_fused_pass_refuses_bad_bounds() -> None:
 # -- through the adapters, launched ---------------------------------------------------------------
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("framework", ["torch", "tensorflow", "keras"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "keras", "tf-keras"])
 def test_the_schemes_are_one_line_choices_of_every_adapter_under_mpirun(framework: str) -> None:
-    """tests/mpi/mpi_union_schemes.py on 3 workers: torch over the mpi and horovod transports,
-    the TF tape, Keras' optimizer; each update equals the core's, replicas bitwise equal."""
+    """tests/mpi/mpi_union_schemes.py on 3 workers: torch over the mpi and horovod transports
+    and through Horovod's own swapped wrapper, the TF tape (ours and Horovod's, swapped), Keras'
+    optimizer on Keras 3 and tf-keras; each update equals the core's, replicas bitwise equal."""
     output = run_mpi("mpi_union_schemes.py", 3, framework, timeout_s=600)
     assert f"UNION SCHEMES THROUGH {framework} OK" in output
 

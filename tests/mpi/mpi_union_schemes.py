@@ -1,15 +1,21 @@
 """Under mpirun: MiCRO, ExDyna, sketched SGD and exact gTop-k as one-line choices of the torch
-DistributedOptimizer (over the "mpi" and "horovod" transports), the TF DistributedGradientTape
-and the Keras DistributedOptimizer. Each step's update equals that of the same scheme's core
-step run in this process on every worker's gradient (threads: tests/test_union_schemes.py
-checks the core against numpy replays), and the replicas are bitwise identical.
+DistributedOptimizer (over the "mpi" and "horovod" transports, and as Horovod's own
+hvd.DistributedOptimizer after the swap), the TF DistributedGradientTape (ours and Horovod's,
+swapped) and the Keras DistributedOptimizer (Keras 3, tf-keras). Each step's update equals that
+of the same scheme's core step run in this process on every worker's gradient (threads:
+tests/test_union_schemes.py checks the core against numpy replays), and the replicas are
+bitwise identical.
 
-    mpi_union_schemes.py torch | tensorflow | keras
+    mpi_union_schemes.py torch | tensorflow | keras | tf-keras
 """
 
 from __future__ import annotations
 
+import os
 import sys
+
+if __name__ == "__main__" and sys.argv[1:] == ["tf-keras"]:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
 
 import numpy as np
 from harness import run_on_all_ranks
@@ -49,14 +55,21 @@ def in_process(config: object, size: int) -> list[np.ndarray]:
 
 
 def torch_updates(config: object, transport: str) -> list[np.ndarray]:
+    """transport "swap": Horovod's own hvd.DistributedOptimizer, which the import of
+    gtopk_hvd.torch swapped (default transport)."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
     everyone = gradients_of_all(hvd.size())
     parameter = torch.nn.Parameter(torch.zeros(D))
-    optimizer = gtopk_torch.DistributedOptimizer(torch.optim.SGD([parameter], lr=1.0),
-                                                 compression=config, transport=transport)
+    sgd = torch.optim.SGD([parameter], lr=1.0)
+    if transport == "swap":
+        optimizer = hvd.DistributedOptimizer(sgd, named_parameters=[("p", parameter)],
+                                             compression=config)
+    else:
+        optimizer = gtopk_torch.DistributedOptimizer(sgd, compression=config,
+                                                     transport=transport)
     updates = []
     for t in range(STEPS):
         optimizer.zero_grad()
@@ -68,7 +81,9 @@ def torch_updates(config: object, transport: str) -> list[np.ndarray]:
     return updates
 
 
-def tensorflow_updates(config: object) -> list[np.ndarray]:
+def tensorflow_updates(config: object, swap: bool = False) -> list[np.ndarray]:
+    """swap: Horovod's own hvd.DistributedGradientTape, swapped by importing
+    gtopk_hvd.tensorflow."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -78,11 +93,12 @@ def tensorflow_updates(config: object) -> list[np.ndarray]:
     everyone = gradients_of_all(hvd.size())
     variable = tf.Variable(tf.zeros([D]))
     state = gtopk_tf.GTopkState()
+    wrap = hvd.DistributedGradientTape if swap else gtopk_tf.DistributedGradientTape
     updates = []
     for t in range(STEPS):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(variable * everyone[hvd.rank(), t])
-        tape = gtopk_tf.DistributedGradientTape(tape, compression=config, gtopk_state=state)
+        tape = wrap(tape, compression=config, gtopk_state=state)
         (gradient,) = tape.gradient(loss, [variable])
         updates.append(gradient.numpy().copy())
     return updates
@@ -116,9 +132,11 @@ def main() -> None:
     for name, config in SCHEMES.items():
         if framework == "torch":
             runs += [(name, "mpi", torch_updates(config, "mpi")),
-                     (name, "horovod", torch_updates(config, "horovod"))]
+                     (name, "horovod", torch_updates(config, "horovod")),
+                     (name, "Horovod's wrapper", torch_updates(config, "swap"))]
         elif framework == "tensorflow":
-            runs.append((name, "mpi", tensorflow_updates(config)))
+            runs += [(name, "mpi", tensorflow_updates(config)),
+                     (name, "Horovod's wrapper", tensorflow_updates(config, swap=True))]
         else:
             runs.append((name, "mpi", keras_updates(config)))
     for name, transport, updates in runs:
