@@ -5,7 +5,8 @@ or torch tensors on one device (a GPU: then selection and residual updates run t
 the k-entry sets cross to the host for the reduction). An `ArrayBackend` answers every
 "numpy or torch?" question of the step's data path with the one answer chosen at build time:
 make zeros, bring a local set to the host for the transport, take a host array back, join the
-parts of a per-bucket selection, cast indices, assign a checkpoint's values.
+parts of a per-bucket selection, cast indices, index its arrays with host indices, assign a
+checkpoint's values.
 
 The backends import no framework at module level: `TorchBackend` imports torch when made.
 """
@@ -36,6 +37,10 @@ class ArrayBackend:
 
     def concatenate(self, parts: list[Any]) -> Any:
         return np.concatenate(parts)
+
+    def index(self, indices: np.ndarray) -> Any:
+        """Host indices as what indexes this backend's arrays (here: the same array)."""
+        return indices
 
     def as_index_dtype(self, indices: Any, dtype: np.dtype) -> Any:
         """indices as the integer dtype `dtype` (no copy where they already are)."""
@@ -69,6 +74,9 @@ class TorchBackend(ArrayBackend):
 
     def concatenate(self, parts: list[Any]) -> Any:
         return self._torch.cat(parts)
+
+    def index(self, indices: np.ndarray) -> Any:
+        return self.from_host(indices.astype(np.int64))
 
     def as_index_dtype(self, indices: Any, dtype: np.dtype) -> Any:
         return indices.to(getattr(self._torch, np.dtype(dtype).name))

@@ -413,6 +413,34 @@ def test_selection_order_helper_agrees_with_the_kernels_nan_rule() -> None:
     assert magnitude_order(values)[0] == 1  # NaN first, as the threshold read keeps it
 
 
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_torch_tensors_step_as_numpy_arrays_do(name: str) -> None:
+    """The step on torch tensors (the backend a GPU gets; CPU tensors here) is bit for bit the
+    step on numpy arrays: residuals, indices and values, with momentum correction."""
+    import torch
+
+    workers, steps, d = 3, 4, 900
+    gradients = heavy_tailed((workers, steps, d), 8)
+    config = SCHEMES[name]()
+
+    def work(transport: object) -> list:
+        on_numpy, on_torch = (SparseStep(config, [d], transport),
+                              SparseStep(config, [d], transport, device="cpu"))
+        out = []
+        for t in range(steps):
+            numpy_result = on_numpy.step(gradients[transport.rank, t].copy())
+            torch_result = on_torch.step(torch.from_numpy(gradients[transport.rank, t].copy()))
+            out.append((numpy_result, torch_result, on_numpy.residual.copy(),
+                        on_torch.residual.numpy().copy()))
+        return out
+
+    for rank_steps in ThreadGroup(workers).run(work):
+        for (numpy_result, torch_result, numpy_residual, torch_residual) in rank_steps:
+            np.testing.assert_array_equal(np.asarray(torch_result[0]), numpy_result[0])
+            np.testing.assert_array_equal(np.asarray(torch_result[1]), numpy_result[1])
+            np.testing.assert_array_equal(torch_residual, numpy_residual)
+
+
 # -- the selection pass --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

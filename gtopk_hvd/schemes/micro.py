@@ -115,9 +115,7 @@ class Micro(Scheme):
         per_partition = np.zeros(self.transport.size, np.int64)
         per_partition[(np.arange(self.transport.size) + step) % self.transport.size] = counts
         self.after_step(per_partition, step)
-        taken = union if self.backend.name == "numpy" else self.backend.from_host(
-            union.astype(np.int64))
-        return Exchange(union, values, taken, stats, select_seconds)
+        return Exchange(union, values, self.backend.index(union), stats, select_seconds)
 
     def _in_partition_order(self, everyone: np.ndarray, counts: np.ndarray,
                             step: int) -> np.ndarray:

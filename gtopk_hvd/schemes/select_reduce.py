@@ -78,9 +78,8 @@ class SelectReduce(Scheme):
                            result.stats, taken=(host_indices, host_values))
         ops.restore_residual(residual, local_indices, local_values, ~result.survived)
         taken = np.union1d(host_indices, result.indices).astype(self.index_dtype, copy=False)
-        if self.backend.name != "numpy":
-            taken = self.backend.from_host(taken.astype(np.int64))
-        return Exchange(result.indices, values, taken, result.stats, select_seconds)
+        return Exchange(result.indices, values, self.backend.index(taken), result.stats,
+                        select_seconds)
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
                 clear_gradient: bool) -> tuple[Any, Any]:

@@ -157,12 +157,10 @@ class Sketch(Scheme):
         union, estimated = ops.topk_abs(estimate, min(budget.k, self.d))
         union = union.astype(self.index_dtype, copy=False)
         stats.merge_seconds += time.perf_counter() - merge_start
+        taken = self.backend.index(union)
         if self.second_round:
             values, _ = sum_at(self.transport, self.backend, residual, union, stats)
         else:
             values = estimated
-            residual[union if self.backend.name == "numpy"
-                     else self.backend.from_host(union.astype(np.int64))] = 0
-        taken = union if self.backend.name == "numpy" else self.backend.from_host(
-            union.astype(np.int64))
+            residual[taken] = 0
         return Exchange(union, values, taken, stats, select_seconds)

@@ -67,8 +67,7 @@ def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: 
     entries this worker already took out of it (taken = (indices, values), host, sorted: the
     values stand in for the residual there). extra: float32 values summed along (None: none).
     """
-    index = indices if backend.name == "numpy" else backend.from_host(
-        indices.astype(np.int64))
+    index = backend.index(indices)
     values = backend.to_host(residual[index]).astype(np.float32, copy=True)
     if taken is not None and taken[0].size:
         position = np.searchsorted(indices, taken[0])
