@@ -42,7 +42,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
-from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at
+from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at, sum_counted
 
 
 @SCHEMES.register("micro")
@@ -109,7 +109,7 @@ class Micro(Scheme):
         everyone, counts = gather_indices(self.transport, mine, stats)
         union = self._in_partition_order(everyone, counts, step)
         merge_start = time.perf_counter()
-        values, _ = sum_at(self.transport, self.backend, residual, union, stats)
+        values = sum_at(self.transport, self.backend, residual, union, stats)
         stats.merge_seconds += time.perf_counter() - merge_start
         self.threshold, self.selected = tau, int(union.size)
         per_partition = np.zeros(self.transport.size, np.int64)
@@ -146,27 +146,17 @@ class Micro(Scheme):
         candidates, histogram = ops.accumulate_threshold(
             gradient, residual, begin, end, candidate_key, clear_gradient=clear_gradient,
             **window.kernel_arguments())
-        summed = self._summed(histogram, stats)
+        summed = sum_counted(self.transport, histogram.astype(np.float32), stats)
         if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
             window = control.window_under(window.edge(0))
-            summed = self._summed(ops.magnitude_histogram(
-                residual, begin, end, window.base_key, window.shift, window.n_bins), stats)
+            summed = sum_counted(self.transport, ops.magnitude_histogram(
+                residual, begin, end, window.base_key, window.shift, window.n_bins).astype(
+                    np.float32), stats)
         tau = control.from_histogram(summed, window, k)
         key = ops.magnitude_key(tau)
         if key >= candidate_key:  # the pass kept every entry at or above tau: no second read
             return tau, ops.keep_at_or_above(residual, candidates, key)
         return tau, ops.threshold_indices(residual, begin, end, key)
-
-    def _summed(self, histogram: np.ndarray, stats: ReductionStats) -> np.ndarray:
-        """The histogram summed over workers (one all-reduce), as float32."""
-        summed = histogram.astype(np.float32)
-        size = self.transport.size
-        if size > 1:
-            self.transport.allreduce_sum(summed)
-            ring = 2 * (size - 1) * summed.nbytes // size
-            stats.bytes_sent += ring
-            stats.bytes_received += ring
-        return summed
 
     # -- checkpoint -------------------------------------------------------------------------
 

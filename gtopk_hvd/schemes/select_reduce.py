@@ -74,7 +74,7 @@ class SelectReduce(Scheme):
             ops.restore_residual(residual, local_indices, local_values, ~result.survived)
             return Exchange(result.indices, result.values, local_indices, result.stats,
                             select_seconds)
-        values, _ = sum_at(self.transport, self.backend, residual, result.indices,
+        values = sum_at(self.transport, self.backend, residual, result.indices,
                            result.stats, taken=(host_indices, host_values))
         ops.restore_residual(residual, local_indices, local_values, ~result.survived)
         taken = np.union1d(host_indices, result.indices).astype(self.index_dtype, copy=False)

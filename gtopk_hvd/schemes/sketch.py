@@ -40,7 +40,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
-from gtopk_hvd.schemes.union import check_fused_float32, sum_at
+from gtopk_hvd.schemes.union import check_fused_float32, sum_at, sum_counted
 
 CACHE_ENTRIES = 1 << 24  # rows x d at most this: the buckets and signs (8 bytes an entry) are
 # kept between steps; beyond, they are hashed again at every step
@@ -145,13 +145,7 @@ class Sketch(Scheme):
         acc = self.backend.to_host(residual)
         table = self.table.sketch(acc)
         select_seconds = time.perf_counter() - start
-        if self.transport.size > 1:
-            exchange_start = time.perf_counter()
-            self.transport.allreduce_sum(table)
-            stats.add_exchange(0.0, time.perf_counter() - exchange_start)
-            ring = 2 * (self.transport.size - 1) * table.nbytes // self.transport.size
-            stats.bytes_sent += ring
-            stats.bytes_received += ring
+        sum_counted(self.transport, table, stats)
         merge_start = time.perf_counter()
         estimate = self.table.estimate(table)
         union, estimated = ops.topk_abs(estimate, min(budget.k, self.d))
@@ -159,7 +153,7 @@ class Sketch(Scheme):
         stats.merge_seconds += time.perf_counter() - merge_start
         taken = self.backend.index(union)
         if self.second_round:
-            values, _ = sum_at(self.transport, self.backend, residual, union, stats)
+            values = sum_at(self.transport, self.backend, residual, union, stats)
         else:
             values = estimated
             residual[taken] = 0

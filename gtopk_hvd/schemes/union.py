@@ -3,8 +3,10 @@
     gather_indices    every worker's selected indices: an all-gather of the counts, then of
                       the indices (variable counts)
     sum_at            the sum over workers of every worker's accumulated values at one global
-                      index set I (the same on every worker), plus any extra values riding
-                      along, by one sum all-reduce; the residual is cleared at I
+                      index set I (the same on every worker), by one sum all-reduce; the
+                      residual is cleared at I
+    sum_counted       one sum all-reduce with its time and bytes counted (also the threshold
+                      schemes' histogram and the sketch's table)
 
 With sum_at, what is applied at I is the exact sum of every worker's accumulated gradient there
 and nothing of it stays behind, so "applied + every residual = every gradient" holds to the
@@ -58,14 +60,30 @@ def gather_indices(transport: Transport, mine: np.ndarray, stats: ReductionStats
     return everyone, counts
 
 
+def sum_counted(transport: Transport, array: np.ndarray, stats: ReductionStats) -> np.ndarray:
+    """array = its sum over workers, in place (one all-reduce, none at P = 1), its time and a
+    ring's bytes counted in stats; returns array."""
+    size = transport.size
+    if size > 1:
+        start = time.perf_counter()
+        transport.allreduce_sum(array)
+        stats.add_exchange(0.0, time.perf_counter() - start)
+        ring = 2 * (size - 1) * array.nbytes // size
+        stats.bytes_sent += ring
+        stats.bytes_received += ring
+        stats.messages_sent += 2 * (size - 1)
+        stats.rounds += 2 * (size - 1)
+    return array
+
+
 def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: np.ndarray,
-           stats: ReductionStats, taken: tuple[np.ndarray, np.ndarray] | None = None,
-           extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(V, extra summed): V[j] = sum over workers of acc[I[j]], residual[I] = 0 after.
+           stats: ReductionStats, taken: tuple[np.ndarray, np.ndarray] | None = None
+           ) -> np.ndarray:
+    """V[j] = sum over workers of acc[I[j]]; residual[I] = 0 after.
 
     indices: I, host, sorted, the same on every worker. acc is the residual, except at the
     entries this worker already took out of it (taken = (indices, values), host, sorted: the
-    values stand in for the residual there). extra: float32 values summed along (None: none).
+    values stand in for the residual there).
     """
     index = backend.index(indices)
     values = backend.to_host(residual[index]).astype(np.float32, copy=True)
@@ -74,17 +92,6 @@ def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: 
         inside = position < indices.size
         inside[inside] = indices[position[inside]] == taken[0][inside]
         values[position[inside]] += taken[1][inside]
-    message = values if extra is None else np.concatenate([values, extra.astype(np.float32)])
-    if transport.size > 1:
-        start = time.perf_counter()
-        transport.allreduce_sum(message)
-        stats.add_exchange(0.0, time.perf_counter() - start)
-        ring = 2 * (transport.size - 1) * message.nbytes // transport.size
-        stats.bytes_sent += ring
-        stats.bytes_received += ring
-        stats.messages_sent += 2 * (transport.size - 1)
-        stats.rounds += 2 * (transport.size - 1)
+    sum_counted(transport, values, stats)
     residual[index] = 0
-    if extra is None:
-        return message, None
-    return message[:indices.size], message[indices.size:]
+    return values
