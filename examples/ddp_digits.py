@@ -142,6 +142,7 @@ def main() -> None:
             test_accuracy=accuracy, test_loss=test_loss, bytes_per_step=sent, params=params))
         digits_common.emit(f"TIME train_seconds={seconds:.2f}")
     digits_common.emit(digits_common.checksum_line(rank, checksum(model.module)))
+    dist.barrier()  # no rank takes its Gloo pairs down while a peer still talks on them
     dist.destroy_process_group()
 
 

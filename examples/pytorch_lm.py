@@ -102,6 +102,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--history", metavar="PATH", default=None,
                         help="rank 0 writes every validation (step, seconds, perplexity, "
                              "phase times, bytes per step) to PATH as JSON")
+    parser.add_argument("--save", metavar="PATH", default=None,
+                        help="rank 0 writes the final parameters to PATH (.npz, by name)")
     args = parser.parse_args(argv)
     if not 0.0 < args.density <= 1.0:
         parser.error("--density must be in (0, 1]")
@@ -132,11 +134,19 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
                                       compression=sparse_compression(args, steps_per_epoch))
 
 
-@torch.no_grad()
 def perplexity(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int) -> float:
     """exp(mean cross-entropy) over `tokens`, each worker evaluating its 1/P."""
+    total = hvd.allreduce(loss_totals(model, tokens, bptt, hvd.rank(), hvd.size()), op=hvd.Sum,
+                          name="lm_eval")
+    return math.exp(total[0].item() / total[1].item())
+
+
+@torch.no_grad()
+def loss_totals(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int, rank: int,
+                workers: int) -> torch.Tensor:
+    """[summed cross-entropy, token count] (float64) over worker `rank`'s 1/P of `tokens`."""
     model.eval()
-    data = batchify(worker_shard(tokens, hvd.rank(), hvd.size()), EVAL_BATCH)
+    data = batchify(worker_shard(tokens, rank, workers), EVAL_BATCH)
     hidden = model.initial_hidden(EVAL_BATCH)
     total = torch.zeros(2, dtype=torch.float64)
     for start in range(0, data.size(0) - 1, bptt):
@@ -147,8 +157,7 @@ def perplexity(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int) -> float
                                     reduction="sum").item()
         total[1] += targets.numel()
     model.train()
-    total = hvd.allreduce(total, op=hvd.Sum, name="lm_eval")
-    return math.exp(total[0].item() / total[1].item())
+    return total
 
 
 def forward_backward(model: LSTMLanguageModel, inputs: torch.Tensor, targets: torch.Tensor,
@@ -231,8 +240,19 @@ def main() -> None:
             f"workers={workers} steps={total_steps} valid_perplexity="
             f"{history[-1]['valid_perplexity']:.2f} test_perplexity={test_ppl:.2f} "
             f"bytes_per_step={history[-1]['bytes_per_step']} params={params}")
-    digits_common.emit(digits_common.checksum_line(rank, digits_common.sha256_hex(
-        p.detach().numpy() for p in model.parameters())))
+        if args.save:
+            save_parameters(args.save, model)
+    digits_common.emit(digits_common.checksum_line(rank, parameters_checksum(model)))
+
+
+def parameters_checksum(model: nn.Module) -> str:
+    """sha256 of the parameters' bytes, in model.parameters() order."""
+    return digits_common.sha256_hex(p.detach().numpy() for p in model.parameters())
+
+
+def save_parameters(path: str, model: nn.Module) -> None:
+    """The parameters as float32 arrays in an .npz, keyed by name."""
+    np.savez(path, **{name: p.detach().numpy() for name, p in model.named_parameters()})
 
 
 def evaluation(args: argparse.Namespace, model: LSTMLanguageModel, valid: np.ndarray,

@@ -9,11 +9,13 @@
     "torch"          torch.distributed over its default process group
                      (`transports/torch_distributed.py`; after init_process_group, e.g.
                      under torchrun)
+    "local"          the worker of a `LocalGroup` (threads of one process, the simulated
+                     cluster) whose thread runs the code (`transports/local.py`)
     a Transport      itself (e.g. MPITransport(comm) for another mpi4py communicator)
 
-A transport module registers a factory (no arguments, returns the process-wide instance) with
-`@TRANSPORTS.register(name)`; only that module imports its communication library, so a script
-that never runs under an MPI launcher never loads mpi4py.
+A transport module registers a factory (no arguments, returns the process-wide instance, or for
+"local" the calling thread's) with `@TRANSPORTS.register(name)`; only that module imports its
+communication library, so a script that never runs under an MPI launcher never loads mpi4py.
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def _torch_distributed() -> Transport:
     from gtopk_hvd.transports.torch_distributed import default_transport
 
     return default_transport()
+
+
+@TRANSPORTS.register("local")
+def _local() -> Transport:
+    from gtopk_hvd.transports.local import current_transport
+
+    return current_transport()
 
 
 def resolve_transport(transport: Transport | str | None, horovod: Any = None) -> Transport:

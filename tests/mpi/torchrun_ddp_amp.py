@@ -122,6 +122,7 @@ def main() -> None:
     torch.set_num_threads(1)
     injected()
     amp()
+    dist.barrier()  # no rank takes its Gloo pairs down while a peer still talks on them
     dist.destroy_process_group()
 
 

@@ -1,0 +1,179 @@
+"""The examples with P simulated workers in one process, at a fixed global batch.
+
+    .venv/bin/python examples/simulated_cluster.py lm --workers 32 --global-batch 64 \\
+        --compression gtopk --density 0.001 [any option of examples/pytorch_lm.py]
+
+P workers, each with its own data shard, micro-batch (global / P), dropout stream, LSTM state,
+residual and sparse-step state, run the real sparse step through gtopk_hvd's "local" transport
+(`gtopk_hvd.simulate.SimulatedCluster`); the replicas, identical in synchronous SGD, are one
+model. Worker r's forward and backward are exactly those of rank r of
+
+    mpirun -np P .venv/bin/python examples/pytorch_lm.py --batch-size <global / P> [options]
+
+so the two end with bitwise identical weights for the sparse schemes (their sums are gtopk_hvd's
+own) and equal to float rounding for dense (Horovod's all-reduce sums in its own order):
+tests/test_simulate.py. Prints the history as pytorch_lm.py does, a RESULT line and the
+parameters' CHECKSUM; --history writes the evaluations as JSON (scripts/scale_study.py reads
+them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Optional
+
+import digits_common
+import numpy as np
+import pytorch_lm
+import torch
+from sparse_options import sparse_compression
+from stdlib_corpus import load_corpus
+from tqdm import tqdm
+
+from gtopk_hvd.simulate import SimulatedCluster
+
+
+def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
+                                                          argparse.Namespace]:
+    """(the simulation's options, the example's options with --batch-size = global / P)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Other options go to the example's parser.")
+    parser.add_argument("model", choices=["lm"], help="lm: examples/pytorch_lm.py")
+    parser.add_argument("--workers", type=int, required=True, help="P, the simulated workers")
+    parser.add_argument("--global-batch", type=int, required=True,
+                        help="sequences per step over all workers (a multiple of --workers)")
+    own, rest = parser.parse_known_args(argv)
+    if own.workers < 1:
+        parser.error("--workers must be >= 1")
+    if own.global_batch < own.workers or own.global_batch % own.workers:
+        parser.error(f"--global-batch ({own.global_batch}) must be a multiple of --workers "
+                     f"({own.workers}): every worker takes global / P sequences")
+    if "--batch-size" in rest:
+        parser.error("--batch-size is global / P here: give --global-batch")
+    example = pytorch_lm.parse_args(rest + ["--batch-size", str(own.global_batch // own.workers)])
+    return own, example
+
+
+def point_gradients(parameters: list[torch.Tensor], flat: np.ndarray) -> None:
+    """p.grad := the view of p's slice of `flat` (backward accumulates there in place, as into
+    gtopk_hvd's fused buffer)."""
+    buffer, offset = torch.from_numpy(flat), 0
+    for p in parameters:
+        p.grad = buffer[offset:offset + p.numel()].view(p.shape)
+        offset += p.numel()
+
+
+def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
+    torch.set_num_threads(1)
+    workers = own.workers
+    corpus = load_corpus(args.vocab_size)
+    shards = [pytorch_lm.batchify(pytorch_lm.worker_shard(corpus.train, rank, workers),
+                                  args.batch_size) for rank in range(workers)]
+    steps_per_epoch = min((shard.size(0) - 1) // args.bptt for shard in shards)
+    total_steps = args.epochs * steps_per_epoch
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
+    eval_every = args.eval_every or steps_per_epoch
+
+    torch.manual_seed(args.seed)
+    model = pytorch_lm.LSTMLanguageModel(len(corpus.vocab), args.size, args.layers, args.dropout)
+    dropout_streams = []  # worker r seeds seed + 1 + r, as rank r of the mpirun job
+    for rank in range(workers):
+        torch.manual_seed(args.seed + 1 + rank)
+        dropout_streams.append(torch.get_rng_state())
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    params = sum(p.numel() for p in parameters)
+    dense = args.compression in digits_common.DENSE
+    if args.compression == "fp16":
+        raise SystemExit("fp16 is Horovod's dense all-reduce of float16 values: simulate "
+                         "--compression none")
+    cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
+                               [p.numel() for p in parameters], workers)
+
+    hidden = [model.initial_hidden(args.batch_size) for _ in range(workers)]
+    history, sparse_steps, seconds = [], [], {"compute": 0.0, "reduce": 0.0, "apply": 0.0}
+    progress = tqdm(total=total_steps, disable=args.quiet, desc=f"train P={workers}")
+    for step in range(total_steps):
+        start = (step % steps_per_epoch) * args.bptt
+        for group in optimizer.param_groups:
+            group["lr"] = pytorch_lm.learning_rate(args, step, total_steps)
+        began = time.perf_counter()
+        loss = 0.0
+        for rank, shard in enumerate(shards):
+            if start == 0:
+                hidden[rank] = model.initial_hidden(args.batch_size)
+            state = [h.detach() for h in hidden[rank]]
+            torch.set_rng_state(dropout_streams[rank])
+            point_gradients(parameters, cluster.gradients[rank])
+            loss += pytorch_lm.forward_backward(model, shard[start:start + args.bptt],
+                                                shard[start + 1:start + 1 + args.bptt], state)
+            hidden[rank] = state
+            dropout_streams[rank] = torch.get_rng_state()
+        computed = time.perf_counter()
+        update = cluster.reduce()
+        reduced = time.perf_counter()
+        point_gradients(parameters, update)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        applied = time.perf_counter()
+        for phase, seconds_spent in (("compute", computed - began), ("reduce", reduced - computed),
+                                     ("apply", applied - reduced)):
+            seconds[phase] += seconds_spent
+        if not dense:
+            sparse_steps.append({"k": cluster.last_stats[0].k,
+                                 "selected": cluster.last_stats[0].global_entries})
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss / workers:.3f}", refresh=False)
+        if (step + 1) % eval_every == 0 or step + 1 == total_steps:
+            history.append({
+                "step": step + 1, "seconds": sum(seconds.values()),
+                "phases": {phase: total / (step + 1) for phase, total in seconds.items()},
+                "valid_perplexity": perplexity(model, corpus.valid, args.bptt, workers),
+                "lr": optimizer.param_groups[0]["lr"],
+                "density": 1.0 if dense else float(cluster.last_stats[0].density),
+                "bytes_per_step": max(cluster.bytes_sent)})
+            if not args.quiet:
+                progress.write(json.dumps(history[-1]))
+    progress.close()
+    cluster.close()
+    return {"model": model, "params": params, "workers": workers, "steps": total_steps,
+            "steps_per_epoch": steps_per_epoch, "global_batch": own.global_batch,
+            "evaluations": history, "sparse_steps": sparse_steps,
+            "test_perplexity": perplexity(model, corpus.test, args.bptt, workers)}
+
+
+def perplexity(model: pytorch_lm.LSTMLanguageModel, tokens: np.ndarray, bptt: int,
+               workers: int) -> float:
+    """pytorch_lm.perplexity over P workers' shards: the sum of their totals."""
+    total = sum(pytorch_lm.loss_totals(model, tokens, bptt, rank, workers)
+                for rank in range(workers))
+    return math.exp(total[0].item() / total[1].item())
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    own, args = parse_args(argv)
+    run = simulate_lm(own, args)
+    model = run.pop("model")
+    last = run["evaluations"][-1]
+    if args.history:
+        with open(args.history, "w") as file:
+            json.dump({**run, "compression": args.compression, "density_asked": args.density,
+                       "lr": args.lr}, file, indent=1)
+    if args.save:
+        pytorch_lm.save_parameters(args.save, model)
+    digits_common.emit(
+        f"RESULT simulated compression={args.compression} density={last['density']:g} "
+        f"workers={own.workers} global_batch={own.global_batch} steps={run['steps']} "
+        f"valid_perplexity={last['valid_perplexity']:.2f} "
+        f"test_perplexity={run['test_perplexity']:.2f} bytes_per_step={last['bytes_per_step']} "
+        f"params={run['params']} seconds={last['seconds']:.2f}")
+    digits_common.emit(f"CHECKSUM simulated {pytorch_lm.parameters_checksum(model)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,168 @@
+"""The simulated cluster (gtopk_hvd.simulate, the "local" transport) is the real algorithm.
+
+- examples/simulated_cluster.py at P = 2, 4, 6, 8 ends with weights bitwise identical to
+  examples/pytorch_lm.py under mpirun with the same seeds and shards for Top-k and gTop-k, and
+  equal to float rounding for dense (Horovod's all-reduce sums in its own order).
+- The local transport: messages and collectives as the real transports; a worker that fails
+  ends every worker's wait at once (no hang) with the cause; "local" outside a worker names
+  the fix.
+- SimulatedCluster: dense equals the numpy sum; Top-k's first update equals an independent
+  numpy reference; bytes per worker as the reductions count them.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.mpi_launcher import REPO_ROOT, run_mpi
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.simulate import SimulatedCluster
+from gtopk_hvd.transports import resolve_transport
+from gtopk_hvd.transports.local import LocalGroup, LocalGroupBroken
+
+LM_OPTIONS = ["--vocab-size", "2000", "--size", "32", "--max-steps", "5", "--eval-every", "5",
+              "--density", "0.01", "--quiet"]
+PER_WORKER_BATCH = 4
+
+
+def simulated(workers: int, compression: str, save: Path) -> str:
+    command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"), "lm",
+               "--workers", str(workers), "--global-batch", str(PER_WORKER_BATCH * workers),
+               "--compression", compression, "--save", str(save), *LM_OPTIONS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
+
+
+@pytest.mark.parametrize("workers", [2, 4, 6, 8])
+def test_simulated_lm_equals_the_mpirun_job(workers: int, tmp_path: Path) -> None:
+    for compression in ("topk", "gtopk", "none"):
+        output = run_mpi("examples/pytorch_lm.py", workers, "--compression", compression,
+                         "--batch-size", str(PER_WORKER_BATCH), "--save",
+                         str(tmp_path / f"mpi_{compression}.npz"), *LM_OPTIONS, timeout_s=300)
+        ranks = set(re.findall(r"CHECKSUM rank=\d+ (\w+)", output))
+        assert len(ranks) == 1, f"{compression}: mpirun replicas differ: {ranks}"
+        checksum = simulated(workers, compression, tmp_path / f"sim_{compression}.npz")
+        real = np.load(tmp_path / f"mpi_{compression}.npz")
+        fake = np.load(tmp_path / f"sim_{compression}.npz")
+        assert sorted(real) == sorted(fake)
+        if compression == "none":
+            for name in real:
+                np.testing.assert_allclose(fake[name], real[name], rtol=1e-5, atol=1e-6,
+                                           err_msg=name)
+        else:
+            assert checksum == ranks.pop(), f"{compression} at P = {workers}: not bitwise"
+            for name in real:
+                assert real[name].tobytes() == fake[name].tobytes(), (compression, name)
+
+
+# -- the local transport ---------------------------------------------------------------------
+
+def test_local_transport_messages_and_collectives() -> None:
+    group = LocalGroup(4, timeout_s=30)
+
+    def work(rank: int) -> tuple:
+        transport = resolve_transport("local")
+        assert transport.rank == rank and transport.size == 4
+        send = np.arange(rank * 10, rank * 10 + 6, dtype=np.uint8)
+        receive = np.zeros(16, dtype=np.uint8)
+        got = transport.sendrecv(send, 3 + rank, (rank + 1) % 4, receive, (rank - 1) % 4, tag=7)
+        gathered = transport.allgather(np.full(2, rank, dtype=np.int32))
+        counts = np.arange(1, 5)
+        varied = transport.allgatherv(np.full(rank + 1, rank, dtype=np.int64), counts)
+        summed = np.full(3, rank + 0.5, dtype=np.float64)
+        transport.allreduce_sum(summed)
+        return got, receive[:got].tolist(), gathered.tolist(), varied.tolist(), summed.tolist()
+
+    results = group.run(work)
+    group.close()
+    for rank, (got, received, gathered, varied, summed) in enumerate(results):
+        source = (rank - 1) % 4
+        assert got == 3 + source
+        assert received == list(range(source * 10, source * 10 + got))
+        assert gathered == [[r, r] for r in range(4)]
+        assert varied == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]
+        assert summed == [8.0] * 3
+
+
+def test_a_failing_worker_ends_every_wait_at_once() -> None:
+    group = LocalGroup(3, timeout_s=60)
+
+    def work(rank: int) -> None:
+        transport = resolve_transport("local")
+        if rank == 1:
+            raise ValueError("worker 1's own error")
+        if rank == 0:
+            transport.allreduce_sum(np.zeros(1))  # waits for 1, which never comes
+        receive = np.zeros(4, dtype=np.uint8)
+        transport.sendrecv(receive, 0, None, receive, 1, tag=3)  # waits for 1's message
+
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match="worker 1's own error"):
+        group.run(work)
+    assert time.perf_counter() - began < 10
+    with pytest.raises(LocalGroupBroken):
+        group.run(lambda rank: None)
+    group.close()
+
+
+def test_local_outside_a_worker_names_the_fix() -> None:
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_resolve_error()))
+    thread.start()
+    thread.join()
+    assert "LocalGroup.run" in errors[0]
+
+
+def _resolve_error() -> str:
+    try:
+        resolve_transport("local")
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+# -- SimulatedCluster against numpy ----------------------------------------------------------
+
+def test_dense_cluster_is_the_average() -> None:
+    rng = np.random.default_rng(1)
+    cluster = SimulatedCluster(None, [300, 700], 5)
+    grads = rng.standard_normal((5, 1000)).astype(np.float32)
+    for rank in range(5):
+        cluster.gradients[rank][:] = grads[rank]
+    update = cluster.reduce()
+    np.testing.assert_allclose(update, grads.sum(axis=0) / 5, rtol=1e-6)
+    assert all(not g.any() for g in cluster.gradients)
+    assert cluster.bytes_sent == [int(2 * 4 / 5 * 4 * 1000)] * 5
+
+
+def test_topk_cluster_first_step_equals_numpy() -> None:
+    workers, d, density = 6, 2000, 0.01
+    k = int(density * d)
+    rng = np.random.default_rng(2)
+    cluster = SimulatedCluster(Compression.topk(density), [d], workers)
+    grads = rng.standard_normal((workers, d)).astype(np.float32)
+    expected = np.zeros(d, dtype=np.float64)
+    for rank in range(workers):
+        cluster.gradients[rank][:] = grads[rank]
+        chosen = np.argsort(-np.abs(grads[rank]), kind="stable")[:k]
+        expected[chosen] += grads[rank][chosen]
+    update = cluster.reduce()
+    np.testing.assert_allclose(update, expected / workers, rtol=1e-6, atol=1e-7)
+    for rank in range(workers):  # the residual keeps what was not sent
+        residual = cluster.steps[rank].residual
+        chosen = np.argsort(-np.abs(grads[rank]), kind="stable")[:k]
+        kept = grads[rank].copy()
+        kept[chosen] = 0
+        np.testing.assert_array_equal(residual, kept)
+    assert cluster.bytes_sent == [stats.bytes_sent for stats in cluster.last_stats]
+    assert all(sent > 0 for sent in cluster.bytes_sent)
+    cluster.close()
