@@ -42,6 +42,7 @@ def simulated(workers: int, compression: str, save: Path) -> str:
     return re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("workers", [2, 4, 6, 8])
 def test_simulated_lm_equals_the_mpirun_job(workers: int, tmp_path: Path) -> None:
     for compression in ("topk", "gtopk", "none"):

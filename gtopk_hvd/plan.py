@@ -1,0 +1,200 @@
+"""Which scheme to pick: predicted step time, bytes and scaling efficiency per scheme.
+
+    python -m gtopk_hvd.plan --params resnet50 --workers 8 16 32 64 --link 1gbit \\
+        --compute-ms 250 [--density 0.001] [--latency-us 50] [--select-ms 12]
+
+The model (an alpha-beta model of each scheme's messages and bytes per worker per step, as the
+schemes send them; rates and latency are the link's, not fitted):
+
+    T_comm(P) = messages * alpha + bytes * beta          alpha = --latency-us, beta = 8 / rate
+    step(P)   = t_compute + t_select + T_comm(P)         (no overlap of communication and
+                                                          computation; dense has no t_select)
+    e(P)      = t_compute / step(P)                      (scaling efficiency)
+    speed-up  = P e(P)                                   (over one worker)
+
+with k = density d, |I| = k for the schemes that send a global set (MiCRO's threshold keeps
+|I| near k) and ring collectives:
+
+    dense         2 (P-1) messages, 2 (P-1)/P 4 d bytes          ring all-reduce
+    topk          (P-1),            (P-1) 8 k                     all-gather of every set
+    gtopk         R,                R 8 k                         R = recursive doubling rounds
+    gtopk-exact   R + 2 (P-1),      R 8 k + 2 (P-1)/P 4 k         + all-reduce of the values
+    micro/exdyna  6 (P-1),          (P-1)/P (4 k + 2 4 k + 2 4 NB) + 16 (P-1)
+                                   indices all-gathered, values and the NB-bin histogram
+                                   all-reduced, the counts all-gathered
+    sketch        4 (P-1),          2 (P-1)/P 4 (rows columns + k)   table, then exact values
+
+t_select defaults to this machine's time for gtopk_hvd's error-feedback selection
+(`ops.accumulate_select`) at the given d and density, measured here on up to 2^25 values and
+scaled linearly (pass --select-ms for your own hardware). The pick is the scheme with the
+shortest predicted step; convergence per scheme is not modelled (docs/results.md has the
+measured curves: at density 0.001 use a warm-up or momentum correction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gtopk_hvd.bench.cost_model import gtopk_rounds
+from gtopk_hvd.schemes.threshold import N_BINS
+
+MODELS = {  # parameters of well-known models, for --params
+    "resnet20": 269_722,
+    "resnet50": 25_557_032,
+    "vgg16": 138_357_544,
+    "lstm-lm": 3_623_186,  # examples/pytorch_lm.py at its defaults
+}
+SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+SKETCH_ROWS, SKETCH_COLUMNS_PER_K = 5, 10  # Compression.sketch's defaults
+MEASURE_AT_MOST = 1 << 25
+
+
+def messages_and_bytes(scheme: str, workers: int, d: int, k: int) -> tuple[float, float]:
+    """(messages, bytes) one worker sends in one step (module docstring)."""
+    p = workers
+    if p <= 1:
+        return 0.0, 0.0
+    ring = (p - 1) / p
+    rounds = gtopk_rounds(p)
+    if scheme == "dense":
+        return 2.0 * (p - 1), 2 * ring * 4 * d
+    if scheme == "topk":
+        return float(p - 1), (p - 1) * 8.0 * k
+    if scheme == "gtopk":
+        return float(rounds), rounds * 8.0 * k
+    if scheme == "gtopk-exact":
+        return rounds + 2.0 * (p - 1), rounds * 8.0 * k + 2 * ring * 4 * k
+    if scheme in ("micro", "exdyna"):
+        return 6.0 * (p - 1), ring * (4 * k + 2 * 4 * k + 2 * 4 * N_BINS) + 16 * (p - 1)
+    if scheme == "sketch":
+        return 4.0 * (p - 1), 2 * ring * 4 * (SKETCH_ROWS * SKETCH_COLUMNS_PER_K * k + k)
+    raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    scheme: str
+    workers: int
+    bytes_sent: float
+    comm_s: float
+    step_s: float
+    efficiency: float
+
+    @property
+    def speedup(self) -> float:
+        return self.workers * self.efficiency
+
+
+def predict(scheme: str, workers: int, d: int, density: float, rate_bps: float,
+            latency_s: float, compute_s: float, select_s: float) -> Prediction:
+    """One scheme's predicted step at P workers (module docstring)."""
+    k = max(1, int(density * d))
+    messages, sent = messages_and_bytes(scheme, workers, d, k)
+    comm = messages * latency_s + sent * 8.0 / rate_bps
+    step = compute_s + (0.0 if scheme == "dense" or workers == 1 else select_s) + comm
+    return Prediction(scheme, workers, sent, comm, step, compute_s / step)
+
+
+def measure_select_s(d: int, density: float, repeats: int = 3) -> float:
+    """Median seconds of ops.accumulate_select here at d values (measured on at most 2^25,
+    scaled linearly beyond)."""
+    from gtopk_hvd import ops
+
+    n = min(d, MEASURE_AT_MOST)
+    rng = np.random.default_rng(0)
+    gradient = rng.standard_normal(n, dtype=np.float32)
+    residual = np.zeros(n, dtype=np.float32)
+    k = max(1, int(density * n))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ops.accumulate_select(gradient, residual, k)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * d / n
+
+
+def parse_count(text: str) -> int:
+    """'25.6M', '1.2e6', '300k' or a name in MODELS -> a parameter count."""
+    if text in MODELS:
+        return MODELS[text]
+    match = re.fullmatch(r"([0-9.e+]+)\s*([kKmMgG]?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"--params: a count (25.6M, 300k) or one of "
+                                         f"{sorted(MODELS)}, got {text!r}")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
+    return int(float(match.group(1)) * scale)
+
+
+def parse_rate(text: str) -> float:
+    """'1gbit', '10gbit', '100mbit', '25e9' (bits per second) -> bits per second."""
+    match = re.fullmatch(r"([0-9.e+]+)\s*([kmg]?)(bit|bps)?", text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"--link: a rate such as 1gbit, 10gbit or 100mbit, "
+                                         f"got {text!r}")
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+
+
+def table(predictions: Sequence[Prediction]) -> str:
+    """The predictions as an aligned text table, the fastest step of each P marked."""
+    lines = [f"{'P':>4} {'scheme':<12} {'MB sent':>9} {'comm ms':>9} {'step ms':>9} "
+             f"{'efficiency':>10} {'speed-up':>8}"]
+    for workers in sorted({p.workers for p in predictions}):
+        rows = [p for p in predictions if p.workers == workers]
+        best = min(rows, key=lambda p: p.step_s)
+        for p in rows:
+            lines.append(f"{p.workers:>4} {p.scheme:<12} {p.bytes_sent / 1e6:>9.3f} "
+                         f"{p.comm_s * 1e3:>9.2f} {p.step_s * 1e3:>9.2f} {p.efficiency:>10.3f} "
+                         f"{p.speedup:>7.1f}x" + ("  <- pick" if p is best else ""))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gtopk_hvd.plan",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=parse_count, required=True,
+                        help=f"d: a count (25.6M) or one of {sorted(MODELS)}")
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--link", type=parse_rate, default=parse_rate("1gbit"),
+                        help="per-worker link rate, e.g. 1gbit, 10gbit (default 1gbit)")
+    parser.add_argument("--latency-us", type=float, default=50.0,
+                        help="seconds per message, in microseconds (default 50: TCP over "
+                             "Ethernet)")
+    parser.add_argument("--compute-ms", type=float, required=True,
+                        help="forward + backward per step on one worker")
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--select-ms", type=float, default=None,
+                        help="selection per step (default: measured here, module docstring)")
+    parser.add_argument("--schemes", nargs="+", choices=SCHEMES,
+                        default=["dense", "topk", "gtopk", "micro"])
+    args = parser.parse_args(argv)
+    if not 0.0 < args.density <= 1.0:
+        parser.error("--density must be in (0, 1]")
+    if min(args.workers) < 1 or args.compute_ms <= 0 or args.latency_us < 0:
+        parser.error("--workers must be >= 1, --compute-ms > 0 and --latency-us >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    measured = args.select_ms is None
+    select_s = measure_select_s(args.params, args.density) if measured else args.select_ms / 1e3
+    predictions = [predict(scheme, p, args.params, args.density, args.link,
+                           args.latency_us * 1e-6, args.compute_ms / 1e3, select_s)
+                   for p in args.workers for scheme in args.schemes]
+    print(f"d = {args.params:,} parameters, density {args.density:g} "
+          f"(k = {max(1, int(args.density * args.params)):,}), link {args.link / 1e9:g} Gbit/s, "
+          f"{args.latency_us:g} us per message, compute {args.compute_ms:g} ms, selection "
+          f"{select_s * 1e3:.2f} ms ({'measured on this machine' if measured else 'given'})")
+    print(table(predictions))
+    print("A model, not a measurement: docs/results.md says how far it was validated; "
+          "convergence is not in it (at density 0.001 use a warm-up or momentum correction).")
+
+
+if __name__ == "__main__":
+    main()

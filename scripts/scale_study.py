@@ -1,0 +1,155 @@
+"""Convergence at scale: the LM with P simulated workers per scheme, at one global batch.
+
+    .venv/bin/python scripts/scale_study.py run --workers 4 16 64 --jobs 2
+    .venv/bin/python scripts/scale_study.py report
+
+`run` trains examples/simulated_cluster.py lm for every (scheme, P) whose history is not yet in
+--out (so an interrupted study resumes), --jobs runs at a time, every run with the same global
+batch, steps, learning rate and schedule; `sweep` runs dense at several learning rates (the
+schedule is picked on dense first). `report` writes --out/summary.md (final validation
+perplexity per scheme and P; steps each scheme needed to reach dense's final perplexity at the
+same P) and --out/lm_scale.png (final perplexity against P).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMES = {  # name -> (--compression, --density)
+    "dense": ("none", 1.0),
+    "topk_0.01": ("topk", 0.01),
+    "gtopk_0.01": ("gtopk", 0.01),
+    "topk_0.001": ("topk", 0.001),
+    "gtopk_0.001": ("gtopk", 0.001),
+    "gtopk-exact_0.001": ("gtopk-exact", 0.001),
+    "micro_0.001": ("micro", 0.001),
+    "exdyna_0.001": ("exdyna", 0.001),
+    "sketch_0.001": ("sketch", 0.001),
+}
+MODEL = ["--size", "128", "--vocab-size", "10000"]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["run", "sweep", "report"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(SCHEMES))
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--lr", type=float, default=20.0)
+    parser.add_argument("--sweep-lrs", type=float, nargs="+", default=[5.0, 10.0, 20.0])
+    parser.add_argument("--sweep-workers", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "scale")
+    return parser.parse_args()
+
+
+def history_path(out: Path, scheme: str, workers: int, lr: float | None = None) -> Path:
+    suffix = f"_lr{lr:g}" if lr is not None else ""
+    return out / f"lm_{scheme}_p{workers}{suffix}.json"
+
+
+def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: Path) -> str:
+    if path.exists():
+        return f"{path.name}: kept"
+    compression, density = SCHEMES[scheme]
+    command = [sys.executable, "-W", "ignore", str(ROOT / "examples/simulated_cluster.py"), "lm",
+               "--workers", str(workers), "--global-batch", str(args.global_batch),
+               "--compression", compression, "--density", str(density), "--lr", str(lr),
+               "--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
+               "--quiet", "--history", str(path.with_suffix(".partial")), *MODEL]
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        return f"{path.name}: FAILED\n{done.stderr[-2000:]}"
+    path.with_suffix(".partial").rename(path)
+    return done.stdout.strip().splitlines()[-2]
+
+
+def run_all(args: argparse.Namespace, jobs: list[tuple[str, int, float, Path]]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for line in pool.map(lambda job: train(args, *job), jobs):
+            print(line, flush=True)
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def steps_to(history: dict, target: float) -> int | None:
+    """The first evaluated step whose validation perplexity is at or below target."""
+    return next((e["step"] for e in history["evaluations"] if e["valid_perplexity"] <= target),
+                None)
+
+
+def report(args: argparse.Namespace) -> None:
+    runs = {(s, p): load(history_path(args.out, s, p)) for s in args.schemes for p in args.workers}
+    present = [s for s in args.schemes if any(runs[(s, p)] for p in args.workers)]
+    lines = ["# LM at scale (simulated workers, `scripts/scale_study.py`)", "",
+             "Final validation perplexity (lower is better); in brackets the steps to reach "
+             "dense's final perplexity at the same P (- : not reached).", "",
+             "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
+             "|---|" + "---|" * len(args.workers)]
+    for scheme in present:
+        cells = []
+        for p in args.workers:
+            run, dense = runs[(scheme, p)], runs.get(("dense", p))
+            if run is None:
+                cells.append("")
+                continue
+            final = run["evaluations"][-1]["valid_perplexity"]
+            reached = steps_to(run, dense["evaluations"][-1]["valid_perplexity"]) if dense \
+                else None
+            cells.append(f"{final:.1f} ({reached if reached is not None else '-'})")
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    any_run = next(r for r in runs.values() if r)
+    lines += ["", f"Global batch {any_run['global_batch']} sequences, {any_run['steps']} steps, "
+              f"lr {any_run['lr']:g} (x0.25 at 50% and 75%), {any_run['params']} parameters."]
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for scheme in present:
+        points = [(p, runs[(scheme, p)]["evaluations"][-1]["valid_perplexity"])
+                  for p in args.workers if runs[(scheme, p)]]
+        axis.plot(*zip(*points), marker="o", label=scheme)
+    axis.set(xscale="log", xlabel="workers P (global batch fixed)",
+             ylabel="final validation perplexity", title="LSTM LM, simulated cluster")
+    axis.set_xticks(args.workers, [str(p) for p in args.workers])
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(args.out / "lm_scale.png", dpi=120)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.action == "sweep":
+        run_all(args, [("dense", args.sweep_workers, lr,
+                        history_path(args.out, "dense", args.sweep_workers, lr))
+                       for lr in args.sweep_lrs])
+        for lr in args.sweep_lrs:
+            run = load(history_path(args.out, "dense", args.sweep_workers, lr))
+            print(f"dense P={args.sweep_workers} lr={lr:g}: final valid perplexity "
+                  f"{run['evaluations'][-1]['valid_perplexity']:.2f}")
+    elif args.action == "run":
+        run_all(args, [(s, p, args.lr, history_path(args.out, s, p))
+                       for p in args.workers for s in args.schemes])
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The planner (gtopk_hvd.plan): its bytes are what the schemes send, its arithmetic is the
+model's, and its command line picks a scheme and refuses bad input by name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gtopk_hvd import plan
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.simulate import SimulatedCluster
+
+CONFIGS = {
+    "dense": None,
+    "topk": Compression.topk(0.01),
+    "gtopk": Compression.gtopk(0.01),
+    "gtopk-exact": Compression.gtopk(0.01, exact=True),
+    "micro": Compression.micro(0.01),
+    "exdyna": Compression.exdyna(0.01),
+    "sketch": Compression.sketch(0.01),
+}
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+@pytest.mark.parametrize("scheme", list(CONFIGS))
+def test_planned_bytes_are_what_the_simulated_workers_send(scheme: str, workers: int) -> None:
+    d = 40_000
+    cluster = SimulatedCluster(CONFIGS[scheme], [d], workers)
+    rng = np.random.default_rng(3)
+    sent = []
+    for _ in range(4):
+        for gradient in cluster.gradients:
+            gradient[:] = rng.standard_t(3, d)
+        cluster.reduce()
+        sent.append(max(cluster.bytes_sent))
+    cluster.close()
+    _, planned = plan.messages_and_bytes(scheme, workers, d, int(0.01 * d))
+    measured = float(np.mean(sent[1:]))  # the threshold schemes settle after their first step
+    assert planned == pytest.approx(measured, rel=0.12), (scheme, planned, sent)
+
+
+def test_prediction_is_the_model() -> None:
+    p = plan.predict("gtopk", 16, 1_000_000, 0.001, 1e9, 50e-6, 0.1, 0.01)
+    comm = 4 * 50e-6 + 4 * 8 * 1000 * 8 / 1e9
+    assert p.comm_s == pytest.approx(comm)
+    assert p.step_s == pytest.approx(0.1 + 0.01 + comm)
+    assert p.efficiency == pytest.approx(0.1 / (0.11 + comm))
+    dense = plan.predict("dense", 16, 1_000_000, 0.001, 1e9, 50e-6, 0.1, 0.01)
+    assert dense.step_s == pytest.approx(0.1 + 30 * 50e-6 + 2 * 15 / 16 * 4e6 * 8 / 1e9)
+
+
+def test_command_line_picks_the_fastest_and_refuses_bad_input() -> None:
+    command = [sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M", "--workers", "4",
+               "32", "--compute-ms", "200", "--select-ms", "5", "--link", "1gbit"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    picks = [line.split()[1] for line in done.stdout.splitlines() if "<- pick" in line]
+    assert picks == ["micro", "gtopk"], done.stdout  # fewest bytes at 4, fewest messages at 32
+    bad = subprocess.run([*command[:3], "--params", "many", "--compute-ms", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--params" in bad.stderr
