@@ -2,6 +2,8 @@
 
     .venv/bin/python examples/simulated_cluster.py lm --workers 32 --global-batch 64 \\
         --compression gtopk --density 0.001 [any option of examples/pytorch_lm.py]
+    .venv/bin/python examples/simulated_cluster.py digits --workers 16 --global-batch 64 \\
+        --compression gtopk --density 0.01 [any option of examples/pytorch_digits.py]
 
 P workers, each with its own data shard, micro-batch (global / P), dropout stream, LSTM state,
 residual and sparse-step state, run the real sparse step through gtopk_hvd's "local" transport
@@ -10,11 +12,12 @@ model. Worker r's forward and backward are exactly those of rank r of
 
     mpirun -np P .venv/bin/python examples/pytorch_lm.py --batch-size <global / P> [options]
 
-so the two end with bitwise identical weights for the sparse schemes (their sums are gtopk_hvd's
-own) and equal to float rounding for dense (Horovod's all-reduce sums in its own order):
-tests/test_simulate.py. Prints the history as pytorch_lm.py does, a RESULT line and the
-parameters' CHECKSUM; --history writes the evaluations as JSON (scripts/scale_study.py reads
-them).
+(and likewise for the digits CNN of examples/pytorch_digits.py: its DistributedSampler shard,
+its learning rate x P), so the two end with bitwise identical weights for the sparse schemes
+(their sums are gtopk_hvd's own) and equal to float rounding for dense (Horovod's all-reduce
+sums in its own order): tests/test_simulate.py. Prints the history as the example does, a
+RESULT line and the parameters' CHECKSUM; --history writes the evaluations as JSON
+(scripts/scale_study.py reads them); lm --save and digits --checkpoint write the weights.
 """
 
 from __future__ import annotations
@@ -28,13 +31,19 @@ from typing import Optional
 
 import digits_common
 import numpy as np
+import pytorch_digits
 import pytorch_lm
 import torch
+import torch_digits
 from sparse_options import sparse_compression
 from stdlib_corpus import load_corpus
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from gtopk_hvd.simulate import SimulatedCluster
+
+EXAMPLES = {"lm": pytorch_lm, "digits": pytorch_digits}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
@@ -42,10 +51,12 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     """(the simulation's options, the example's options with --batch-size = global / P)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Other options go to the example's parser.")
-    parser.add_argument("model", choices=["lm"], help="lm: examples/pytorch_lm.py")
+    parser.add_argument("model", choices=["lm", "digits"],
+                        help="lm: examples/pytorch_lm.py; digits: examples/pytorch_digits.py")
     parser.add_argument("--workers", type=int, required=True, help="P, the simulated workers")
     parser.add_argument("--global-batch", type=int, required=True,
-                        help="sequences per step over all workers (a multiple of --workers)")
+                        help="sequences (lm) or images (digits) per step over all workers (a "
+                             "multiple of --workers)")
     own, rest = parser.parse_known_args(argv)
     if own.workers < 1:
         parser.error("--workers must be >= 1")
@@ -54,7 +65,13 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
                      f"({own.workers}): every worker takes global / P sequences")
     if "--batch-size" in rest:
         parser.error("--batch-size is global / P here: give --global-batch")
-    example = pytorch_lm.parse_args(rest + ["--batch-size", str(own.global_batch // own.workers)])
+    example = EXAMPLES[own.model].parse_args(
+        rest + ["--batch-size", str(own.global_batch // own.workers)])
+    if getattr(example, "backward_passes_per_step", 1) != 1 or getattr(example, "resume", None):
+        parser.error("--backward-passes-per-step and --resume are not simulated")
+    if example.compression == "fp16":
+        parser.error("fp16 is Horovod's dense all-reduce of float16 values: simulate "
+                     "--compression none")
     return own, example
 
 
@@ -89,9 +106,6 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
     parameters = [p for p in model.parameters() if p.requires_grad]
     params = sum(p.numel() for p in parameters)
     dense = args.compression in digits_common.DENSE
-    if args.compression == "fp16":
-        raise SystemExit("fp16 is Horovod's dense all-reduce of float16 values: simulate "
-                         "--compression none")
     cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
                                [p.numel() for p in parameters], workers)
 
@@ -155,8 +169,60 @@ def perplexity(model: pytorch_lm.LSTMLanguageModel, tokens: np.ndarray, bptt: in
     return math.exp(total[0].item() / total[1].item())
 
 
+def simulate_digits(own: argparse.Namespace, args: argparse.Namespace) -> None:
+    """pytorch_digits.py's training, worker r on its DistributedSampler shard."""
+    torch.set_num_threads(1)
+    workers = own.workers
+    train_set, test_set = torch_digits.load_data()
+    samplers = [DistributedSampler(train_set, num_replicas=workers, rank=rank, shuffle=True,
+                                   seed=args.seed) for rank in range(workers)]
+    loaders = [DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+               for sampler in samplers]
+    model = torch_digits.build_model(args.seed)
+    dense = args.compression in digits_common.DENSE
+    corrected = args.momentum_correction and not dense
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * workers,
+                                momentum=0.0 if corrected else args.momentum)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    cluster = SimulatedCluster(None if dense else sparse_compression(args, len(loaders[0])),
+                               [p.numel() for p in parameters], workers)
+    history, began = [], time.perf_counter()
+    for epoch in range(args.epochs):
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        model.train()
+        for batches in tqdm(zip(*loaders), total=len(loaders[0]), disable=args.quiet,
+                            desc=f"epoch {epoch + 1}"):
+            for rank, (images, labels) in enumerate(batches):
+                point_gradients(parameters, cluster.gradients[rank])
+                torch.nn.functional.cross_entropy(model(images), labels).backward()
+            point_gradients(parameters, cluster.reduce())
+            optimizer.step()
+        accuracy, test_loss = torch_digits.evaluate(model, test_set)
+        history.append({"epoch": epoch + 1, "step": (epoch + 1) * len(loaders[0]),
+                        "seconds": time.perf_counter() - began, "test_loss": test_loss,
+                        "test_accuracy": accuracy, "bytes_per_step": max(cluster.bytes_sent)})
+    cluster.close()
+    if args.history:
+        with open(args.history, "w") as file:
+            json.dump({"workers": workers, "global_batch": own.global_batch,
+                       "compression": args.compression, "density_asked": args.density,
+                       "evaluations": history}, file, indent=1)
+    if args.checkpoint:
+        torch.save({"model": model.state_dict()}, args.checkpoint)
+    digits_common.emit("RESULT simulated " + digits_common.result_line(
+        compression=args.compression, density=1.0 if dense else args.density, workers=workers,
+        epochs=args.epochs, test_accuracy=accuracy, test_loss=test_loss,
+        bytes_per_step=history[-1]["bytes_per_step"],
+        params=torch_digits.parameter_count(model))[len("RESULT "):])
+    digits_common.emit(f"CHECKSUM simulated {torch_digits.checksum(model)}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     own, args = parse_args(argv)
+    if own.model == "digits":
+        simulate_digits(own, args)
+        return
     run = simulate_lm(own, args)
     model = run.pop("model")
     last = run["evaluations"][-1]

@@ -27,6 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from gtopk_hvd import plan  # noqa: E402
+
+LATENCY_S = 50e-6
 SCHEMES = {  # name -> (--compression, --density)
     "dense": ("none", 1.0),
     "topk_0.01": ("topk", 0.01),
@@ -96,9 +100,73 @@ def steps_to(history: dict, target: float) -> int | None:
                 None)
 
 
+def sweep_lines(args: argparse.Namespace) -> list[str]:
+    found = sorted((float(path.stem.split("_lr")[1]), load(path)) for path in
+                   args.out.glob(f"lm_dense_p{args.sweep_workers}_lr*.json"))
+    if not found:
+        return []
+    return ["", f"Learning rate picked on dense at P = {args.sweep_workers} (same steps and "
+            "schedule): " + ", ".join(f"lr {lr:g}: {run['evaluations'][-1]['valid_perplexity']:.1f}"
+                                      for lr, run in found) + "."]
+
+
+def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int) -> list[str]:
+    """A model built from measurements (module docstring of gtopk_hvd.plan): steps to dense's
+    final perplexity (measured) x (compute per worker at global / P, measured in the dense run
+    of that P + selection measured here + communication from the planner's model)."""
+    lines = []
+    for rate_name, rate in (("1 Gbit/s", 1e9), ("10 Gbit/s", 1e10)):
+        lines += ["", f"Modelled seconds to reach dense's final perplexity at {rate_name} "
+                  f"(steps measured x step time modelled; - : not reached):", "",
+                  "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
+                  "|---|" + "---|" * len(args.workers)]
+        for scheme in present:
+            cells = []
+            for p in args.workers:
+                if runs[(scheme, p)] is None or runs.get(("dense", p)) is None:
+                    cells.append("")
+                    continue
+                seconds = modelled_seconds(runs, scheme, p, d, rate)
+                cells.append("-" if seconds is None else f"{seconds:.1f}")
+            lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    lines += ["", f"Per-message latency {LATENCY_S * 1e6:g} us; selection measured on this "
+              "machine (`gtopk_hvd.plan.measure_select_s`); compute per worker = the dense run's "
+              "compute phase / P. A model built from measurements, not a measured time."]
+    return lines
+
+
+def modelled_seconds(runs: dict, scheme: str, workers: int, d: int,
+                     rate: float) -> float | None:
+    """Steps to dense's final perplexity at P x the modelled step (time_lines); None if not
+    reached or not run."""
+    run, dense = runs[(scheme, workers)], runs.get(("dense", workers))
+    if run is None or dense is None:
+        return None
+    reached = steps_to(run, dense["evaluations"][-1]["valid_perplexity"])
+    if reached is None:
+        return None
+    compression, density = SCHEMES[scheme]
+    planned = "dense" if compression == "none" else compression
+    select_s = 0.0 if planned == "dense" else selection_seconds(d, density)
+    compute = dense["evaluations"][-1]["phases"]["compute"] / workers
+    return reached * plan.predict(planned, workers, d, density, rate, LATENCY_S, compute,
+                                  select_s).step_s
+
+
+_selection: dict[tuple[int, float], float] = {}
+
+
+def selection_seconds(d: int, density: float) -> float:
+    if (d, density) not in _selection:
+        _selection[(d, density)] = plan.measure_select_s(d, density, repeats=5)
+    return _selection[(d, density)]
+
+
 def report(args: argparse.Namespace) -> None:
     runs = {(s, p): load(history_path(args.out, s, p)) for s in args.schemes for p in args.workers}
     present = [s for s in args.schemes if any(runs[(s, p)] for p in args.workers)]
+    if not present:
+        raise SystemExit(f"no histories under {args.out}: run `scale_study.py run` first")
     lines = ["# LM at scale (simulated workers, `scripts/scale_study.py`)", "",
              "Final validation perplexity (lower is better); in brackets the steps to reach "
              "dense's final perplexity at the same P (- : not reached).", "",
@@ -118,18 +186,27 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     any_run = next(r for r in runs.values() if r)
     lines += ["", f"Global batch {any_run['global_batch']} sequences, {any_run['steps']} steps, "
-              f"lr {any_run['lr']:g} (x0.25 at 50% and 75%), {any_run['params']} parameters."]
+              f"lr {any_run['lr']:g} (x0.25 at 50% and 75%), {any_run['params']} parameters.",
+              *sweep_lines(args), *time_lines(args, runs, present, any_run["params"])]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    d = any_run["params"]
     for scheme in present:
         points = [(p, runs[(scheme, p)]["evaluations"][-1]["valid_perplexity"])
                   for p in args.workers if runs[(scheme, p)]]
-        axis.plot(*zip(*points), marker="o", label=scheme)
-    axis.set(xscale="log", xlabel="workers P (global batch fixed)",
-             ylabel="final validation perplexity", title="LSTM LM, simulated cluster")
-    axis.set_xticks(args.workers, [str(p) for p in args.workers])
-    axis.legend(fontsize=8)
+        left.plot(*zip(*points), marker="o", label=scheme)
+        times = [(p, seconds) for p in args.workers
+                 if (seconds := modelled_seconds(runs, scheme, p, d, 1e9)) is not None]
+        if times:
+            right.plot(*zip(*times), marker="o", label=scheme)
+    left.set(ylabel="final validation perplexity", title="LSTM LM, simulated workers (measured)")
+    right.set(yscale="log", ylabel="seconds to dense's final perplexity",
+              title="at 1 Gbit/s (model built from measurements)")
+    for axis in (left, right):
+        axis.set(xscale="log", xlabel="workers P (global batch fixed)")
+        axis.set_xticks(args.workers, [str(p) for p in args.workers])
+        axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(args.out / "lm_scale.png", dpi=120)
 

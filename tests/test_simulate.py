@@ -2,7 +2,8 @@
 
 - examples/simulated_cluster.py at P = 2, 4, 6, 8 ends with weights bitwise identical to
   examples/pytorch_lm.py under mpirun with the same seeds and shards for Top-k and gTop-k, and
-  equal to float rounding for dense (Horovod's all-reduce sums in its own order).
+  equal to float rounding for dense (Horovod's all-reduce sums in its own order); the same for
+  the digits CNN (examples/pytorch_digits.py) at P = 3 and 8.
 - The local transport: messages and collectives as the real transports; a worker that fails
   ends every worker's wait at once (no hang) with the cause; "local" outside a worker names
   the fix.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers.mpi_launcher import REPO_ROOT, run_mpi
 
 from gtopk_hvd.compression import Compression
@@ -63,6 +65,34 @@ def test_simulated_lm_equals_the_mpirun_job(workers: int, tmp_path: Path) -> Non
             assert checksum == ranks.pop(), f"{compression} at P = {workers}: not bitwise"
             for name in real:
                 assert real[name].tobytes() == fake[name].tobytes(), (compression, name)
+
+
+DIGITS_OPTIONS = ["--epochs", "1", "--density", "0.05", "--quiet"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers", [3, 8])
+def test_simulated_digits_cnn_equals_the_mpirun_job(workers: int, tmp_path: Path) -> None:
+    for compression in ("topk", "gtopk", "none"):
+        output = run_mpi("examples/pytorch_digits.py", workers, "--compression", compression,
+                         "--batch-size", "8", "--checkpoint", str(tmp_path / "mpi"),
+                         *DIGITS_OPTIONS, timeout_s=300)
+        ranks = set(re.findall(r"CHECKSUM rank=\d+ (\w+)", output))
+        assert len(ranks) == 1, f"{compression}: mpirun replicas differ: {ranks}"
+        command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"), "digits",
+                   "--workers", str(workers), "--global-batch", str(8 * workers),
+                   "--compression", compression, "--checkpoint", str(tmp_path / "sim"),
+                   *DIGITS_OPTIONS]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        checksum = re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
+        real = torch.load(tmp_path / "mpi.rank0")["model"]
+        fake = torch.load(tmp_path / "sim")["model"]
+        if compression == "none":
+            for name in real:
+                torch.testing.assert_close(fake[name], real[name], rtol=1e-5, atol=1e-6)
+        else:
+            assert checksum == ranks.pop(), f"{compression} at P = {workers}: not bitwise"
 
 
 # -- the local transport ---------------------------------------------------------------------
