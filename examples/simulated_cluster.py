@@ -57,6 +57,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     parser.add_argument("--global-batch", type=int, required=True,
                         help="sequences (lm) or images (digits) per step over all workers (a "
                              "multiple of --workers)")
+    if argv is not None and ("-h" in argv or "--help" in argv):
+        print_help(parser)
     own, rest = parser.parse_known_args(argv)
     if own.workers < 1:
         parser.error("--workers must be >= 1")
@@ -73,6 +75,18 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
         parser.error("fp16 is Horovod's dense all-reduce of float16 values: simulate "
                      "--compression none")
     return own, example
+
+
+def print_help(parser: argparse.ArgumentParser) -> None:
+    """This parser's help, then each example's (whose options pass through); exits 0."""
+    parser.print_help()
+    for name, example in EXAMPLES.items():
+        print(f"\noptions of {name}, passed to examples/{example.__name__}.py:\n")
+        try:
+            example.parse_args(["--help"])
+        except SystemExit:
+            pass
+    raise SystemExit(0)
 
 
 def point_gradients(parameters: list[torch.Tensor], flat: np.ndarray) -> None:
