@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -216,6 +217,7 @@ def report(args: argparse.Namespace) -> None:
     for axis in (left, right):
         axis.set(xscale="log", xlabel="workers P (global batch fixed)")
         axis.set_xticks(args.workers, [str(p) for p in args.workers])
+        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(args.out / "lm_scale.png", dpi=120)
