@@ -37,7 +37,7 @@ def test_ranges_are_checked_when_the_configuration_is_made() -> None:
 
 
 def test_transport_names_and_types_are_checked() -> None:
-    known = "known: horovod, mpi, torch"
+    known = "known: horovod, local, mpi, torch"
     with pytest.raises(ValueError, match=f"unknown transport 'carrier-pigeon'; {known}"):
         resolve_transport("carrier-pigeon")
     with pytest.raises(TypeError, match="MPITransport"):
