@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gtopk_hvd.bench.cost_model import gtopk_rounds
+from gtopk_hvd.bench import cost_model
 from gtopk_hvd.schemes.threshold import N_BINS
 
 MODELS = {  # parameters of well-known models, for --params
@@ -56,18 +56,15 @@ MEASURE_AT_MOST = 1 << 25
 
 
 def messages_and_bytes(scheme: str, workers: int, d: int, k: int) -> tuple[float, float]:
-    """(messages, bytes) one worker sends in one step (module docstring)."""
+    """(messages, bytes) one worker sends in one step (module docstring); dense, Top-k and
+    gTop-k are the link-fitting model's own terms (`gtopk_hvd.bench.cost_model.terms`)."""
     p = workers
     if p <= 1:
         return 0.0, 0.0
+    if scheme in cost_model.SCHEMES:
+        return cost_model.terms(scheme, p, d, k)
     ring = (p - 1) / p
-    rounds = gtopk_rounds(p)
-    if scheme == "dense":
-        return 2.0 * (p - 1), 2 * ring * 4 * d
-    if scheme == "topk":
-        return float(p - 1), (p - 1) * 8.0 * k
-    if scheme == "gtopk":
-        return float(rounds), rounds * 8.0 * k
+    rounds = cost_model.gtopk_rounds(p)
     if scheme == "gtopk-exact":
         return rounds + 2.0 * (p - 1), rounds * 8.0 * k + 2 * ring * 4 * k
     if scheme in ("micro", "exdyna"):
