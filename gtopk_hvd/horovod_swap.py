@@ -4,14 +4,16 @@ script is enough.
 
 Explicit behaviour (a monkey-patch of Horovod's modules, done on import of an adapter):
 
-    import gtopk_hvd.torch              horovod.torch.DistributedOptimizer
+    import gtopk_hvd.torch              horovod.torch.DistributedOptimizer, horovod.torch.join
     import gtopk_hvd.tensorflow         horovod.tensorflow.DistributedGradientTape,
                                         horovod.tensorflow.DistributedOptimizer
     import gtopk_hvd.tensorflow.keras   horovod.tensorflow.keras.DistributedOptimizer,
                                         horovod.keras.DistributedOptimizer
 
-Each of these attributes becomes a wrapper (`functools.wraps`: Horovod's name, docstring and
-signature stay visible) that looks at `compression=` only. A gtopk_hvd sparse compression
+`hvd.join()` becomes gtopk_hvd's join while a sparse optimizer lives (`gtopk_hvd.torch.join`;
+Horovod's own otherwise). Each DistributedOptimizer attribute becomes a wrapper
+(`functools.wraps`: Horovod's name, docstring and signature stay visible) that looks at
+`compression=` only. A gtopk_hvd sparse compression
 (`gtopk_hvd.compression.SparseCompression`: `Compression.gtopk(...)`, `.topk(...)`,
 `.sparse(...)`) builds gtopk_hvd's wrapper of the same name with the same arguments (matched by
 name; gtopk_hvd's own keywords such as `transport=` or `gtopk_state=` may be added). A Horovod
@@ -46,6 +48,35 @@ MARKER = "__gtopk_hvd_swap__"
 """Attribute of a swapped function: Horovod's original function."""
 
 _originals: dict[tuple[str, str], Callable[..., Any]] = {}  # (module, attribute) -> original
+
+
+def install_around(module_name: str, attribute: str,
+                   ours: Callable[..., Any]) -> bool:
+    """Replaces `module_name.attribute` (a Horovod function) by one that calls
+    `ours(original, *args, **kwargs)`: ours decides whether Horovod's original runs (e.g.
+    `hvd.join()`, which is ours while a sparse optimizer lives, Horovod's otherwise). Undone by
+    `restore` like `install`; idempotent; False when there is no such module or attribute."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - not importable here (no such framework, broken build)
+        return False
+    original = getattr(module, attribute, None)
+    if original is None:
+        return False
+    if hasattr(original, MARKER):
+        return True
+
+    @functools.wraps(original)
+    def around(*args: Any, **kwargs: Any) -> Any:
+        return ours(original, *args, **kwargs)
+
+    setattr(around, MARKER, original)
+    around.__doc__ = (original.__doc__ or "") + (
+        f"\n\n    gtopk_hvd: {ours.__module__}.{ours.__qualname__} decides whether this runs "
+        "(gtopk_hvd.horovod_swap).\n")
+    setattr(module, attribute, around)
+    _originals[(module_name, attribute)] = original
+    return True
 
 
 def install(module_name: str, attribute: str, ours: Callable[..., Any]) -> bool:

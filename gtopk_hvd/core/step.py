@@ -46,6 +46,17 @@ Non-finite gradients (a NaN or Inf on any worker), by the configuration's `nonfi
   the residual until it draws its index; the sum then carries it to every worker alike, and all
   raise at that step.
 
+Each step begins with that count (with "raise" it counts no gradient, only the joined
+workers): one all-reduce of two integers, the workers whose gradient is not finite and the
+workers that have joined. Uneven data (Horovod's `hvd.join()`): a worker out of data calls
+`join()`, which takes part in every further step of the others with an empty contribution (an
+all-zero gradient: its messages have their usual shape, their values are zero, its residual is
+kept for later) until the count says every worker has joined, and returns the rank that joined
+last. The others' update is their own contributions' sum / P (Average divides by P, as
+Horovod's does with a joined rank's zeros); the joined worker's model does not take those steps
+(under Horovod neither), so a script broadcasts the weights from the returned rank afterwards.
+A caller that counts for itself (`skip=` given: the DDP hook) gets no join.
+
 Under loss scaling the residual holds gradients in the scale of the step that made them; a scale
 change (x0.5 after an overflow, x2 after a run of good steps) applies the residual's older mass
 at most 2x off once, which error feedback then absorbs like any other delay.
@@ -136,18 +147,14 @@ class SparseStep:
         (`count_nonfinite_workers`; the DDP hook, one count per iteration over all buckets)
         and says whether to skip this one.
         """
-        if not self._workers_agree:
-            check_same_on_all_workers(
-                self.transport, f"{self.what} names, shapes, dtypes and compression",
-                self.signature)
-            self._workers_agree = True
+        self._check_agreement()
         config = self.compression
         check_seconds = check_wait_seconds = 0.0
-        if skip is None and config.nonfinite == "propagate":
+        if skip is None:
             start = time.perf_counter()
-            local = not ops.all_finite(gradient)
+            local = config.nonfinite == "propagate" and not ops.all_finite(gradient)
             read = time.perf_counter()
-            skip = count_workers(self.transport, local) > 0
+            skip = self._count(local)[0] > 0
             # The count waits for the last worker to arrive: a wait, as the exchanges' probes.
             check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
         budget = self.schedule.budget(self.step_count)
@@ -206,6 +213,55 @@ class SparseStep:
             ops.write_sparse(out, *result)
         self.last_stats.write_seconds = time.perf_counter() - start
         return out
+
+    # -- uneven data: join ------------------------------------------------------------------
+
+    def join(self) -> int:
+        """Takes part in the other workers' steps with an empty contribution until every worker
+        has called join (Horovod's `hvd.join()` semantics; module docstring); returns the rank
+        that joined last (the highest rank among those that joined at the same step).
+
+        Each of the others' steps runs here as theirs does, on an all-zero gradient with a
+        scratch residual: this worker sends entries of value zero (so every message has the
+        shape the schedule expects), its residual and velocity stay as they were, its step count
+        follows the others' (so the density schedule agrees), and the update is dropped: this
+        worker's model does not move, as under Horovod. The others' average still divides by
+        P. Only for steps that count their workers (`step` with skip=None)."""
+        self._check_agreement()
+        joined_at = self.step_count
+        zeros = self.backend.zeros(self.d)
+        scratch = self.backend.zeros(self.d)
+        while True:
+            nonfinite, joined = self._count(False, joined=True)
+            if joined == self.transport.size:
+                break
+            if nonfinite:
+                self.skipped_steps += 1
+                continue
+            scratch[:] = 0
+            self.scheme.exchange(zeros, scratch, self.schedule.budget(self.step_count),
+                                 self.step_count, False)
+            self.step_count += 1
+        if self.transport.size == 1:
+            return self.transport.rank
+        order = self.transport.allgather(np.array([joined_at, self.transport.rank], np.int64))
+        return int(max(map(tuple, order))[1])
+
+    def _count(self, nonfinite: bool, joined: bool = False) -> tuple[int, int]:
+        """(workers whose gradient is not finite, workers that have joined): one all-reduce of
+        two integers, the same on every worker (none at P = 1)."""
+        counts = np.array([int(nonfinite), int(joined)], dtype=np.int32)
+        if self.transport.size > 1:
+            self.transport.allreduce_sum(counts)
+        return int(counts[0]), int(counts[1])
+
+    def _check_agreement(self) -> None:
+        """The first step's check that every worker has the same layout and configuration."""
+        if not self._workers_agree:
+            check_same_on_all_workers(
+                self.transport, f"{self.what} names, shapes, dtypes and compression",
+                self.signature)
+            self._workers_agree = True
 
     def _skip(self, gradient: Any, clear_gradient: bool, budget: Any, check_seconds: float,
               check_wait_seconds: float) -> None:
