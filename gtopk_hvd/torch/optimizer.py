@@ -65,6 +65,7 @@ from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.layout import FusedLayout, Source
 from gtopk_hvd.torch.fused import FusedGradients
+from gtopk_hvd.torch.join import register as register_for_join
 from gtopk_hvd.transports import Transport, resolve_for_horovod
 
 
@@ -83,20 +84,25 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                                      p.is_floating_point()) for p in self._parameters])
         self.backward_passes_per_step = arguments.passes
         self._device = _state_device(self._parameters)
+        self._hvd, self._transport_choice = hvd, transport
         # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
-        self._sparse = SparseStep(
-            arguments.compression, layout.sizes, resolve_for_horovod(transport, hvd),
-            average=arguments.average, predivide=arguments.predivide,
+        self._sparse_arguments = dict(
+            config=arguments.compression, sizes=layout.sizes, average=arguments.average,
+            predivide=arguments.predivide,
             device=self._device if self._device.type == "cuda" else None,
             layout=layout.signature, options={"passes": arguments.passes})
+        self._sparse = SparseStep(transport=resolve_for_horovod(transport, hvd),
+                                  **self._sparse_arguments)
         self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
         self.last_stats = None
+        register_for_join(self)
 
     def synchronize(self) -> None:
         """Sparse all-reduce of the accumulated gradients; writes the update into p.grad."""
         self._check_no_parameter_joined()
+        self._follow_horovod_resize()
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
         # On the CPU the step runs on numpy views of the buffers: one array type inside it.
@@ -105,6 +111,38 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
         self._synchronized = True
+
+    def _follow_horovod_resize(self) -> None:
+        """Elastic Horovod: after a reset (a worker lost or added) Horovod's rank and size are
+        new; the sparse step is rebuilt over the new workers (transport, k, buffers, the
+        agreement check at its first step), keeping this worker's residual, velocity and step
+        count (a new worker's are zero, or what `state.sync()` gave it). The threshold schemes'
+        own state (partitions, thresholds) was for the old P and starts again."""
+        old = self._sparse
+        if (self._hvd.rank(), self._hvd.size()) == (old.transport.rank, old.transport.size):
+            return
+        if isinstance(self._transport_choice, Transport):
+            raise RuntimeError(
+                f"gtopk_hvd: Horovod now has {self._hvd.size()} workers (rank "
+                f"{self._hvd.rank()}), the transport given to the optimizer has "
+                f"{old.transport.size}: under Elastic Horovod pass transport=None or "
+                "\"horovod\" so that the optimizer can follow the workers")
+        state = old.state_dict()
+        state.pop("scheme", None)
+        self._sparse = SparseStep(transport=resolve_for_horovod(self._transport_choice,
+                                                                self._hvd),
+                                  **self._sparse_arguments)
+        self._sparse.load_state_dict(state)
+
+    def join(self) -> int:
+        """Uneven data: takes part in the other workers' sparse steps with an empty
+        contribution until every worker has joined; returns the rank that joined last
+        (`gtopk_hvd.torch.join`, which `hvd.join()` calls). Gradients accumulated here and not
+        yet synchronized are dropped; the model does not move (broadcast from the returned
+        rank afterwards)."""
+        self._fused.zero_grad(True)
+        self._synchronized = False
+        return self._sparse.join()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero gradients; float32 ones stay views of the fused buffer (module docstring). Also

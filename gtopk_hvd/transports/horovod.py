@@ -142,9 +142,11 @@ _by_module: dict[str, HorovodTransport] = {}
 
 
 def horovod_transport(hvd: Any = None) -> HorovodTransport:
-    """One HorovodTransport per Horovod module per process, made on first use."""
+    """One HorovodTransport per Horovod module per process, made on first use and again when
+    Horovod's rank or size changed (an Elastic Horovod reset)."""
     hvd = hvd if hvd is not None else initialized_horovod()
     transport = _by_module.get(hvd.__name__)
-    if transport is None:
+    if transport is None or (transport.rank, transport.size) != (hvd.rank(), hvd.size()):
+        # First use, or Elastic Horovod reset the workers: a transport for the new ones.
         transport = _by_module[hvd.__name__] = HorovodTransport(hvd)
     return transport

@@ -1,0 +1,126 @@
+"""Elastic Horovod with a sparse optimizer: training goes on when a worker dies or comes back.
+
+    horovodrun --gloo -np 4 --min-np 3 --max-np 4 --host-discovery-script ./hosts.sh \\
+        python examples/elastic_torch.py --compression gtopk --density 0.05 --steps 60
+
+`hosts.sh` prints one `host:slots` line per host (Horovod reruns it every second). A regression
+MLP on data generated here, every worker a shard of each step's batch (the shard follows the
+current rank and size, so it stays a partition after a reset). The script is Horovod's elastic
+recipe with one changed line (the compression): `hvd.elastic.TorchState(model, optimizer,
+step=0)` commits the weights, the optimizer's state and this worker's residual (gtopk_hvd keeps
+it in `optimizer.state_dict()`) after every step; on a reset Horovod restores the last commit
+on the survivors, syncs the weights and the optimizer's state from rank 0 (a new worker's
+residual starts at zero), and gtopk_hvd rebuilds the sparse step for the new number of workers
+at the next step.
+
+--kill-rank R --kill-at S (fault injection): the worker started as rank R kills itself with
+SIGKILL after the backward pass of step S, once (a marker file, --marker, remembers it), so the
+others are inside the sparse step when it dies. Rank 0 prints a line per step (size, loss) and
+at the end: the seconds from the kill to the first step completed after it, and a RESULT line
+with the final loss and the parameters' checksum, which every worker checks is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import gtopk_hvd.torch as gtopk
+
+FEATURES, SAMPLES = 32, 4096
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compression", default="gtopk", choices=["gtopk", "topk", "none"])
+    parser.add_argument("--density", type=float, default=0.05)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=96, help="global batch per step")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="sleep this long per step (stands for a bigger model's compute)")
+    parser.add_argument("--kill-rank", type=int, default=None,
+                        help="the worker started as this rank kills itself (SIGKILL), once")
+    parser.add_argument("--kill-at", type=int, default=10, help="after this step's backward")
+    parser.add_argument("--marker", type=Path, default=Path("/tmp/gtopk_elastic_killed"),
+                        help="written at the kill (its time); no second kill while it exists")
+    return parser.parse_args()
+
+
+def dataset() -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
+    w = rng.standard_normal(FEATURES).astype(np.float32)
+    y = np.tanh(x @ w / np.sqrt(FEATURES)) + 0.1 * rng.standard_normal(SAMPLES)
+    return torch.from_numpy(x), torch.from_numpy(y.astype(np.float32)).unsqueeze(1)
+
+
+def checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init()
+    started_as = int(os.environ.get("HOROVOD_RANK", hvd.rank()))  # the spawn rank, kept
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 1))
+    compression = (gtopk.Compression.none if args.compression == "none"
+                   else getattr(gtopk.Compression, args.compression)(args.density))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                         named_parameters=model.named_parameters(),
+                                         compression=compression)
+    x, y = dataset()
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    recovered: list[float] = []
+    sizes: set[int] = set()  # Horovod's sizes this worker has trained at (survives resets)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.step < args.steps:
+            rank, size = hvd.rank(), hvd.size()
+            rows = np.random.default_rng(state.step).choice(SAMPLES, args.batch, replace=False)
+            mine = torch.from_numpy(np.array_split(rows, size)[rank])
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
+            loss.backward()
+            time.sleep(args.compute_ms / 1e3)
+            if (started_as == args.kill_rank and state.step == args.kill_at
+                    and not args.marker.exists()):
+                args.marker.write_text(str(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            optimizer.step()
+            state.step += 1
+            if args.marker.exists() and not recovered and size not in sizes and sizes:
+                recovered.append(time.time() - float(args.marker.read_text()))
+            sizes.add(size)
+            if rank == 0:
+                print(f"step {state.step} size {size} loss {loss.item():.5f}", flush=True)
+            state.commit()
+
+    train(state)
+    with torch.no_grad():
+        final = torch.nn.functional.mse_loss(model(x), y).item()
+    sums = hvd.allgather_object(checksum(model))
+    assert len(set(sums)) == 1, f"replicas differ: {sums}"
+    if recovered:
+        print(f"RECOVERY rank={hvd.rank()} seconds={recovered[0]:.2f}", flush=True)
+    if hvd.rank() == 0:
+        print(f"RESULT elastic compression={args.compression} workers={hvd.size()} "
+              f"steps={args.steps} loss={final:.6f} checksum={sums[0]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
