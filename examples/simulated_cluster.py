@@ -17,7 +17,8 @@ its learning rate x P), so the two end with bitwise identical weights for the sp
 (their sums are gtopk_hvd's own) and equal to float rounding for dense (Horovod's all-reduce
 sums in its own order): tests/test_simulate.py. Prints the history as the example does, a
 RESULT line and the parameters' CHECKSUM; --history writes the evaluations as JSON
-(scripts/scale_study.py reads them); lm --save and digits --checkpoint write the weights.
+(scripts/scale_study.py reads them); lm --save and digits --checkpoint write the weights; lm
+--record-k-sets the workers' largest entries at the last step (for `bench schemes --k-sets`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     parser.add_argument("--global-batch", type=int, required=True,
                         help="sequences (lm) or images (digits) per step over all workers (a "
                              "multiple of --workers)")
+    parser.add_argument("--record-k-sets", metavar="NPZ", default=None,
+                        help="lm: before the last step's reduction, write each worker's 2 k "
+                             "largest entries of residual + gradient to NPZ (k = density d; "
+                             "`python -m gtopk_hvd.bench schemes --k-sets` replays them)")
     if argv is not None and ("-h" in argv or "--help" in argv):
         print_help(parser)
     own, rest = parser.parse_known_args(argv)
@@ -65,6 +70,8 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     if own.global_batch < own.workers or own.global_batch % own.workers:
         parser.error(f"--global-batch ({own.global_batch}) must be a multiple of --workers "
                      f"({own.workers}): every worker takes global / P sequences")
+    if own.record_k_sets and own.model != "lm":
+        parser.error("--record-k-sets records the lm's sets")
     if "--batch-size" in rest:
         parser.error("--batch-size is global / P here: give --global-batch")
     example = EXAMPLES[own.model].parse_args(
@@ -143,6 +150,8 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
             hidden[rank] = state
             dropout_streams[rank] = torch.get_rng_state()
         computed = time.perf_counter()
+        if own.record_k_sets and step + 1 == total_steps:
+            record_k_sets(own.record_k_sets, cluster, args.density)
         update = cluster.reduce()
         reduced = time.perf_counter()
         point_gradients(parameters, update)
@@ -173,6 +182,14 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
             "steps_per_epoch": steps_per_epoch, "global_batch": own.global_batch,
             "evaluations": history, "sparse_steps": sparse_steps,
             "test_perplexity": perplexity(model, corpus.test, args.bptt, workers)}
+
+
+def record_k_sets(path: str, cluster: SimulatedCluster, density: float) -> None:
+    """The workers' largest entries now (`SimulatedCluster.largest_entries`), 2 k of them."""
+    count = min(cluster.d, 2 * max(1, math.ceil(density * cluster.d)))
+    indices, values = cluster.largest_entries(count)
+    np.savez_compressed(path, d=cluster.d, workers=cluster.workers, density=density,
+                        indices=indices.astype(np.int32), values=values)
 
 
 def perplexity(model: pytorch_lm.LSTMLanguageModel, tokens: np.ndarray, bptt: int,

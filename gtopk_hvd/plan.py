@@ -4,9 +4,12 @@
         --compute-ms 250 [--density 0.001] [--latency-us 50] [--select-ms 12]
 
 The model (an alpha-beta model of each scheme's messages and bytes per worker per step, as the
-schemes send them; rates and latency are the link's, not fitted):
+schemes send them; rates and latency are the link's, not fitted; share = 1, or with --links each
+scheme's share of the rate its transfers achieved on emulated links, fitted on P <= 8 and checked
+at P = 16 and 32 by scripts/link_scale.py):
 
-    T_comm(P) = messages * alpha + bytes * beta          alpha = --latency-us, beta = 8 / rate
+    T_comm(P) = messages * alpha + bytes * beta          alpha = --latency-us,
+                                                          beta = 8 / (rate * share)
     step(P)   = t_compute + t_select + T_comm(P)         (no overlap of communication and
                                                           computation; dense has no t_select)
     e(P)      = t_compute / step(P)                      (scaling efficiency)
@@ -34,6 +37,7 @@ measured curves: at density 0.001 use a warm-up or momentum correction).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -89,11 +93,13 @@ class Prediction:
 
 
 def predict(scheme: str, workers: int, d: int, density: float, rate_bps: float,
-            latency_s: float, compute_s: float, select_s: float) -> Prediction:
-    """One scheme's predicted step at P workers (module docstring)."""
+            latency_s: float, compute_s: float, select_s: float,
+            link_share: float = 1.0) -> Prediction:
+    """One scheme's predicted step at P workers (module docstring); link_share: the share of
+    the link's rate the scheme's transfers achieve (1: all of it)."""
     k = max(1, int(density * d))
     messages, sent = messages_and_bytes(scheme, workers, d, k)
-    comm = messages * latency_s + sent * 8.0 / rate_bps
+    comm = messages * latency_s + sent * 8.0 / (rate_bps * link_share)
     step = compute_s + (0.0 if scheme == "dense" or workers == 1 else select_s) + comm
     return Prediction(scheme, workers, sent, comm, step, compute_s / step)
 
@@ -114,6 +120,16 @@ def measure_select_s(d: int, density: float, repeats: int = 3) -> float:
         ops.accumulate_select(gradient, residual, k)
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * d / n
+
+
+def link_shares(path: str | None) -> dict[str, float]:
+    """Each scheme's achieved share of the link rate from a link fit (scripts/link_scale.py's
+    model.json); every scheme 1.0 without one."""
+    if path is None:
+        return dict.fromkeys(SCHEMES, 1.0)
+    with open(path) as file:
+        shares = json.load(file)["link_share"]
+    return {scheme: float(shares.get(scheme, 1.0)) for scheme in SCHEMES}
 
 
 def parse_count(text: str) -> int:
@@ -167,6 +183,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--select-ms", type=float, default=None,
                         help="selection per step (default: measured here, module docstring)")
+    parser.add_argument("--links", metavar="MODEL_JSON", default=None,
+                        help="each scheme's achieved share of the link rate, fitted on emulated "
+                             "links (results/links_scale/model.json; default: the full rate)")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES,
                         default=["dense", "topk", "gtopk", "micro"])
     args = parser.parse_args(argv)
@@ -181,13 +200,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     measured = args.select_ms is None
     select_s = measure_select_s(args.params, args.density) if measured else args.select_ms / 1e3
+    shares = link_shares(args.links)
     predictions = [predict(scheme, p, args.params, args.density, args.link,
-                           args.latency_us * 1e-6, args.compute_ms / 1e3, select_s)
+                           args.latency_us * 1e-6, args.compute_ms / 1e3, select_s,
+                           shares[scheme])
                    for p in args.workers for scheme in args.schemes]
     print(f"d = {args.params:,} parameters, density {args.density:g} "
           f"(k = {max(1, int(args.density * args.params)):,}), link {args.link / 1e9:g} Gbit/s, "
           f"{args.latency_us:g} us per message, compute {args.compute_ms:g} ms, selection "
-          f"{select_s * 1e3:.2f} ms ({'measured on this machine' if measured else 'given'})")
+          f"{select_s * 1e3:.2f} ms ({'measured on this machine' if measured else 'given'}); "
+          + ("links at their full rate" if args.links is None else "achieved link shares "
+             + ", ".join(f"{s} {shares[s]:.0%}" for s in args.schemes) + f" ({args.links})"))
     print(table(predictions))
     print("A model, not a measurement: docs/results.md says how far it was validated; "
           "convergence is not in it (at density 0.001 use a warm-up or momentum correction).")

@@ -107,6 +107,21 @@ class SimulatedCluster:
             gradient.fill(0.0)
         return update
 
+    def largest_entries(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each worker's `count` largest-magnitude entries of residual + gradient (what its
+        error-feedback selection ranks; call it before `reduce`): (indices, values), arrays of
+        shape (P, count), indices ascending within a row."""
+        indices = np.empty((self.workers, count), dtype=np.int64)
+        values = np.empty((self.workers, count), dtype=np.float32)
+        for rank, gradient in enumerate(self.gradients):
+            accumulated = gradient.copy()
+            if self.steps is not None:
+                step = self.steps[rank]
+                accumulated += step.backend.to_host(step.residual)
+            chosen = np.sort(np.argpartition(np.abs(accumulated), -count)[-count:])
+            indices[rank], values[rank] = chosen, accumulated[chosen]
+        return indices, values
+
     def state_dict(self) -> list[dict]:
         """Each worker's sparse-step state (residual, velocity, step count, the scheme's)."""
         return [] if self.steps is None else [step.state_dict() for step in self.steps]

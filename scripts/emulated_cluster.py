@@ -34,6 +34,7 @@ from gtopk_hvd._mpirun import stop_mpirun
 
 RATE_PATTERN = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit)$")
 DELAY_PATTERN = re.compile(r"^\d+(\.\d+)?(us|ms)$")
+QUEUE_PATTERN = re.compile(r"^\d+(kb|mb)$")
 
 
 class ClusterError(RuntimeError):
@@ -90,8 +91,14 @@ class Cluster:
         return counters
 
 
-def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> None:
+def _shape(namespace: str | None, device: str, rate: str, delay: str | None,
+           queue: str | None = None) -> None:
     """Token bucket at `rate` on device's egress, netem delay in front when asked for.
+
+    The queue behind the bucket holds 100 ms at the rate: at low rates that is little (125 KB
+    at 10 Mbit/s), and a larger message loses packets, which a real link at 100x the rate with a
+    buffer of the same bytes would not. With `queue` (bytes, e.g. "4mb") the link is shaped by
+    `_shape_with_ack_band` instead.
 
     The bucket holds half a millisecond at the rate (62.5 KB at 1 Gbit/s, at least two frames):
     measured here at 1 Gbit/s, a 200 KB message then takes 1.5 ms (ideal 1.6 ms; a 125 KB bucket
@@ -99,6 +106,9 @@ def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> 
     64 KB segments must be split)."""
     burst = max(int(rate_bits(rate) / 8 / 2000), 2 * 1514 + 64)
     exec_in = ["ip", "netns", "exec", namespace] if namespace else []
+    if queue:
+        _shape_with_ack_band(exec_in, device, rate, delay, queue)
+        return
     tbf = ["tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
     if delay:
         _run([*exec_in, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:", "netem",
@@ -107,6 +117,43 @@ def _shape(namespace: str | None, device: str, rate: str, delay: str | None) -> 
               *tbf])
     else:
         _run([*exec_in, "tc", "qdisc", "add", "dev", device, "root", *tbf])
+
+
+def _shape_with_ack_band(exec_in: list[str], device: str, rate: str, delay: str | None,
+                         queue: str) -> None:
+    """--queue: an htb at `rate` whose packets under 512 bytes (TCP's acknowledgements,
+    MPI's control messages) go first, the rest through a FIFO of `queue` bytes (a port's
+    buffer). With one FIFO behind the token bucket, a worker that sends and receives at once
+    (a ring, a pairwise exchange) queues the acknowledgements of what it receives behind what
+    it sends, and the sender waits on them: such transfers reached half the rate at 10 Mbit/s.
+    A host's per-flow queueing (fq_codel) avoids that; this kernel lacks it, hence the band."""
+    # htb charges a GSO packet (up to 64 KB) whole after sending it, unlike tbf, which splits
+    # it: one segment per packet keeps a message from passing ahead of the rate.
+    _run([*exec_in, "ip", "link", "set", "dev", device, "gso_max_segs", "1"])
+    tc = [*exec_in, "tc"]
+    root = "1:"
+    if delay:
+        _run([*tc, "qdisc", "add", "dev", device, "root", "handle", "1:", "netem", "delay",
+              delay])
+        root = "2:"
+        _run([*tc, "qdisc", "add", "dev", device, "parent", "1:1", "handle", root, "htb",
+              "default", "20"])
+    else:
+        _run([*tc, "qdisc", "add", "dev", device, "root", "handle", root, "htb", "default",
+              "20"])
+    major = root[:-1]
+    bursts = ["burst", "1600", "cburst", "1600"]  # one frame: no head start past the rate
+    _run([*tc, "class", "add", "dev", device, "parent", root, "classid", f"{major}:1", "htb",
+          "rate", rate, "ceil", rate, *bursts])
+    ack_rate = f"{rate_bits(rate) / 10:.0f}bit"
+    for band, band_rate, priority in (("10", ack_rate, "0"), ("20", rate, "1")):
+        _run([*tc, "class", "add", "dev", device, "parent", f"{major}:1", "classid",
+              f"{major}:{band}", "htb", "rate", band_rate, "ceil", rate, "prio", priority,
+              *bursts])
+    _run([*tc, "qdisc", "add", "dev", device, "parent", f"{major}:20", "bfifo", "limit",
+          queue])
+    _run([*tc, "filter", "add", "dev", device, "parent", root, "protocol", "ip", "prio", "1",
+          "u32", "match", "u16", "0x0000", "0xfe00", "at", "2", "flowid", f"{major}:10"])
 
 
 def rate_bits(rate: str) -> float:
@@ -139,8 +186,8 @@ def _teardown(cluster: Cluster) -> None:
 
 
 @contextmanager
-def emulated_cluster(workers: int, rate: str = "1gbit", delay: str | None = None
-                     ) -> Iterator[Cluster]:
+def emulated_cluster(workers: int, rate: str = "1gbit", delay: str | None = None,
+                     queue: str | None = None) -> Iterator[Cluster]:
     """Creates the cluster, yields it, and removes everything it created, whatever happens."""
     if workers < 1:
         raise ClusterError(f"--workers must be >= 1, got {workers}")
@@ -148,6 +195,8 @@ def emulated_cluster(workers: int, rate: str = "1gbit", delay: str | None = None
         raise ClusterError(f"--rate {rate!r} is not a tc rate such as 1gbit or 100mbit")
     if delay and not DELAY_PATTERN.match(delay):
         raise ClusterError(f"--delay {delay!r} is not a delay such as 0.2ms or 50us")
+    if queue and not QUEUE_PATTERN.match(queue):
+        raise ClusterError(f"--queue {queue!r} is not a size such as 4mb or 512kb")
     if os.geteuid() != 0:
         raise ClusterError("network namespaces need root (or CAP_NET_ADMIN)")
     if delay:
@@ -165,8 +214,8 @@ def emulated_cluster(workers: int, rate: str = "1gbit", delay: str | None = None
             _ip("-n", namespace, "addr", "add", f"{cluster.address(rank)}/24", "dev", "eth0")
             _ip("-n", namespace, "link", "set", "eth0", "up")
             _ip("-n", namespace, "link", "set", "lo", "up")
-            _shape(namespace, "eth0", rate, delay)  # what the rank sends
-            _shape(None, link, rate, delay)  # what the rank receives
+            _shape(namespace, "eth0", rate, delay, queue)  # what the rank sends
+            _shape(None, link, rate, delay, queue)  # what the rank receives
         yield cluster
     finally:
         _teardown(cluster)
@@ -226,6 +275,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", default="1gbit", help="each link's rate, each way (tc units)")
     parser.add_argument("--delay", default=None,
                         help="one-way added latency per link, e.g. 0.1ms (needs sch_netem)")
+    parser.add_argument("--queue", default=None,
+                        help="each link's buffer in bytes, e.g. 4mb, and acknowledgements "
+                             "first (default: one token bucket holding 100 ms at --rate)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before the job is "
                         "killed and everything torn down")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -246,9 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
-        with emulated_cluster(args.workers, args.rate, args.delay) as cluster:
+        with emulated_cluster(args.workers, args.rate, args.delay, args.queue) as cluster:
             print(f"emulated_cluster: {args.workers} workers in namespaces {cluster.prefix}-*, "
-                  f"links {args.rate} each way, added delay {args.delay or 'none'}", flush=True)
+                  f"links {args.rate} each way, added delay {args.delay or 'none'}, queue "
+                  f"{args.queue or '100 ms'}", flush=True)
             status = run_in_cluster(cluster, args.command, args.timeout)
             for rank, (sent, received) in enumerate(cluster.link_bytes()):
                 print(f"emulated_cluster: rank {rank} link sent {sent:,} B, received "

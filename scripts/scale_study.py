@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from gtopk_hvd import plan  # noqa: E402
 
-LATENCY_S = 50e-6
+LINKS = ROOT / "results" / "links_scale" / "model.json"  # scripts/link_scale.py's fit
+
+
+def link_model() -> tuple[float, dict[str, float], str]:
+    """(latency s, each scheme's achieved link share, where from): the emulated links' fit
+    when scripts/link_scale.py has written one, else 50 us and the full rate."""
+    if LINKS.exists():
+        fit = json.loads(LINKS.read_text())
+        return (fit["alpha_s"], plan.link_shares(str(LINKS)),
+                f"latency {fit['alpha_s'] * 1e6:.0f} us and each scheme's achieved share of "
+                f"the link rate as measured on emulated links ({LINKS.relative_to(ROOT)}: "
+                + ", ".join(f"{s} {v:.0%}" for s, v in fit["link_share"].items()) + ")")
+    return 50e-6, plan.link_shares(None), "latency 50 us, links at their full rate"
 SCHEMES = {  # name -> (--compression, --density)
     "dense": ("none", 1.0),
     "topk_0.01": ("topk", 0.01),
@@ -44,6 +57,7 @@ SCHEMES = {  # name -> (--compression, --density)
     "exdyna_0.001": ("exdyna", 0.001),
     "sketch_0.001": ("sketch", 0.001),
 }
+SWEPT = re.compile(r"^lm_(.+)_p(\d+)_lr([\d.]+)$")
 MODEL = ["--size", "128", "--vocab-size", "10000"]
 
 
@@ -58,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=20.0)
     parser.add_argument("--sweep-lrs", type=float, nargs="+", default=[5.0, 10.0, 20.0])
     parser.add_argument("--sweep-workers", type=int, default=16)
+    parser.add_argument("--sweep-schemes", action="store_true",
+                        help="sweep: every --schemes entry (default: dense only)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--near", type=float, default=1.1,
                         help="report: also the steps to this x dense's final perplexity")
@@ -105,13 +121,38 @@ def steps_to(history: dict, target: float) -> int | None:
 
 
 def sweep_lines(args: argparse.Namespace) -> list[str]:
+    """The dense sweep that picked the learning rate, then each scheme swept at its own P."""
     found = sorted((float(path.stem.split("_lr")[1]), load(path)) for path in
                    args.out.glob(f"lm_dense_p{args.sweep_workers}_lr*.json"))
-    if not found:
-        return []
-    return ["", f"Learning rate picked on dense at P = {args.sweep_workers} (same steps and "
-            "schedule): " + ", ".join(f"lr {lr:g}: {run['evaluations'][-1]['valid_perplexity']:.1f}"
-                                      for lr, run in found) + "."]
+    lines = [] if not found else [
+        "", f"Learning rate picked on dense at P = {args.sweep_workers} (same steps and "
+        "schedule): " + ", ".join(f"lr {lr:g}: {run['evaluations'][-1]['valid_perplexity']:.1f}"
+                                  for lr, run in found) + "."]
+    swept: dict[tuple[str, int], dict[float, float]] = {}
+    for path in args.out.glob("lm_*_p*_lr*.json"):
+        scheme, workers, lr = SWEPT.match(path.stem).groups()
+        if scheme in SCHEMES and (scheme, int(workers)) != ("dense", args.sweep_workers):
+            swept.setdefault((scheme, int(workers)), {})[float(lr)] = final(load(path))
+    for (scheme, workers), finals in swept.items():
+        if (main_run := load(history_path(args.out, scheme, workers))) is not None:
+            finals[float(main_run["lr"])] = final(main_run)
+    if swept:
+        rates = sorted({lr for finals in swept.values() for lr in finals})
+        lines += ["", "Each scheme at its own learning rate (final validation perplexity; same "
+                  "steps and schedule):", "",
+                  "| scheme | P | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | best |",
+                  "|---|---|" + "---|" * (len(rates) + 1)]
+        for (scheme, workers), finals in sorted(swept.items(), key=lambda item: (
+                item[0][1], list(SCHEMES).index(item[0][0]))):
+            best = min(finals, key=finals.get)
+            lines.append(f"| {scheme} | {workers} | " + " | ".join(
+                f"{finals[lr]:.1f}" if lr in finals else "" for lr in rates)
+                + f" | lr {best:g}: {finals[best]:.1f} |")
+    return lines
+
+
+def final(run: dict) -> float:
+    return run["evaluations"][-1]["valid_perplexity"]
 
 
 def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int) -> list[str]:
@@ -135,7 +176,7 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                 seconds = modelled_seconds(runs, scheme, p, d, rate, args.near)
                 cells.append("-" if seconds is None else f"{seconds:.1f}")
             lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    lines += ["", f"Per-message latency {LATENCY_S * 1e6:g} us; selection measured on this "
+    lines += ["", f"Links: {link_model()[2]}; selection measured on this "
               "machine (`gtopk_hvd.plan.measure_select_s`); compute per worker = the dense run's "
               "compute phase / P. A model built from measurements, not a measured time."]
     return lines
@@ -155,8 +196,9 @@ def modelled_seconds(runs: dict, scheme: str, workers: int, d: int, rate: float,
     planned = "dense" if compression == "none" else compression
     select_s = 0.0 if planned == "dense" else selection_seconds(d, density)
     compute = dense["evaluations"][-1]["phases"]["compute"] / workers
-    return reached * plan.predict(planned, workers, d, density, rate, LATENCY_S, compute,
-                                  select_s).step_s
+    latency, shares, _ = link_model()
+    return reached * plan.predict(planned, workers, d, density, rate, latency, compute,
+                                  select_s, shares[planned]).step_s
 
 
 _selection: dict[tuple[int, float], float] = {}
@@ -226,13 +268,15 @@ def report(args: argparse.Namespace) -> None:
 def main() -> None:
     args = parse_args()
     if args.action == "sweep":
-        run_all(args, [("dense", args.sweep_workers, lr,
-                        history_path(args.out, "dense", args.sweep_workers, lr))
-                       for lr in args.sweep_lrs])
-        for lr in args.sweep_lrs:
-            run = load(history_path(args.out, "dense", args.sweep_workers, lr))
-            print(f"dense P={args.sweep_workers} lr={lr:g}: final valid perplexity "
-                  f"{run['evaluations'][-1]['valid_perplexity']:.2f}")
+        schemes = args.schemes if args.sweep_schemes else ["dense"]
+        run_all(args, [(s, args.sweep_workers, lr, history_path(args.out, s, args.sweep_workers,
+                                                                lr))
+                       for s in schemes for lr in args.sweep_lrs])
+        for scheme in schemes:
+            for lr in args.sweep_lrs:
+                run = load(history_path(args.out, scheme, args.sweep_workers, lr))
+                print(f"{scheme} P={args.sweep_workers} lr={lr:g}: final valid perplexity "
+                      f"{run['evaluations'][-1]['valid_perplexity']:.2f}")
     elif args.action == "run":
         run_all(args, [(s, p, args.lr, history_path(args.out, s, p))
                        for p in args.workers for s in args.schemes])

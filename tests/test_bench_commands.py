@@ -3,9 +3,12 @@ asserted: the machines are shared)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.mpi_launcher import REPO_ROOT, run_mpi
 
@@ -38,17 +41,63 @@ def test_bench_select_prints_every_pass_and_its_selected_count() -> None:
     assert abs(selected["micro P=1"] - 200) <= 20 and abs(selected["micro P=4"] - 50) <= 5
 
 
+SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+
+
+def scheme_rows(output: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in output.splitlines()
+            if line.split() and line.split()[0] in SCHEMES}
+
+
 @pytest.mark.mpi
-def test_bench_schemes_bytes_follow_their_formulas_under_mpirun() -> None:
-    """Every scheme's bytes per worker per step on 4 workers within 10% of its formula."""
+def test_bench_schemes_bytes_follow_their_formulas_under_mpirun(tmp_path: Path) -> None:
+    """Every scheme's bytes per worker per step on 4 workers within 10% of its formula; the
+    JSON holds the same rows with a measured latency."""
     output = run_mpi("gtopk_hvd/bench/__main__.py", 4, "schemes", "--parameters", "200000",
-                     "--steps", "3", timeout_s=300)
-    rows = {line.split()[0]: line.split() for line in output.splitlines()
-            if line.split() and line.split()[0] in ("topk", "gtopk", "gtopk-exact", "micro",
-                                                    "exdyna", "sketch")}
-    assert len(rows) == 6, output
+                     "--steps", "3", "--schemes", *SCHEMES, "--json", str(tmp_path / "rows.json"),
+                     timeout_s=300)
+    rows = scheme_rows(output)
+    assert len(rows) == len(SCHEMES), output
     for name, row in rows.items():
         assert abs(float(row[4]) - 1) <= 0.1, (name, row)
+    records = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["scheme"] for r in records] == list(SCHEMES)
+    assert all(r["workers"] == 4 and r["d"] == 200_000 and r["seconds"] > 0
+               and 0 < r["latency_s"] < 0.1 and r["gradients"] == "random" for r in records)
+    assert [round(r["bytes"]) for r in records] == [int(row[2].replace(",", ""))
+                                                     for row in rows.values()]
+
+
+def recorded_sets(path: Path, workers: int, d: int, count: int) -> None:
+    """A --record-k-sets file: each worker's `count` entries, half of them shared."""
+    rng = np.random.default_rng(4)
+    shared = rng.choice(d, count // 2, replace=False)
+    indices = np.stack([np.sort(np.union1d(shared, rng.choice(
+        np.setdiff1d(np.arange(d), shared), count - count // 2, replace=False)))
+        for _ in range(workers)]).astype(np.int32)
+    values = (1 + rng.random((workers, count), dtype=np.float32)) * rng.choice([-1, 1], count)
+    np.savez(path, d=d, workers=workers, density=0.01, indices=indices, values=values)
+
+
+@pytest.mark.mpi
+def test_bench_schemes_replays_recorded_k_sets(tmp_path: Path) -> None:
+    """With --k-sets each worker's gradient is its recorded one: Top-k's union of 4 workers'
+    sets that share half their entries is 2.5 k (random sets: about 4 k)."""
+    d = 100_000
+    recorded_sets(tmp_path / "sets.npz", 4, d, 1000)  # k = 0.01 d
+    output = run_mpi("gtopk_hvd/bench/__main__.py", 4, "schemes", "--k-sets",
+                     str(tmp_path / "sets.npz"), "--density", "0.01", "--steps", "2",
+                     "--schemes", "topk", "gtopk", timeout_s=300)
+    assert f"d = {d:,}" in output and "recorded in" in output, output
+    rows = scheme_rows(output)
+    assert float(rows["topk"][1]) == pytest.approx(2.5, abs=0.05), rows
+    assert float(rows["gtopk"][4]) == pytest.approx(1.0, abs=0.01), rows
+    failed = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
+         "-m", "gtopk_hvd.bench", "schemes", "--k-sets", str(tmp_path / "sets.npz")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0
+    assert "holds 4 workers' sets; this job has 2 workers" in failed.stdout + failed.stderr
 
 
 def test_bench_step_prints_phases_and_floors() -> None:

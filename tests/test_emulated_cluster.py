@@ -59,6 +59,20 @@ def test_each_rank_runs_in_its_own_shaped_namespace_and_all_is_removed() -> None
     assert leftovers(prefix) == []
 
 
+def test_queue_puts_small_packets_first_and_buffers_the_rest() -> None:
+    """--queue: an htb at the rate, a FIFO of that many bytes for the bulk, and the probe's
+    4 MB ring exchange gets through (the acknowledgements are not stuck behind it)."""
+    status, output, prefix = run_cluster(
+        "--workers", "2", "--rate", "100mbit", "--queue", "2mb", "--timeout", "90", "--",
+        sys.executable, str(MPI_PROGRAMS / "mpi_cluster_probe.py"))
+    assert status == 0, output
+    probes = dict(re.findall(r"PROBE rank=(\d) (.*)", output))
+    assert sorted(probes) == ["0", "1"], output
+    for line in probes.values():
+        assert "htb" in line and "bfifo" in line and "limit 2Mb" in line, line
+    assert "queue 2mb" in output and leftovers(prefix) == []
+
+
 def test_a_failing_command_still_removes_everything() -> None:
     status, output, prefix = run_cluster("--workers", "2", "--", sys.executable, "-c",
                                          "import sys; sys.exit(3)")
@@ -80,7 +94,8 @@ def test_a_command_past_its_time_limit_is_killed_and_everything_removed() -> Non
 def test_bad_options_are_named() -> None:
     for arguments, message in ((["--rate", "fast"], "--rate 'fast'"),
                                (["--workers", "0"], "--workers must be >= 1"),
-                               (["--delay", "soon"], "--delay 'soon'")):
+                               (["--delay", "soon"], "--delay 'soon'"),
+                               (["--queue", "big"], "--queue 'big'")):
         status, output, _ = run_cluster(*arguments, "--", "true")
         assert status == 2 and message in output, output
 

@@ -3,6 +3,7 @@ model's, and its command line picks a scheme and refuses bad input by name."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -62,3 +63,20 @@ def test_command_line_picks_the_fastest_and_refuses_bad_input() -> None:
     bad = subprocess.run([*command[:3], "--params", "many", "--compute-ms", "1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--params" in bad.stderr
+
+
+def test_fitted_link_shares_slow_each_scheme_by_its_own(tmp_path) -> None:
+    """--links: a scheme whose transfers achieved half the rate takes twice the byte time."""
+    fit = tmp_path / "model.json"
+    fit.write_text(json.dumps({"link_share": {"dense": 0.5, "gtopk": 0.8}}))
+    shares = plan.link_shares(str(fit))
+    assert shares["dense"] == 0.5 and shares["gtopk"] == 0.8 and shares["topk"] == 1.0
+    full = plan.predict("dense", 16, 1_000_000, 0.001, 1e9, 50e-6, 0.1, 0.0)
+    half = plan.predict("dense", 16, 1_000_000, 0.001, 1e9, 50e-6, 0.1, 0.0, shares["dense"])
+    latency = 30 * 50e-6
+    assert half.comm_s - latency == pytest.approx(2 * (full.comm_s - latency))
+    done = subprocess.run([sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M",
+                           "--workers", "32", "--compute-ms", "200", "--select-ms", "5",
+                           "--links", str(fit)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "dense 50%" in done.stdout and "gtopk 80%" in done.stdout, done.stdout

@@ -197,3 +197,25 @@ def test_topk_cluster_first_step_equals_numpy() -> None:
     assert cluster.bytes_sent == [stats.bytes_sent for stats in cluster.last_stats]
     assert all(sent > 0 for sent in cluster.bytes_sent)
     cluster.close()
+
+
+def test_largest_entries_rank_residual_plus_gradient() -> None:
+    """What --record-k-sets writes: each worker's largest |residual + gradient| (numpy's)."""
+    workers, d, density, count = 3, 3000, 0.01, 45
+    rng = np.random.default_rng(3)
+    cluster = SimulatedCluster(Compression.topk(density), [d], workers)
+    for rank in range(workers):
+        cluster.gradients[rank][:] = rng.standard_normal(d)
+    cluster.reduce()  # leaves each worker a residual
+    grads = rng.standard_normal((workers, d)).astype(np.float32)
+    for rank in range(workers):
+        cluster.gradients[rank][:] = grads[rank]
+    indices, values = cluster.largest_entries(count)
+    assert indices.shape == values.shape == (workers, count)
+    for rank in range(workers):
+        accumulated = cluster.steps[rank].residual + grads[rank]
+        expected = np.sort(np.argsort(-np.abs(accumulated), kind="stable")[:count])
+        np.testing.assert_array_equal(indices[rank], expected)
+        np.testing.assert_array_equal(values[rank], accumulated[expected])
+    assert not np.array_equal(indices[0], indices[1])
+    cluster.close()

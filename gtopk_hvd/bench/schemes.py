@@ -1,14 +1,20 @@
-"""Every sparse scheme's step on P workers: bytes per worker against its formula, and time.
+"""Every scheme's step on P workers: bytes per worker against its formula, and time.
 
     mpirun -np P python -m gtopk_hvd.bench schemes [--parameters D] [--density 0.001]
+        [--schemes dense topk gtopk ...] [--k-sets recorded.npz] [--json PATH]
 
-Each worker runs each scheme's core step (`gtopk_hvd.core.SparseStep`) for --steps steps on its
-own heavy-tailed gradient (Student-t, 3 degrees of freedom, scales varying along the vector:
-gradient-like), over the transport. Bytes are the step's count of what this worker sends (each
-collective counted as a ring moves it, each message as sent), the mean over the steps after the
-first and the largest over workers; the formula is the scheme's leading term, with k = density d
-and |I| the union's size where the scheme sends the union:
+Each worker runs each scheme's core step (`gtopk_hvd.core.SparseStep`; dense: the all-reduce of
+the whole gradient) for --steps steps on its own heavy-tailed gradient (Student-t, 3 degrees of
+freedom, scales varying along the vector: gradient-like), over the transport. With --k-sets the
+gradient is worker r's recorded one instead (a file written by `examples/simulated_cluster.py
+--record-k-sets`: the largest entries of each worker's residual + gradient in a real run, d and
+P from the file), below them noise smaller than the smallest recorded magnitude. Bytes are the
+step's count of what this worker sends (each collective counted as a ring moves it, each
+message as sent), the mean over the steps after the first and the largest over workers; the
+formula is the scheme's leading term, with k = density d and |I| the union's size where the
+scheme sends the union:
 
+    dense            2 4 d (P-1)/P                  ring all-reduce
     Top-k            8 k (P-1)                      all-gather of every worker's k entries
     gTop-k           8 k log2 P                     (P a power of two; + 8k a fold otherwise)
     gTop-k exact     8 k log2 P + 8 |I| (P-1)/P     + the all-reduce of the global set's values
@@ -16,15 +22,20 @@ and |I| the union's size where the scheme sends the union:
                      + 4 N_BINS 2 (P-1)/P + 16 (P-1)  the density histogram, the counts
     sketch           8 rows columns (P-1)/P + 8 k (P-1)/P
 
-"selected" is |I| / k. Time: the slowest worker's step,
-median over steps (selection included). Rank 0 prints.
+"selected" is |I| / k. Time: each worker's step minus its own selection and write-back (what
+the step spends communicating and merging), the slowest worker's, median over the steps after
+the first. "latency" is the median time of a one-byte exchange between ranks 0 and P-1 (both
+send, both receive): the per-message latency of the cost model, measured. Rank 0 prints and
+writes --json (one record per scheme: the cost model's input, `scripts/link_scale.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,9 +43,12 @@ import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
+from gtopk_hvd.reductions import dense_allreduce
+from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
 SCHEMES = {
+    "dense": None,
     "topk": lambda density: Compression.topk(density),
     "gtopk": lambda density: Compression.gtopk(density),
     "gtopk-exact": lambda density: Compression.gtopk(density, exact=True),
@@ -42,21 +56,30 @@ SCHEMES = {
     "exdyna": lambda density: Compression.exdyna(density),
     "sketch": lambda density: Compression.sketch(density),
 }
+LATENCY_REPEATS = 200
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parameters", type=int, default=1_000_000, help="d")
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=[s for s in SCHEMES if s != "dense"],
+                        choices=list(SCHEMES))
+    parser.add_argument("--k-sets", metavar="NPZ", default=None,
+                        help="each worker's recorded gradient (simulated_cluster.py "
+                             "--record-k-sets) instead of a random one; d from the file")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write one record per scheme to PATH (rank 0)")
     parser.add_argument("--transport", default="mpi", choices=LAUNCHABLE,
                         help="how the workers communicate (start them with its launcher)")
 
 
-def formula(name: str, k: int, union: float, size: int, config: object) -> float:
+def formula(name: str, d: int, k: int, union: float, size: int, config: object) -> float:
     """The scheme's leading bytes per worker per step (module docstring)."""
     ring = (size - 1) / size
     rounds = math.log2(size)
+    if name == "dense":
+        return 2 * 4 * d * ring
     if name == "topk":
         return 8 * k * (size - 1)
     if name == "gtopk":
@@ -76,34 +99,102 @@ def gradient(d: int, rank: int, step: int) -> np.ndarray:
     return (rng.standard_t(3, d) * scale).astype(np.float32)
 
 
+def recorded_gradient(path: str, rank: int, size: int) -> np.ndarray:
+    """Worker `rank`'s recorded entries, and below them uniform noise of at most half the
+    smallest recorded magnitude (so that every selection ranks the recorded entries first)."""
+    with np.load(path) as recorded:
+        if int(recorded["workers"]) != size:
+            raise SystemExit(f"{path} holds {int(recorded['workers'])} workers' sets; this job "
+                             f"has {size} workers")
+        d = int(recorded["d"])
+        indices, values = recorded["indices"][rank], recorded["values"][rank]
+    floor = 0.5 * float(np.abs(values).min())
+    out = np.random.default_rng(rank).uniform(-floor, floor, d).astype(np.float32)
+    out[indices] = values
+    return out
+
+
+def exchange_latency_s(transport: Transport) -> float:
+    """Median seconds of a one-byte exchange between ranks 0 and P-1 (module docstring)."""
+    last = transport.size - 1
+    send, receive = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+    partner = {0: last, last: 0}.get(transport.rank)
+    times = []
+    barrier(transport)
+    for repeat in range(LATENCY_REPEATS):
+        start = time.perf_counter()
+        transport.sendrecv(send, 1 if partner is not None else 0, partner, receive, partner,
+                           tag=repeat)
+        times.append(time.perf_counter() - start)
+    return float(transport.allgather(np.array([np.median(times[1:])]))[[0, last], 0].max())
+
+
+def measure(name: str, density: float, sizes: list[int], transport: Transport, steps: int,
+            data_for_step: Callable[[int], np.ndarray]) -> dict:
+    """One scheme's row: bytes, union and communication time over `steps` steps."""
+    d = sum(sizes)
+    config = None if SCHEMES[name] is None else SCHEMES[name](density)
+    step = None if config is None else SparseStep(config, sizes, transport)
+    sent, unions, seconds = [], [], []
+    for t in range(steps):
+        data = data_for_step(t)
+        barrier(transport)
+        start = time.perf_counter()
+        if step is None:
+            stats = dense_allreduce(data, transport)
+            own, sent_now, union = time.perf_counter() - start, stats.bytes_sent, d
+        else:
+            step.step(data)
+            stats = step.last_stats
+            own = time.perf_counter() - start - stats.select_seconds - stats.write_seconds
+            sent_now, union = stats.bytes_sent, stats.global_entries
+        seconds.append(slowest(transport, own))
+        if t > 0:
+            sent.append(sent_now)
+            unions.append(union)
+    k = max(1, math.ceil(density * d))
+    union = float(np.mean(unions))
+    return {"scheme": name, "workers": transport.size, "d": d, "density": density, "k": k,
+            "selected": union / k,
+            "bytes": float(transport.allgather(np.array([np.mean(sent)]))[:, 0].max()),
+            "formula_bytes": formula(name, d, k, union, transport.size, config),
+            "seconds": float(np.median(seconds[1:]))}
+
+
 def run(args: argparse.Namespace) -> None:
     transport = open_transport(args.transport)
-    size, d = transport.size, args.parameters
+    size, rank = transport.size, transport.rank
+    if args.k_sets:
+        recorded = recorded_gradient(args.k_sets, rank, size)
+        d, source = recorded.size, f"recorded in {args.k_sets}"
+
+        def data_for_step(t: int) -> np.ndarray:
+            return recorded.copy()
+    else:
+        d, source = args.parameters, "random (Student-t)"
+
+        def data_for_step(t: int) -> np.ndarray:
+            return gradient(d, rank, t)
     k = max(1, math.ceil(args.density * d))
-    if transport.rank == 0:
+    latency = exchange_latency_s(transport) if size > 1 else 0.0
+    if rank == 0:
         print(f"workers: {size}; transport: {args.transport}; d = {d:,}; density "
-              f"{args.density} (k = {k:,}); bytes: sent per worker per step, mean of steps "
-              f"2..{args.steps}, largest worker; time: slowest worker, median")
+              f"{args.density} (k = {k:,}); gradients: {source}; bytes: sent per worker per "
+              f"step, mean of steps 2..{args.steps}, largest worker; time: slowest worker's "
+              f"communication, median; latency (one-byte exchange): {latency * 1e6:.0f} us")
         print(f"{'scheme':12} {'selected':>9} {'bytes':>12} {'formula':>12} {'ratio':>6} "
-              f"{'step ms':>8}")
+              f"{'comm ms':>8}")
+    rows = []
     for name in args.schemes:
-        config = SCHEMES[name](args.density)
-        step = SparseStep(config, [d], transport)
-        sent, unions, seconds = [], [], []
-        for t in range(args.steps):
-            data = gradient(d, transport.rank, t)
-            barrier(transport)
-            start = time.perf_counter()
-            step.step(data)
-            seconds.append(slowest(transport, time.perf_counter() - start))
-            if t > 0:
-                sent.append(step.last_stats.bytes_sent)
-                unions.append(step.last_stats.global_entries)
-        measured = float(transport.allgather(np.array([np.mean(sent)]))[:, 0].max())
-        union = float(np.mean(unions))
-        expected = formula(name, k, union, size, config)
-        if transport.rank == 0:
-            ratio = f"{measured / expected:6.3f}" if expected else "     -"
-            print(f"{name:12} {union / k:9.3f} {measured:12,.0f} {expected:12,.0f} {ratio} "
-                  f"{1e3 * float(np.median(seconds)):8.1f}", flush=True)
+        row = measure(name, args.density, [d], transport, args.steps, data_for_step)
+        row.update(latency_s=latency, gradients="recorded" if args.k_sets else "random")
+        rows.append(row)
+        if rank == 0:
+            ratio = row["bytes"] / row["formula_bytes"] if row["formula_bytes"] else math.nan
+            print(f"{name:12} {row['selected']:9.3f} {row['bytes']:12,.0f} "
+                  f"{row['formula_bytes']:12,.0f} {ratio:6.3f} {row['seconds'] * 1e3:8.1f}",
+                  flush=True)
+    if rank == 0 and args.json:
+        with open(args.json, "w") as file:
+            json.dump(rows, file, indent=1)
     close_transports()
