@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.mpi_launcher import REPO_ROOT, run_mpi
+from helpers.mpi_launcher import REPO_ROOT, mpirun_command, run_mpi, run_with_time_limit
 
 
 def bench(*args: str) -> str:
@@ -92,12 +92,11 @@ def test_bench_schemes_replays_recorded_k_sets(tmp_path: Path) -> None:
     rows = scheme_rows(output)
     assert float(rows["topk"][1]) == pytest.approx(2.5, abs=0.05), rows
     assert float(rows["gtopk"][4]) == pytest.approx(1.0, abs=0.01), rows
-    failed = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
-         "-m", "gtopk_hvd.bench", "schemes", "--k-sets", str(tmp_path / "sets.npz")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert failed.returncode != 0
-    assert "holds 4 workers' sets; this job has 2 workers" in failed.stdout + failed.stderr
+    status, failed = run_with_time_limit(
+        mpirun_command(2, [sys.executable, str(REPO_ROOT / "gtopk_hvd/bench/__main__.py"),
+                           "schemes", "--k-sets", str(tmp_path / "sets.npz")]),
+        300, "bench schemes --k-sets on the wrong number of workers")
+    assert status != 0 and "holds 4 workers' sets; this job has 2 workers" in failed, failed
 
 
 def test_bench_step_prints_phases_and_floors() -> None:
