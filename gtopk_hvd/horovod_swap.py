@@ -56,33 +56,32 @@ def install_around(module_name: str, attribute: str,
     `ours(original, *args, **kwargs)`: ours decides whether Horovod's original runs (e.g.
     `hvd.join()`, which is ours while a sparse optimizer lives, Horovod's otherwise). Undone by
     `restore` like `install`; idempotent; False when there is no such module or attribute."""
-    try:
-        module = importlib.import_module(module_name)
-    except Exception:  # noqa: BLE001 - not importable here (no such framework, broken build)
-        return False
-    original = getattr(module, attribute, None)
-    if original is None:
-        return False
-    if hasattr(original, MARKER):
-        return True
+    def around_of(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def around(*args: Any, **kwargs: Any) -> Any:
+            return ours(original, *args, **kwargs)
 
-    @functools.wraps(original)
-    def around(*args: Any, **kwargs: Any) -> Any:
-        return ours(original, *args, **kwargs)
+        setattr(around, MARKER, original)
+        around.__doc__ = (original.__doc__ or "") + (
+            f"\n\n    gtopk_hvd: {ours.__module__}.{ours.__qualname__} decides whether this "
+            "runs (gtopk_hvd.horovod_swap).\n")
+        return around
 
-    setattr(around, MARKER, original)
-    around.__doc__ = (original.__doc__ or "") + (
-        f"\n\n    gtopk_hvd: {ours.__module__}.{ours.__qualname__} decides whether this runs "
-        "(gtopk_hvd.horovod_swap).\n")
-    setattr(module, attribute, around)
-    _originals[(module_name, attribute)] = original
-    return True
+    return _replace(module_name, attribute, around_of)
 
 
 def install(module_name: str, attribute: str, ours: Callable[..., Any]) -> bool:
     """Replaces `module_name.attribute` (a Horovod wrapper) by a swap to `ours` for gtopk_hvd
     sparse compressions (module docstring). Returns whether the attribute is swapped now; False
     when the module does not import or has no such attribute. Idempotent."""
+    return _replace(module_name, attribute, lambda original: swapped(original, ours))
+
+
+def _replace(module_name: str, attribute: str,
+             replacement_of: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Sets `module_name.attribute` to replacement_of(original) and records the original for
+    `restore`; True if it is replaced now (also when it already was), False when the module does
+    not import or has no such attribute."""
     try:
         module = importlib.import_module(module_name)
     except Exception:  # noqa: BLE001 - not importable here (no such framework, broken build)
@@ -92,7 +91,7 @@ def install(module_name: str, attribute: str, ours: Callable[..., Any]) -> bool:
         return False
     if hasattr(original, MARKER):
         return True
-    setattr(module, attribute, swapped(original, ours))
+    setattr(module, attribute, replacement_of(original))
     _originals[(module_name, attribute)] = original
     return True
 
