@@ -2,7 +2,7 @@
 # Copyright Horovod authors, Apache-2.0 (see tests/horovod_upstream/LICENSE).
 # Changes:
 #   (a) scikit-learn's digits (8x8, upscaled to MNIST's 28x28 by np.kron and a pad) instead of
-#       keras.datasets.mnist (no download); epochs = ceil(4 / hvd.size()) instead of
+#       keras.datasets.mnist (no download); epochs = ceil(8 / hvd.size()) instead of
 #       ceil(12 / hvd.size()); no ModelCheckpoint (no files written); the TF1 session setup
 #       (tf.ConfigProto, K.set_session: gone from TensorFlow 2) replaced by TF2's GPU pinning.
 #   (b) gtopk_hvd: the import `import gtopk_hvd.tensorflow.keras as gtopk` and a compression
@@ -63,7 +63,7 @@ batch_size = 128
 num_classes = 10
 
 # Horovod: adjust number of epochs based on number of GPUs.
-epochs = int(math.ceil(4.0 / hvd.size()))
+epochs = int(math.ceil(8.0 / hvd.size()))
 
 # Input image dimensions
 img_rows, img_cols = 28, 28

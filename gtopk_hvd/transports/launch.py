@@ -39,8 +39,11 @@ def close_transports() -> None:
     """At a tool's normal end, on every worker: takes down what open_transport initialised
     (a torch.distributed group left to the interpreter's exit may abort its Gloo threads)."""
     if "torch" in _opened:
+        import gc
+
         import torch.distributed as dist
 
+        gc.collect()  # what still holds the group in reference cycles goes while Python is whole
         dist.barrier()
         dist.destroy_process_group()
         _opened.discard("torch")

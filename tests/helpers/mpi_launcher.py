@@ -25,12 +25,14 @@ def mpirun_command(n_workers: int, program: list[str]) -> list[str]:
         "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n_workers),
         # More ranks than cores here: one OpenMP thread per rank, or ranks wait on each other.
         "-x", "OMP_NUM_THREADS=1", "-x", "TF_CPP_MIN_LOG_LEVEL=3", "-x", "PYTHONPATH",
+        # A rank that crashes (SIGSEGV, SIGABRT) prints every thread's Python stack.
+        "-x", "PYTHONFAULTHANDLER=1",
         *program,
     ]
 
 
 # What mpirun's -x passes (mpirun_command), for the launchers that pass their environment on.
-QUIET_THREADS = ["env", "OMP_NUM_THREADS=1", "TF_CPP_MIN_LOG_LEVEL=3"]
+QUIET_THREADS = ["env", "OMP_NUM_THREADS=1", "TF_CPP_MIN_LOG_LEVEL=3", "PYTHONFAULTHANDLER=1"]
 
 
 def horovodrun_command(n_workers: int, program: list[str]) -> list[str]:

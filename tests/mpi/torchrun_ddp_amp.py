@@ -16,7 +16,7 @@ import hashlib
 
 import torch
 import torch.distributed as dist
-from harness import run_on_all_ranks
+from harness import end_torch_distributed, run_on_all_ranks
 from helpers.digits import digits_split, worker_batches
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -122,8 +122,7 @@ def main() -> None:
     torch.set_num_threads(1)
     injected()
     amp()
-    dist.barrier()  # no rank takes its Gloo pairs down while a peer still talks on them
-    dist.destroy_process_group()
+    end_torch_distributed()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from harness import end_torch_distributed
 from helpers.reference import gtopk_schedule_reference, topk_reference
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -291,7 +292,7 @@ def main() -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         print(f"ddp hook ok on {dist.get_world_size()} workers", flush=True)
-    dist.destroy_process_group()
+    end_torch_distributed()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import torch.distributed as dist
+from harness import end_torch_distributed
 from helpers.counting_transport import CountingTransport, check_reduction_calls
 from helpers.reference import gtopk_schedule_reference
 
@@ -143,7 +144,7 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         print(f"torch.distributed transport ok on {size} workers", flush=True)
-    dist.destroy_process_group()
+    end_torch_distributed()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from harness import end_torch_distributed
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -86,7 +87,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(f"union schemes through the ddp hook ok on {dist.get_world_size()} workers",
               flush=True)
-    dist.destroy_process_group()
+    end_torch_distributed()
 
 
 if __name__ == "__main__":
