@@ -488,3 +488,57 @@ def test_transport_needs_an_initialised_group(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistributedTransport()
+
+
+def test_a_new_worker_loads_the_job_state_without_residuals(one_worker: None) -> None:
+    """A worker whose rank the saved job did not have (torchrun restarted on more workers)
+    loads another worker's state with keep_residuals=False: zero residuals and velocities, the
+    job's iteration and step counts."""
+    compression = Compression.gtopk(0.1, momentum_correction=True)
+    parameters = [[torch.zeros(20)], [torch.zeros(7, 3)]]
+    state = GTopkHookState(compression=compression)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        run_hook(state, [Bucket(i, parameters[i], torch.randn(n, generator=generator),
+                                last=i == 1) for i, n in enumerate((20, 21))])
+    saved = state.state_dict()
+    assert all(saved["buckets"][i]["workers"] == 1 for i in (0, 1))
+    assert any(saved["buckets"][i]["residual"].abs().sum() > 0 for i in (0, 1))
+    new = GTopkHookState(compression=compression)
+    new.load_state_dict(saved, keep_residuals=False)
+    run_hook(new, [Bucket(i, parameters[i], torch.zeros(n), last=i == 1)
+                   for i, n in enumerate((20, 21))])
+    assert new.iter == 6
+    for index in (0, 1):
+        step = new.buckets[index].step
+        assert step.step_count == saved["buckets"][index]["step"] + 1
+        assert not np.any(step.residual) and not np.any(step.velocity)  # zero in, zero out
+
+
+def test_a_bucket_saved_on_other_workers_restarts_its_scheme_state(one_worker: None) -> None:
+    """A bucket saved by a job of another size keeps its residual and step count; its scheme's
+    own state (here ExDyna's boundaries, one per worker) was for that size and starts again,
+    where the same state saved at this size is checked and refused."""
+    compression = Compression.exdyna(0.1, blocks=8)
+    parameters = [[torch.zeros(64)]]
+    state = GTopkHookState(compression=compression)
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(4):
+        run_hook(state, [Bucket(0, parameters[0], torch.randn(64, generator=generator),
+                                last=True)])
+    saved = state.state_dict()
+    bucket = saved["buckets"][0]
+    bucket["scheme"]["boundaries"] = np.array([0, 2, 4, 6, 8])  # a 4-worker job's
+    for workers, refused in ((1, True), (4, False)):
+        bucket["workers"] = workers
+        restored = GTopkHookState(compression=compression)
+        restored.load_state_dict(saved)
+        batch = [Bucket(0, parameters[0], torch.randn(64, generator=generator), last=True)]
+        if refused:
+            with pytest.raises(ValueError, match="boundaries for 4 workers"):
+                run_hook(restored, batch)
+        else:
+            run_hook(restored, batch)
+            step = restored.buckets[0].step
+            assert step.step_count == bucket["step"] + 1
+            assert list(step.scheme.boundaries) == [0, 8]

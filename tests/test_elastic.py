@@ -10,10 +10,13 @@ Horovod's own elastic tests do with localhost and 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,82 @@ def test_a_killed_worker_is_survived_and_replaced(tmp_path: Path) -> None:
     recovery = [float(s) for s in re.findall(r"RECOVERY rank=\d+ seconds=([\d.]+)", faulty)]
     assert recovery and max(recovery) < 60, recovery
     assert final_loss(faulty) <= 1.25 * final_loss(calm), (final_loss(faulty), final_loss(calm))
+
+
+DDP_EXAMPLE = REPO_ROOT / "examples" / "elastic_ddp.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_node(port: int, log: Path, *arguments: str) -> subprocess.Popen:
+    """One torchrun agent ("node") of 2 workers in an elastic job of 1 to 2 nodes on loopback.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the rendezvous' store shared (torch's default),
+    a restart after a lost node can read a dead worker's Gloo address from the round before
+    (pytorch/pytorch#135712)."""
+    command = [*QUIET_THREADS, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", str(TORCHRUN),
+               "--nnodes", "1:2", "--nproc_per_node", "2",
+               "--max-restarts", "5", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job{port}",
+               "--rdzv-conf", "last_call_timeout=2,join_timeout=60",
+               str(DDP_EXAMPLE), *arguments]
+    with log.open("w") as sink:
+        return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def ddp_run(checkpoints: Path, workers: int, *arguments: str) -> str:
+    command = [*QUIET_THREADS, str(TORCHRUN), "--standalone", "--nproc_per_node", str(workers),
+               str(DDP_EXAMPLE), "--checkpoints", str(checkpoints), *arguments]
+    status, output = run_with_time_limit(command, 200, "elastic_ddp.py under torchrun")
+    assert status == 0, output[-8000:]
+    return output
+
+
+def ddp_loss(output: str) -> float:
+    return float(re.search(r"RESULT elastic_ddp .* loss=([\d.]+)", output).group(1))
+
+
+def wait_for(path: Path, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout_s} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.mpi
+def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Path) -> None:
+    steps = ["--steps", "120", "--compute-ms", "100"]
+    calm = ddp_run(tmp_path / "calm", 4, *steps)
+    port, checkpoints = free_port(), tmp_path / "faulty"
+    arguments = ["--checkpoints", str(checkpoints), *steps, "--marker", str(tmp_path / "killed")]
+    log = tmp_path / "survivor.log"
+    nodes = [torchrun_node(port, log, *arguments)]
+    try:
+        time.sleep(1)  # the survivor hosts the rendezvous
+        nodes.append(torchrun_node(port, tmp_path / "doomed.log", *arguments, "--die-at", "12"))
+        wait_for(log, " size 2 loss", 120)
+        nodes.append(torchrun_node(port, tmp_path / "returning.log", *arguments))
+        status = nodes[0].wait(timeout=240)
+        returning = nodes[2].wait(timeout=60)
+    finally:
+        for process in nodes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert (status, returning) == (0, 0), output[-8000:]
+    assert nodes[1].wait() == -signal.SIGKILL
+    starts = re.findall(r"START size (\d+) from step (\d+)", output)
+    # From the commit before step 12 on the survivors, then on all four again.
+    assert starts[:2] == [("4", "0"), ("2", "10")] and starts[-1][0] == "4", starts
+    recovery = [float(s) for s in re.findall(r"RECOVERY size 2 seconds=([\d.]+)", output)]
+    assert recovery and recovery[0] < 90, recovery
+    assert "workers=4 steps=120" in output, output[-3000:]  # every replica checked equal
+    assert ddp_loss(output) <= 1.25 * ddp_loss(calm), (ddp_loss(output), ddp_loss(calm))
+
+    grown = ddp_run(checkpoints, 3, "--steps", "130")  # a later start on another size
+    assert "START size 3 from step 120" in grown and "workers=3 steps=130" in grown, grown[-3000:]

@@ -180,27 +180,38 @@ class GTopkHookState:
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """{"iter", "start_iter", "buckets": {index: its layout, parameter sizes, residual
-        (velocity) as tensors, step count; only the layout and sizes for a bucket not yet
-        stepped}, "construction": the remap's record (`BucketRemap.record`)}."""
+        """{"iter", "start_iter", "buckets": {index: its layout, parameter sizes, the number
+        of workers it stepped with, residual (velocity) as tensors, step count, the scheme's
+        own state; only the layout and sizes for a bucket not yet stepped}, "construction":
+        the remap's record (`BucketRemap.record`)}."""
         buckets = dict(self.restored_buckets)
         for index, (layout, sizes) in self.seen_buckets.items():
             buckets.setdefault(index, {"layout": layout, "sizes": sizes})
         for index, (layout, sparse) in self.buckets.items():
             saved = sparse.state_dict()
             buckets[index] = {"layout": layout, "sizes": list(sparse.sizes),
+                              "workers": sparse.transport.size,
                               **{key: torch.from_numpy(value) if hasattr(value, "dtype")
                                  else value for key, value in saved.items()}}
         return {"iter": self.iter, "start_iter": self.start_iter, "buckets": buckets,
                 "construction": self.remap.record(restoring=bool(self.restored_buckets))}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, keep_residuals: bool = True) -> None:
         """Restores what state_dict() returned (the compression must be the saved one's); what
-        lives in this process only starts afresh (`reset_process_state`)."""
+        lives in this process only starts afresh (`reset_process_state`).
+
+        A job restarted on a different number of workers (torchrun's restarts after a node was
+        lost or added): each worker loads the state it saved, and a worker that has none (its
+        rank did not exist) loads another worker's with keep_residuals=False: its residuals and
+        velocities start at zero, the rest (iter, step counts, buckets) is the job's, so that
+        every worker issues the same collectives. A bucket saved with another number of workers
+        keeps its residual, velocity and step count; its scheme's own state (MiCRO's partition
+        and threshold, ExDyna's boundaries) was for the old P and starts again."""
         self.reset_process_state()
         self.iter = int(state["iter"])
         self.start_iter = int(state["start_iter"])
-        self.restored_buckets = {int(index): dict(bucket)
+        self.restored_buckets = {int(index): dict(bucket) if keep_residuals else
+                                 _without_residuals(bucket)
                                  for index, bucket in state["buckets"].items()}
         self.restored_indices = set(self.restored_buckets)
         self.remap = BucketRemap(state.get("construction"))
@@ -277,6 +288,8 @@ class GTopkHookState:
         if saved is None or "residual" not in saved:
             sparse.step_count = self.iter  # the warm-up counts DDP iterations
         else:
+            if saved.get("workers", sparse.transport.size) != sparse.transport.size:
+                saved = {key: value for key, value in saved.items() if key != "scheme"}
             sparse.load_state_dict(saved)
         self.buckets[index] = HookBucket(layout, sparse)
         return sparse
@@ -459,6 +472,12 @@ def _check_transport_argument(transport: Any) -> None:
 def _layout(bucket: Any) -> Layout:
     return tuple((tuple(p.shape), str(p.dtype).replace("torch.", ""))
                  for p in bucket.parameters())
+
+
+def _without_residuals(saved: dict) -> dict:
+    """A saved bucket with its residual and velocity set to zero (a worker new to the job)."""
+    return {key: torch.zeros_like(value) if key in ("residual", "velocity") else value
+            for key, value in saved.items()}
 
 
 def _layout_of_saved(saved: dict) -> Layout:
