@@ -57,7 +57,8 @@ give the same as plain tensors. Each worker saves its own (residuals differ betw
 A restored state registered on a new DDP model continues exactly as the saved one would have:
 in the new model's first iteration, whose buckets are DDP's construction-time ones, the hook
 splits the gradients into the saved buckets and runs their steps (`gtopk_hvd.torch.bucket_remap`
-states the rule).
+states the rule). A job restarted on another number of workers restores too: a rank the saved
+job did not have loads another's state with `load_state_dict(state, keep_residuals=False)`.
 """
 
 from __future__ import annotations

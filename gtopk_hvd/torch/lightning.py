@@ -1,0 +1,82 @@
+"""PyTorch Lightning: the DDP hook in a Trainer, and its state in Lightning's checkpoints.
+
+    from lightning.pytorch.strategies import DDPStrategy
+    from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+    from gtopk_hvd.torch.lightning import GTopkHookCallback
+
+    state = GTopkHookState(density=0.01)
+    trainer = Trainer(strategy=DDPStrategy(ddp_comm_state=state, ddp_comm_hook=gtopk_hook),
+                      callbacks=[GTopkHookCallback(state)], ...)
+
+The callback does two things Lightning does not:
+
+- Registration on every device. Lightning's `DDPStrategy` registers `ddp_comm_hook` only when
+  the model is on a CUDA device, and otherwise trains with DDP's dense all-reduce without a
+  word; at fit start the callback registers `gtopk_hook` with its state on the DDP model if the
+  strategy has not (and refuses a strategy that registered another hook or state). On CPU,
+  `strategy="ddp"` with the callback is enough.
+- Checkpoints. Lightning saves the model, optimizers and callbacks' states from rank 0; the
+  hook's residuals differ between workers. At every checkpoint the callback gathers every
+  worker's `state.state_dict()` into `checkpoint["gtopk_hook"]` = {"workers": P, "states": [one
+  per rank]} (one all-gather, on every rank: Lightning builds the checkpoint on all of them); on
+  resume (`fit(ckpt_path=...)`) rank r loads the state rank r saved, and a rank the saved job did
+  not have loads rank 0's without residuals (`GTopkHookState.load_state_dict`'s
+  `keep_residuals=False`), so a job resumed on another number of workers runs the same
+  collectives on every worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.nn.parallel import DistributedDataParallel
+
+from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+
+CHECKPOINT_KEY = "gtopk_hook"
+
+
+class GTopkHookCallback(Callback):
+    """Registers gtopk_hook with `state` where Lightning did not, and keeps every worker's
+    hook state in Lightning's checkpoints (module docstring)."""
+
+    def __init__(self, state: GTopkHookState) -> None:
+        if not isinstance(state, GTopkHookState):
+            raise TypeError(f"GTopkHookCallback takes the GTopkHookState given to the hook, "
+                            f"got {type(state).__name__}")
+        self.state = state
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        model = trainer.strategy.model
+        if not isinstance(model, DistributedDataParallel):
+            raise RuntimeError(f"GTopkHookCallback needs a DDP strategy (strategy=\"ddp\" or "
+                               f"DDPStrategy), the model is a {type(model).__name__}")
+        hooks = getattr(model, "_comm_hooks", [])
+        if not hooks:
+            model.register_comm_hook(self.state, gtopk_hook)
+        elif any(hook is not gtopk_hook or state is not self.state for hook, state in hooks):
+            raise RuntimeError("the DDP strategy registered another communication hook or "
+                               "state than GTopkHookCallback's: give DDPStrategy "
+                               "ddp_comm_hook=gtopk_hook and this callback's state, or neither")
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        workers = dist.get_world_size() if dist.is_initialized() else 1
+        states: list[Any] = [None] * workers
+        if workers > 1:
+            dist.all_gather_object(states, self.state.state_dict())
+        else:
+            states[0] = self.state.state_dict()
+        checkpoint[CHECKPOINT_KEY] = {"workers": workers, "states": states}
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        if saved is None:
+            raise KeyError(f"the checkpoint has no {CHECKPOINT_KEY!r}: it was not saved with a "
+                           "GTopkHookCallback, so the workers' residuals are not in it")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        own = rank < saved["workers"]
+        self.state.load_state_dict(saved["states"][rank if own else 0], keep_residuals=own)
