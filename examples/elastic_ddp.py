@@ -28,16 +28,17 @@ done again.
 
 --die-at S (fault injection, given to one node's torchrun only): at step S that node dies: its
 local rank 0 kills its torchrun agent and itself with SIGKILL (its other workers end when their
-peers do), once (--marker remembers it). Rank 0 prints a line per step (size, loss), the step
-each start resumed from, the seconds from the kill to the first step after it (RECOVERY), and a
-RESULT line with the final loss and the parameters' checksum, which every worker checks is the
-same.
+peers do), once (--marker remembers it). --die-phase: "step" after the optimizer's step,
+"reduction" inside backward as its first gradient is ready (the others are inside the hook's sparse
+reductions), "commit" inside the first save() from step S on, after writing its hook state (the
+others wait in the commit's barrier). Rank 0 prints a line per step (size, loss), the step each
+start resumed from, the seconds from the kill to the first step after it (RECOVERY), and a RESULT
+line with the final loss and the parameters' checksum, which every worker checks is the same.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import signal
 import time
@@ -46,12 +47,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from elastic_common import FEATURES, SAMPLES, checksum, dataset
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
-
-FEATURES, SAMPLES = 32, 4096
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,25 +67,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="sleep this long per step (stands for a bigger model's compute)")
     parser.add_argument("--die-at", type=int, default=None,
-                        help="this node dies at this step (after backward), once")
+                        help="this node dies at this step, once")
+    parser.add_argument("--die-phase", choices=["step", "reduction", "commit"], default="step",
+                        help="where in the step it dies")
     parser.add_argument("--marker", type=Path, default=Path("/tmp/gtopk_elastic_ddp_killed"),
                         help="written at the kill (its time); no second kill while it exists")
     return parser.parse_args()
-
-
-def dataset() -> tuple[torch.Tensor, torch.Tensor]:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
-    w = rng.standard_normal(FEATURES).astype(np.float32)
-    y = np.tanh(x @ w / np.sqrt(FEATURES)) + 0.1 * rng.standard_normal(SAMPLES)
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.float32)).unsqueeze(1)
-
-
-def checksum(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(p.detach().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def latest_commit(checkpoints: Path) -> Path | None:
@@ -93,14 +80,25 @@ def latest_commit(checkpoints: Path) -> Path | None:
     return committed[-1].parent if committed else None
 
 
+def die(marker: Path) -> None:
+    """The node dies: its torchrun agent and this worker get SIGKILL, the time written to
+    `marker` first."""
+    marker.write_text(str(time.time()))
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def save(checkpoints: Path, step: int, model: DDP, optimizer: torch.optim.Optimizer,
-         hook: GTopkHookState) -> None:
+         hook: GTopkHookState, die_marker: Path | None = None) -> None:
     """Every rank writes its hook state, rank 0 the rest and, once all have written, COMMITTED;
-    older commits are removed after the new one is complete."""
+    older commits are removed after the new one is complete. die_marker: this node dies right
+    after writing its hook state (fault injection)."""
     rank = dist.get_rank()
     directory = checkpoints / f"step-{step:06d}"
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(hook.state_dict(), directory / f"hook-{rank}.pt")
+    if die_marker is not None:
+        die(die_marker)
     if rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                     "step": step, "workers": dist.get_world_size()}, directory / "model.pt")
@@ -142,31 +140,37 @@ def main() -> None:
     commit = latest_commit(args.checkpoints)
     if commit is not None:
         step = restore(commit, model, optimizer, hook)
+    started_at = step
     model.register_comm_hook(hook, gtopk_hook)
     if rank == 0:
         print(f"START size {size} from step {step}", flush=True)
     x, y = dataset()
+    last_layer = model.module[-1].weight  # its gradient is the first one ready
     while step < args.steps:
         rows = np.random.default_rng(step).choice(SAMPLES, args.batch, replace=False)
         mine = torch.from_numpy(np.array_split(rows, size)[rank])
+        dying = (args.die_at is not None and step >= args.die_at  # commit: the next one
+                 and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not args.marker.exists())
+        handle = (last_layer.register_hook(lambda _: die(args.marker))
+                  if dying and args.die_phase == "reduction" else None)
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
         loss.backward()
+        if handle is not None:
+            handle.remove()
         time.sleep(args.compute_ms / 1e3)
         optimizer.step()
-        if (step == args.die_at and int(os.environ.get("LOCAL_RANK", 0)) == 0
-                and not args.marker.exists()):
-            args.marker.write_text(str(time.time()))
-            os.kill(os.getppid(), signal.SIGKILL)  # the node's torchrun agent
-            os.kill(os.getpid(), signal.SIGKILL)
+        if dying and args.die_phase == "step":
+            die(args.marker)
         step += 1
         if rank == 0:
             print(f"step {step} size {size} loss {loss.item():.5f}", flush=True)
-            if commit is not None and args.marker.exists() and step == int(commit.name[5:]) + 1:
+            if args.marker.exists() and step == started_at + 1:  # the first after a restart
                 since_kill = time.time() - float(args.marker.read_text())
                 print(f"RECOVERY size {size} seconds={since_kill:.2f}", flush=True)
         if step % args.commit_every == 0 or step == args.steps:
-            save(args.checkpoints, step, model, optimizer, hook)
+            save(args.checkpoints, step, model, optimizer, hook,
+                 args.marker if dying and args.die_phase == "commit" else None)
     with torch.no_grad():
         final = torch.nn.functional.mse_loss(model(x), y).item()
     sums = [None] * size

@@ -13,17 +13,17 @@ on the survivors, syncs the weights and the optimizer's state from rank 0 (a new
 residual starts at zero), and gtopk_hvd rebuilds the sparse step for the new number of workers
 at the next step.
 
---kill-rank R --kill-at S (fault injection): the worker started as rank R kills itself with
-SIGKILL after the backward pass of step S, once (a marker file, --marker, remembers it), so the
-others are inside the sparse step when it dies. Rank 0 prints a line per step (size, loss) and
-at the end: the seconds from the kill to the first step completed after it, and a RESULT line
+--kill-rank R --kill-at S (fault injection): the worker started as rank R kills itself with SIGKILL
+at step S, once (a marker file, --marker, remembers it): with --kill-phase reduction (the default)
+after its backward pass, so the others are inside the sparse step when it dies; with commit instead
+of its state.commit(), so the others are inside theirs. Rank 0 prints a line per step (size, loss)
+and at the end: the seconds from the kill to the first step completed after it, and a RESULT line
 with the final loss and the parameters' checksum, which every worker checks is the same.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import signal
 import time
@@ -32,10 +32,9 @@ from pathlib import Path
 import horovod.torch as hvd
 import numpy as np
 import torch
+from elastic_common import FEATURES, SAMPLES, checksum, dataset
 
 import gtopk_hvd.torch as gtopk
-
-FEATURES, SAMPLES = 32, 4096
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,25 +48,18 @@ def parse_args() -> argparse.Namespace:
                         help="sleep this long per step (stands for a bigger model's compute)")
     parser.add_argument("--kill-rank", type=int, default=None,
                         help="the worker started as this rank kills itself (SIGKILL), once")
-    parser.add_argument("--kill-at", type=int, default=10, help="after this step's backward")
+    parser.add_argument("--kill-at", type=int, default=10, help="at this step")
+    parser.add_argument("--kill-phase", choices=["reduction", "commit"], default="reduction",
+                        help="die where the others are in the sparse step, or in the commit")
     parser.add_argument("--marker", type=Path, default=Path("/tmp/gtopk_elastic_killed"),
                         help="written at the kill (its time); no second kill while it exists")
     return parser.parse_args()
 
 
-def dataset() -> tuple[torch.Tensor, torch.Tensor]:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((SAMPLES, FEATURES)).astype(np.float32)
-    w = rng.standard_normal(FEATURES).astype(np.float32)
-    y = np.tanh(x @ w / np.sqrt(FEATURES)) + 0.1 * rng.standard_normal(SAMPLES)
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.float32)).unsqueeze(1)
-
-
-def checksum(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(p.detach().numpy().tobytes())
-    return digest.hexdigest()[:16]
+def die(marker: Path) -> None:
+    """SIGKILL this worker, the time written to `marker` first."""
+    marker.write_text(str(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -97,10 +89,10 @@ def main() -> None:
             loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
             loss.backward()
             time.sleep(args.compute_ms / 1e3)
-            if (started_as == args.kill_rank and state.step == args.kill_at
-                    and not args.marker.exists()):
-                args.marker.write_text(str(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+            dying = (started_as == args.kill_rank and state.step == args.kill_at
+                     and not args.marker.exists())
+            if dying and args.kill_phase == "reduction":
+                die(args.marker)
             optimizer.step()
             state.step += 1
             if args.marker.exists() and not recovered and size not in sizes and sizes:
@@ -108,6 +100,8 @@ def main() -> None:
             sizes.add(size)
             if rank == 0:
                 print(f"step {state.step} size {size} loss {loss.item():.5f}", flush=True)
+            if dying:
+                die(args.marker)
             state.commit()
 
     train(state)

@@ -62,6 +62,12 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
                         help="lm: before the last step's reduction, write each worker's 2 k "
                              "largest entries of residual + gradient to NPZ (k = density d; "
                              "`python -m gtopk_hvd.bench schemes --k-sets` replays them)")
+    parser.add_argument("--lose-residual-at", type=int, default=None, metavar="STEP",
+                        help="lm: before this step's reduction, worker --lose-worker's "
+                             "residual and velocity become zero, as for a worker that died and "
+                             "was replaced by a new one (its unsent gradient is never applied)")
+    parser.add_argument("--lose-worker", type=int, default=None,
+                        help="the worker whose residual is lost (default: the last)")
     if argv is not None and ("-h" in argv or "--help" in argv):
         print_help(parser)
     own, rest = parser.parse_known_args(argv)
@@ -72,6 +78,12 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
                      f"({own.workers}): every worker takes global / P sequences")
     if own.record_k_sets and own.model != "lm":
         parser.error("--record-k-sets records the lm's sets")
+    if own.lose_residual_at is not None and own.model != "lm":
+        parser.error("--lose-residual-at is simulated for the lm")
+    if own.lose_worker is None:
+        own.lose_worker = own.workers - 1
+    if not 0 <= own.lose_worker < own.workers:
+        parser.error(f"--lose-worker must be a worker, 0 to {own.workers - 1}")
     if "--batch-size" in rest:
         parser.error("--batch-size is global / P here: give --global-batch")
     example = EXAMPLES[own.model].parse_args(
@@ -131,6 +143,7 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
                                [p.numel() for p in parameters], workers)
 
     hidden = [model.initial_hidden(args.batch_size) for _ in range(workers)]
+    lost: dict = {}
     history, sparse_steps, seconds = [], [], {"compute": 0.0, "reduce": 0.0, "apply": 0.0}
     progress = tqdm(total=total_steps, disable=args.quiet, desc=f"train P={workers}")
     for step in range(total_steps):
@@ -152,8 +165,12 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
         computed = time.perf_counter()
         if own.record_k_sets and step + 1 == total_steps:
             record_k_sets(own.record_k_sets, cluster, args.density)
+        if step == own.lose_residual_at and not dense:
+            lost = lose_residual(cluster, own.lose_worker)
         update = cluster.reduce()
         reduced = time.perf_counter()
+        if step == own.lose_residual_at and not dense:
+            lost["update_l2"] = float(np.linalg.norm(update))
         point_gradients(parameters, update)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
@@ -180,8 +197,23 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
     cluster.close()
     return {"model": model, "params": params, "workers": workers, "steps": total_steps,
             "steps_per_epoch": steps_per_epoch, "global_batch": own.global_batch,
-            "evaluations": history, "sparse_steps": sparse_steps,
+            "lost_residual": lost, "evaluations": history, "sparse_steps": sparse_steps,
             "test_perplexity": perplexity(model, corpus.test, args.bptt, workers)}
+
+
+def lose_residual(cluster: SimulatedCluster, worker: int) -> dict:
+    """Worker `worker`'s residual and velocity become zero; returns what was lost: its step,
+    the residual's L1 and L2 norms and the number of its non-zero entries."""
+    states = cluster.state_dict()
+    residual = states[worker]["residual"]
+    lost = {"worker": worker, "step": states[worker]["step"],
+            "l1": float(np.abs(residual).sum()), "l2": float(np.linalg.norm(residual)),
+            "nonzero": int(np.count_nonzero(residual))}
+    states[worker] = {**states[worker], "residual": np.zeros_like(residual)}
+    if "velocity" in states[worker]:
+        states[worker]["velocity"] = np.zeros_like(states[worker]["velocity"])
+    cluster.load_state_dict(states)
+    return lost
 
 
 def record_k_sets(path: str, cluster: SimulatedCluster, density: float) -> None:

@@ -133,6 +133,8 @@ def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Pat
         for process in nodes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+        # torchrun starts its workers in sessions of their own: an agent killed leaves them.
+        subprocess.run(["pkill", "-9", "-f", str(checkpoints)], check=False)
     output = log.read_text()
     assert (status, returning) == (0, 0), output[-8000:]
     assert nodes[1].wait() == -signal.SIGKILL

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -219,3 +220,24 @@ def test_largest_entries_rank_residual_plus_gradient() -> None:
         np.testing.assert_array_equal(values[rank], accumulated[expected])
     assert not np.array_equal(indices[0], indices[1])
     cluster.close()
+
+
+def test_a_lost_residual_is_what_changes(tmp_path: Path) -> None:
+    """--lose-residual-at: the run is the same as without it up to that step and differs after;
+    what was lost is reported (a non-zero residual of the chosen worker)."""
+    runs = {}
+    for name, extra in (("calm", []), ("lost", ["--lose-residual-at", "3", "--lose-worker", "1"])):
+        history = tmp_path / f"{name}.json"
+        command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"), "lm",
+                   "--workers", "2", "--global-batch", "8", "--compression", "gtopk",
+                   "--history", str(history), *LM_OPTIONS[:4], "--max-steps", "6",
+                   "--eval-every", "1", "--density", "0.01", "--quiet", *extra]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[name] = json.loads(history.read_text())
+    calm, lost = ([e["valid_perplexity"] for e in runs[n]["evaluations"]] for n in runs)
+    assert calm[:3] == lost[:3] and calm[3:] != lost[3:], (calm, lost)
+    report = runs["lost"]["lost_residual"]
+    assert report["worker"] == 1 and report["step"] == 3 and report["l1"] > 0
+    assert report["nonzero"] > 0 and report["update_l2"] > 0
+    assert runs["calm"]["lost_residual"] == {}
