@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 from pathlib import Path
 
 import digits_common
@@ -69,18 +68,14 @@ class DigitsMLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
-def without_residuals(path: Path) -> Path:
-    """A copy of the checkpoint whose saved hook states have zero residuals and velocities
-    (one copy per process: Lightning has not started the workers' group yet)."""
-    checkpoint = torch.load(path, weights_only=False)
-    for state in checkpoint[CHECKPOINT_KEY]["states"]:
-        for bucket in state["buckets"].values():
-            for key in ("residual", "velocity"):
-                if key in bucket:
-                    bucket[key] = torch.zeros_like(bucket[key])
-    copy = path.with_name(f"{path.name}.zero-residuals.{os.environ.get('LOCAL_RANK', '0')}")
-    torch.save(checkpoint, copy)
-    return copy
+class ZeroResidualsOnResume(GTopkHookCallback):
+    """--drop-hook-state: resumes with the saved job's hook state but every residual and
+    velocity zero (rank 0's state with keep_residuals=False on every rank)."""
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict) -> None:
+        self.state.load_state_dict(checkpoint[CHECKPOINT_KEY]["states"][0],
+                                   keep_residuals=False)
 
 
 def main() -> None:
@@ -102,15 +97,13 @@ def main() -> None:
         state = GTopkHookState(compression=getattr(Compression, args.compression)(args.density))
         strategy = DDPStrategy(ddp_comm_state=state, ddp_comm_hook=gtopk_hook,
                                process_group_backend="gloo")
-        callbacks.append(GTopkHookCallback(state))
+        callbacks.append((ZeroResidualsOnResume if args.drop_hook_state
+                          else GTopkHookCallback)(state))
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy,
                          max_epochs=args.epochs, callbacks=callbacks, logger=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=args.checkpoints is not None)
-    resume = args.resume
-    if resume is not None and args.drop_hook_state:
-        resume = without_residuals(resume)
-    trainer.fit(model, train, ckpt_path=resume)
+    trainer.fit(model, train, ckpt_path=args.resume)
 
     rank = trainer.global_rank
     with torch.no_grad():

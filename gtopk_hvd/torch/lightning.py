@@ -63,13 +63,11 @@ class GTopkHookCallback(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        workers = dist.get_world_size() if dist.is_initialized() else 1
-        states: list[Any] = [None] * workers
-        if workers > 1:
-            dist.all_gather_object(states, self.state.state_dict())
-        else:
-            states[0] = self.state.state_dict()
-        checkpoint[CHECKPOINT_KEY] = {"workers": workers, "states": states}
+        states: list[Any] = [self.state.state_dict()]
+        if dist.is_initialized():
+            mine, states = states[0], [None] * dist.get_world_size()
+            dist.all_gather_object(states, mine)
+        checkpoint[CHECKPOINT_KEY] = {"workers": len(states), "states": states}
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
                            checkpoint: dict[str, Any]) -> None:
