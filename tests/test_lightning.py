@@ -30,7 +30,7 @@ def run(*arguments: str) -> str:
 
 
 def checksums(output: str) -> dict[int, str]:
-    found = dict(re.findall(r"CHECKSUM rank=(\d) (\w+)", output))
+    found = dict(re.findall(r"CHECKSUM rank=(\d) ([0-9a-f]{64})", output))
     assert sorted(found) == ["0", "1"], output[-3000:]
     return {int(rank): digest for rank, digest in found.items()}
 
