@@ -44,10 +44,9 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from elastic_common import FEATURES, SAMPLES, checksum, dataset
+from elastic_common import FEATURES, checksum, dataset, step_rows
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
@@ -75,17 +74,17 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def latest_commit(checkpoints: Path) -> Path | None:
-    committed = sorted(checkpoints.glob("step-*/COMMITTED"))
-    return committed[-1].parent if committed else None
-
-
 def die(marker: Path) -> None:
     """The node dies: its torchrun agent and this worker get SIGKILL, the time written to
     `marker` first."""
     marker.write_text(str(time.time()))
     os.kill(os.getppid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def latest_commit(checkpoints: Path) -> Path | None:
+    committed = sorted(checkpoints.glob("step-*/COMMITTED"))
+    return committed[-1].parent if committed else None
 
 
 def save(checkpoints: Path, step: int, model: DDP, optimizer: torch.optim.Optimizer,
@@ -147,8 +146,7 @@ def main() -> None:
     x, y = dataset()
     last_layer = model.module[-1].weight  # its gradient is the first one ready
     while step < args.steps:
-        rows = np.random.default_rng(step).choice(SAMPLES, args.batch, replace=False)
-        mine = torch.from_numpy(np.array_split(rows, size)[rank])
+        mine = torch.from_numpy(step_rows(step, args.batch, rank, size))
         dying = (args.die_at is not None and step >= args.die_at  # commit: the next one
                  and int(os.environ.get("LOCAL_RANK", 0)) == 0 and not args.marker.exists())
         handle = (last_layer.register_hook(lambda _: die(args.marker))

@@ -25,41 +25,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
-from pathlib import Path
 
 import horovod.torch as hvd
-import numpy as np
 import torch
-from elastic_common import FEATURES, SAMPLES, checksum, dataset
+from elastic_common import FEATURES, add_training_options, checksum, dataset, die, step_rows
 
 import gtopk_hvd.torch as gtopk
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", default="gtopk", choices=["gtopk", "topk", "none"])
-    parser.add_argument("--density", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=96, help="global batch per step")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--compute-ms", type=float, default=0.0,
-                        help="sleep this long per step (stands for a bigger model's compute)")
+    add_training_options(parser, steps=60, marker="/tmp/gtopk_elastic_killed")
     parser.add_argument("--kill-rank", type=int, default=None,
                         help="the worker started as this rank kills itself (SIGKILL), once")
     parser.add_argument("--kill-at", type=int, default=10, help="at this step")
     parser.add_argument("--kill-phase", choices=["reduction", "commit"], default="reduction",
                         help="die where the others are in the sparse step, or in the commit")
-    parser.add_argument("--marker", type=Path, default=Path("/tmp/gtopk_elastic_killed"),
-                        help="written at the kill (its time); no second kill while it exists")
     return parser.parse_args()
-
-
-def die(marker: Path) -> None:
-    """SIGKILL this worker, the time written to `marker` first."""
-    marker.write_text(str(time.time()))
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -83,8 +66,7 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         while state.step < args.steps:
             rank, size = hvd.rank(), hvd.size()
-            rows = np.random.default_rng(state.step).choice(SAMPLES, args.batch, replace=False)
-            mine = torch.from_numpy(np.array_split(rows, size)[rank])
+            mine = torch.from_numpy(step_rows(state.step, args.batch, rank, size))
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
             loss.backward()

@@ -6,11 +6,12 @@ Explicit behaviour (a monkey-patch of Horovod's modules, done on import of an ad
 
     import gtopk_hvd.torch              horovod.torch.DistributedOptimizer, horovod.torch.join
     import gtopk_hvd.tensorflow         horovod.tensorflow.DistributedGradientTape,
-                                        horovod.tensorflow.DistributedOptimizer
+                                        horovod.tensorflow.DistributedOptimizer,
+                                        horovod.tensorflow.join
     import gtopk_hvd.tensorflow.keras   horovod.tensorflow.keras.DistributedOptimizer,
                                         horovod.keras.DistributedOptimizer
 
-`hvd.join()` becomes gtopk_hvd's join while a sparse optimizer lives (`gtopk_hvd.torch.join`;
+`hvd.join()` becomes gtopk_hvd's join while a sparse step lives (`gtopk_hvd.core.join`;
 Horovod's own otherwise). Each DistributedOptimizer attribute becomes a wrapper
 (`functools.wraps`: Horovod's name, docstring and signature stay visible) that looks at
 `compression=` only. A gtopk_hvd sparse compression

@@ -9,6 +9,8 @@ Trial i (seed + i picks its step, place and victim) alternates the launchers:
   --min-np 3 --max-np 4, blacklist cooldown 1-2 s: `examples/elastic_torch.py`, a random worker
   killed at a random step, either after its backward pass (the others are inside the sparse
   step: "reduction") or instead of its commit (the others are inside `state.commit()`);
+- horovodrun-keras (only when asked, `--launchers`): the same with `examples/elastic_keras.py`
+  (model.fit, gtopk_hvd's KerasState; TF_USE_LEGACY_KERAS from the environment picks tf-keras);
 - torchrun, two nodes of 2 workers (c10d rendezvous on loopback, --nnodes 1:2): the second
   node's `examples/elastic_ddp.py` dies (agent and worker) at a random step, after the
   optimizer's step ("step"), inside backward ("reduction": the others are inside the hook's
@@ -43,7 +45,9 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 QUIET = {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # pytorch/pytorch#135712
-PLACES = {"horovodrun": ("reduction", "commit"), "torchrun": ("step", "reduction", "commit")}
+PLACES = {"horovodrun": ("reduction", "commit"), "horovodrun-keras": ("reduction", "commit"),
+          "torchrun": ("step", "reduction", "commit")}
+EXAMPLES = {"horovodrun": "elastic_torch.py", "horovodrun-keras": "elastic_keras.py"}
 
 
 @dataclass
@@ -66,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=40, help="steps of each run")
     parser.add_argument("--timeout", type=float, default=300, help="seconds before 'hung'")
+    parser.add_argument("--launchers", nargs="+", choices=list(PLACES),
+                        default=["horovodrun", "torchrun"], help="trials alternate these")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "faults")
     return parser.parse_args()
 
@@ -113,7 +119,7 @@ def run_horovod(trial: Trial, steps: int, workdir: Path, deadline: float) -> str
     discovery.chmod(0o755)
     command = [str(BIN / "horovodrun"), "--gloo", "-np", "4", "--min-np", "3", "--max-np", "4",
                "--host-discovery-script", str(discovery), "--blacklist-cooldown-range", "1", "2",
-               sys.executable, str(REPO / "examples" / "elastic_torch.py"),
+               sys.executable, str(REPO / "examples" / EXAMPLES[trial.launcher]),
                "--steps", str(steps), "--compute-ms", "50", "--marker", str(workdir / "killed"),
                "--kill-rank", str(trial.victim), "--kill-at", str(trial.kill_at),
                "--kill-phase", trial.place]
@@ -191,13 +197,13 @@ def main() -> None:
     trials = []
     for index in range(args.trials):
         rng = random.Random(args.seed + index)
-        launcher = ("horovodrun", "torchrun")[index % 2]
+        launcher = args.launchers[index % len(args.launchers)]
         trial = Trial(trial=index, launcher=launcher, place=rng.choice(PLACES[launcher]),
-                      victim=rng.randrange(4) if launcher == "horovodrun" else 1,
+                      victim=1 if launcher == "torchrun" else rng.randrange(4),
                       kill_at=rng.randrange(3, args.steps - 10))
         began = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"faults{index}-") as workdir:
-            runner = run_horovod if launcher == "horovodrun" else run_torchrun
+            runner = run_torchrun if launcher == "torchrun" else run_horovod
             output = runner(trial, args.steps, Path(workdir), began + args.timeout)
             if trial.outcome != "recovered":
                 (args.out / f"trial-{index}.log").write_text(output[-20000:])
@@ -211,7 +217,8 @@ def main() -> None:
     table = summary(trials)
     (args.out / "summary.md").write_text(
         f"# Fault injection: {len(trials)} trials (`python scripts/faults.py --trials "
-        f"{args.trials} --seed {args.seed} --steps {args.steps}`)\n\n{table}")
+        f"{args.trials} --seed {args.seed} --steps {args.steps} --launchers "
+        f"{' '.join(args.launchers)}`)\n\n{table}")
     print(table)
 
 

@@ -1,5 +1,6 @@
-"""Elastic Horovod with the sparse optimizer (examples/elastic_torch.py under `horovodrun --gloo
---min-np --max-np --host-discovery-script`): a worker killed with SIGKILL inside a step, the
+"""Elastic Horovod with the sparse optimizers (examples/elastic_torch.py, and elastic_keras.py's
+model.fit on Keras 3 and tf-keras, under `horovodrun --gloo --min-np --max-np
+--host-discovery-script`): a worker killed with SIGKILL inside a step, the
 others go on from the last commit with one worker fewer, the killed host comes back after its
 blacklist cooldown and a new worker joins from the committed state; the replicas end bitwise
 identical (the example checks it on every worker) and the loss near the run without a fault.
@@ -34,19 +35,20 @@ def local_host_names() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def elastic_run(tmp_path: Path, *options: str) -> str:
+def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
+                environment: tuple[str, ...] = ()) -> str:
     hosts = local_host_names()[:4]
     if len(hosts) < 4:
         pytest.skip(f"needs 4 local host names, this machine has {hosts}")
     discovery = tmp_path / "hosts.sh"
     discovery.write_text("#!/bin/sh\n" + "".join(f"echo {host}:1\n" for host in hosts))
     discovery.chmod(0o755)
-    command = [*QUIET_THREADS, str(HOROVODRUN), "--gloo", "-np", "4", "--min-np", "3",
-               "--max-np", "4", "--host-discovery-script", str(discovery),
+    command = [*QUIET_THREADS, *environment, str(HOROVODRUN), "--gloo", "-np", "4",
+               "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discovery),
                "--blacklist-cooldown-range", "1", "2",
-               sys.executable, str(EXAMPLE), "--steps", "120", "--compute-ms", "50",
+               sys.executable, str(example), "--steps", "120", "--compute-ms", "50",
                "--marker", str(tmp_path / "killed"), *options]
-    status, output = run_with_time_limit(command, 400, "elastic_torch.py under horovodrun")
+    status, output = run_with_time_limit(command, 400, f"{example.name} under horovodrun")
     assert status == 0, output[-8000:]
     return output
 
@@ -55,18 +57,43 @@ def final_loss(output: str) -> float:
     return float(re.search(r"RESULT elastic .* loss=([\d.]+)", output).group(1))
 
 
-@pytest.mark.mpi
-def test_a_killed_worker_is_survived_and_replaced(tmp_path: Path) -> None:
-    (tmp_path / "calm").mkdir()
-    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk")
-    faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
-                         "10")
+def check_survived_and_replaced(faulty: str, calm: str) -> None:
+    """Went on with 3 workers, ended with 4 (the example checked the replicas bitwise), the
+    first step after the kill within 60 s, the loss near the run without a fault."""
     sizes = [int(s) for s in re.findall(r"step \d+ size (\d+) loss", faulty)]
     assert sizes[0] == 4 and 3 in sizes, sizes  # went on with 3
     assert "workers=4" in faulty, faulty[-3000:]  # and ended with the worker back
     recovery = [float(s) for s in re.findall(r"RECOVERY rank=\d+ seconds=([\d.]+)", faulty)]
     assert recovery and max(recovery) < 60, recovery
     assert final_loss(faulty) <= 1.25 * final_loss(calm), (final_loss(faulty), final_loss(calm))
+
+
+@pytest.mark.mpi
+def test_a_killed_worker_is_survived_and_replaced(tmp_path: Path) -> None:
+    (tmp_path / "calm").mkdir()
+    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk")
+    faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
+                         "10")
+    check_survived_and_replaced(faulty, calm)
+
+
+KERAS_EXAMPLE = REPO_ROOT / "examples" / "elastic_keras.py"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("keras, phase", [("keras3", "reduction"), ("tf-keras", "commit")])
+def test_keras_fit_survives_a_killed_worker(tmp_path: Path, keras: str, phase: str) -> None:
+    """model.fit under Elastic Horovod with gtopk_hvd's KerasState: a worker killed inside the
+    sparse step (Keras 3) or inside the commit (tf-keras); same checks as for torch."""
+    environment = ("TF_USE_LEGACY_KERAS=1",) if keras == "tf-keras" else ()
+    (tmp_path / "calm").mkdir()
+    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", example=KERAS_EXAMPLE,
+                       environment=environment)
+    faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
+                         "10", "--kill-phase", phase, example=KERAS_EXAMPLE,
+                         environment=environment)
+    assert f"keras={keras}" in calm and f"keras={keras}" in faulty, faulty[-3000:]
+    check_survived_and_replaced(faulty, calm)
 
 
 DDP_EXAMPLE = REPO_ROOT / "examples" / "elastic_ddp.py"

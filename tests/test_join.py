@@ -4,8 +4,9 @@ divides by P; join returns the rank that joined last).
 
 In one process over the "local" transport (every scheme, against a numpy replay for Top-k), and
 under each launcher: mpirun (MPI transport) and horovodrun --gloo (Horovod's collectives) with
-Horovod's own `hvd.join()` and the torch optimizer, torchrun with the core step over
-torch.distributed (tests/mpi/join_uneven.py checks and prints JOIN OK on every rank)."""
+Horovod's own `hvd.join()` and the torch optimizer, the Keras optimizer or the TensorFlow tape,
+torchrun with the core step over torch.distributed (tests/mpi/join_uneven.py and
+join_uneven_tf.py check and print JOIN OK on every rank)."""
 
 from __future__ import annotations
 
@@ -82,10 +83,15 @@ def test_join_alone_returns_at_once() -> None:
     ("horovodrun", "optimizer", "topk", [2, 1]),  # the issue's: rank 1 joins at rank 0's 2nd
     ("horovodrun", "optimizer", "gtopk", [3, 1, 4]),
     ("torchrun", "core:torch", "topk", [3, 1, 2]),
+    ("mpirun", "keras", "topk", [4, 2, 3]),
+    ("horovodrun", "keras", "gtopk", [3, 1, 4]),
+    ("mpirun", "tape", "gtopk", [1, 3]),
+    ("horovodrun", "tape", "topk", [2, 1]),
 ])
 def test_join_under_each_launcher(launcher: str, mode: str, scheme: str,
                                   steps: list[int]) -> None:
-    output = run_mpi("join_uneven.py", len(steps), scheme, mode, *map(str, steps),
+    program = "join_uneven_tf.py" if mode in ("keras", "tape") else "join_uneven.py"
+    output = run_mpi(program, len(steps), scheme, mode, *map(str, steps),
                      timeout_s=240, launcher=launcher)
     last = max(range(len(steps)), key=lambda r: (steps[r], r))
     oks = sorted(re.findall(r"JOIN OK rank=(\d+) last=(\d+)", output))

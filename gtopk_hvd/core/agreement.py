@@ -23,13 +23,17 @@ def signature(layout: str, **options: Any) -> str:
     return "|".join([layout, *(f"{key}={options[key]}" for key in sorted(options))])
 
 
-def check_same_on_all_workers(transport: Transport, description: str, text: str) -> None:
-    """Raises on every worker if `text` is not the same on all of them. One small all-gather of
-    an 8-byte digest."""
+def check_same_on_all_workers(transport: Transport, description: str, text: str,
+                              carry: int = 0) -> list[int]:
+    """Raises on every worker if `text` is not the same on all of them; returns every worker's
+    `carry` (an integer that may differ, e.g. the step count), in rank order. One small
+    all-gather of an 8-byte digest and the carry."""
     digest = np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], dtype=np.int64)
-    everyone = transport.allgather(digest)[:, 0]
-    differing = [rank for rank, value in enumerate(everyone.tolist()) if value != everyone[0]]
+    everyone = transport.allgather(np.array([digest[0], carry], dtype=np.int64))
+    digests = everyone[:, 0]
+    differing = [rank for rank, value in enumerate(digests.tolist()) if value != digests[0]]
     if differing:
         raise ValueError(
             f"gtopk_hvd: workers disagree on {description}: ranks {differing} differ from rank 0 "
             f"(this worker's is: {text[:500]})")
+    return everyone[:, 1].tolist()

@@ -13,7 +13,8 @@ The scheme is chosen by name (`config.scheme`: "select-reduce", Top-k / gTop-k /
 registered sparsifier and reduction, by default). The step owns what every scheme shares: the
 array backend (chosen once: numpy on the host, or torch tensors on `device`), the agreement
 check (the first step checks, with one small all-gather, that every worker has the same layout,
-configuration and options: `gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
+configuration and options, and takes the largest step count of the workers:
+`gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
 scaling and the stats. It imports no framework and no Horovod: adapters fuse their gradients
 into one flat vector, call `update` (or `step`), split the result back, and check their own
 framework's ranks.
@@ -108,6 +109,8 @@ class SparseStep:
         if predivide <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
         warn_if_density_needs_warmup(config)
+        self._made_with = dict(config=config, sizes=sizes, average=average, predivide=predivide,
+                               device=device, layout=layout, options=options, what=what)
         self.compression = config
         self.sizes = list(sizes)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -256,11 +259,15 @@ class SparseStep:
         return int(counts[0]), int(counts[1])
 
     def _check_agreement(self) -> None:
-        """The first step's check that every worker has the same layout and configuration."""
+        """The first step's check that every worker has the same layout and configuration; in
+        the same all-gather the step counts, of which every worker takes the largest: a worker
+        new to a running job (Elastic Horovod, a restart onto more workers) takes the job's, so
+        the density warm-up gives every worker the same k."""
         if not self._workers_agree:
-            check_same_on_all_workers(
+            counts = check_same_on_all_workers(
                 self.transport, f"{self.what} names, shapes, dtypes and compression",
-                self.signature)
+                self.signature, carry=self.step_count)
+            self.step_count = max(counts)
             self._workers_agree = True
 
     def _skip(self, gradient: Any, clear_gradient: bool, budget: Any, check_seconds: float,
@@ -290,6 +297,27 @@ class SparseStep:
         if scheme:
             state["scheme"] = scheme
         return state
+
+    def moved_to(self, transport: Transport | str | None) -> SparseStep:
+        """This step over other workers (an Elastic Horovod reset changed the rank or the
+        size): a new SparseStep made as this one was, on `transport`, holding this worker's
+        residual, velocity and step count. The scheme's own state (partitions, thresholds) was
+        made for the old workers and starts again; the new step checks agreement at its first
+        step, as every step does."""
+        moved = SparseStep(**{**self._made_with, "transport": transport})
+        state = self.state_dict()
+        state.pop("scheme", None)
+        moved.load_state_dict(state)
+        moved.skipped_steps = self.skipped_steps
+        return moved
+
+    def restarted(self, step_count: int = 0) -> SparseStep:
+        """A SparseStep made as this one was, on the same transport, with zero residual and
+        velocity, a fresh scheme state, and `step_count` steps taken (a worker new to a job that
+        has taken them)."""
+        fresh = SparseStep(**{**self._made_with, "transport": self.transport})
+        fresh.step_count = int(step_count)
+        return fresh
 
     def load_state_dict(self, state: dict) -> None:
         """Restores what `state_dict` returned (numpy arrays or CPU tensors)."""

@@ -32,8 +32,10 @@ from tensorflow.python.trackable import base as trackable_base
 from gtopk_hvd.arguments import Arguments
 from gtopk_hvd.core import SparseStep, StepStats
 from gtopk_hvd.core.agreement import signature
+from gtopk_hvd.core.elastic import follow_horovod
 from gtopk_hvd.core.passes import PassAccumulator
 from gtopk_hvd.layout import FusedLayout
+from gtopk_hvd.tensorflow.join import register as register_for_join
 from gtopk_hvd.transports import Transport, resolve_for_horovod
 
 
@@ -48,6 +50,7 @@ class GTopkState(trackable_base.Trackable):
 
     def __init__(self) -> None:
         self.sparse: SparseStep | None = None
+        self._transport: Transport | str | None = None
         self._signature: str | None = None
         self._pending: dict | None = None
         self._passes: PassAccumulator | None = None
@@ -69,14 +72,19 @@ class GTopkState(trackable_base.Trackable):
             return
         import horovod.tensorflow as hvd
 
+        self._transport = transport
         self.sparse = SparseStep(arguments.compression, layout.sizes,
                                  resolve_for_horovod(transport, hvd), average=arguments.average,
                                  predivide=arguments.predivide, layout=layout.signature,
                                  options=options, what="source")
         self._signature = used
+        register_for_join(self)
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self.load_state_dict(pending)
+            if "residual" in pending:
+                self.load_state_dict(pending)
+            else:  # start_in_running_job before the first step
+                self.sparse.step_count = pending["step"]
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -96,10 +104,26 @@ class GTopkState(trackable_base.Trackable):
         total = self._passes.add(flat)
         if total is None:
             return None
+        import horovod.tensorflow as hvd
+
+        # Elastic Horovod: after a reset, the step over the new workers (core/elastic.py).
+        self.sparse = follow_horovod(self.sparse, self._transport, hvd)
         # A new array each step: TensorFlow may keep using the memory it is handed. A sum of
         # several passes is ours: the step may clear it in its pass.
         return self.sparse.update(total, np.empty(self.sparse.d, dtype=np.float32),
                                   clear_gradient=total is not flat)
+
+    def join(self) -> int:
+        """Uneven data: takes part in the other workers' sparse steps with an empty
+        contribution until every worker has joined; returns the rank that joined last
+        (`gtopk_hvd.core.join`; `hvd.join()` calls it once gtopk_hvd.tensorflow is imported).
+        Gradients summed towards a step not yet made are dropped; the model does not move
+        (broadcast from the returned rank afterwards)."""
+        import horovod.tensorflow as hvd
+
+        self._passes = None
+        self.sparse = follow_horovod(self.sparse, self._transport, hvd)
+        return self.sparse.join()
 
     @property
     def passes_accumulated(self) -> int:
@@ -124,10 +148,20 @@ class GTopkState(trackable_base.Trackable):
         """Loads what `state_dict` returned (kept until the first step if not yet bound)."""
         if not state:
             return
+        self._passes = None  # a cycle of backward passes summed before the load is dropped
         if self.sparse is None:
             self._pending = dict(state)
         else:
             self.sparse.load_state_dict(state)
+
+    def start_in_running_job(self, step: int) -> None:
+        """Zero residual and velocity, `step` steps taken (Elastic Horovod's restore of a commit
+        made before this worker's first sparse step)."""
+        self._passes = None
+        if self.sparse is None:
+            self._pending = {"step": int(step)}
+        else:
+            self.sparse = self.sparse.restarted(step)
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         state = self.state_dict()

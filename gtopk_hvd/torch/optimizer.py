@@ -63,6 +63,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.arguments import Arguments, parse_arguments
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
+from gtopk_hvd.core.elastic import follow_horovod
 from gtopk_hvd.layout import FusedLayout, Source
 from gtopk_hvd.torch.fused import FusedGradients
 from gtopk_hvd.torch.join import register as register_for_join
@@ -86,13 +87,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._device = _state_device(self._parameters)
         self._hvd, self._transport_choice = hvd, transport
         # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
-        self._sparse_arguments = dict(
-            config=arguments.compression, sizes=layout.sizes, average=arguments.average,
-            predivide=arguments.predivide,
+        self._sparse = SparseStep(
+            arguments.compression, layout.sizes, resolve_for_horovod(transport, hvd),
+            average=arguments.average, predivide=arguments.predivide,
             device=self._device if self._device.type == "cuda" else None,
             layout=layout.signature, options={"passes": arguments.passes})
-        self._sparse = SparseStep(transport=resolve_for_horovod(transport, hvd),
-                                  **self._sparse_arguments)
         self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
@@ -102,7 +101,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Sparse all-reduce of the accumulated gradients; writes the update into p.grad."""
         self._check_no_parameter_joined()
-        self._follow_horovod_resize()
+        # Elastic Horovod: after a reset, the step over the new workers (core/elastic.py).
+        self._sparse = follow_horovod(self._sparse, self._transport_choice, self._hvd)
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
         # On the CPU the step runs on numpy views of the buffers: one array type inside it.
@@ -111,28 +111,6 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
         self._synchronized = True
-
-    def _follow_horovod_resize(self) -> None:
-        """Elastic Horovod: after a reset (a worker lost or added) Horovod's rank and size are
-        new; the sparse step is rebuilt over the new workers (transport, k, buffers, the
-        agreement check at its first step), keeping this worker's residual, velocity and step
-        count (a new worker's are zero, or what `state.sync()` gave it). The threshold schemes'
-        own state (partitions, thresholds) was for the old P and starts again."""
-        old = self._sparse
-        if (self._hvd.rank(), self._hvd.size()) == (old.transport.rank, old.transport.size):
-            return
-        if isinstance(self._transport_choice, Transport):
-            raise RuntimeError(
-                f"gtopk_hvd: Horovod now has {self._hvd.size()} workers (rank "
-                f"{self._hvd.rank()}), the transport given to the optimizer has "
-                f"{old.transport.size}: under Elastic Horovod pass transport=None or "
-                "\"horovod\" so that the optimizer can follow the workers")
-        state = old.state_dict()
-        state.pop("scheme", None)
-        self._sparse = SparseStep(transport=resolve_for_horovod(self._transport_choice,
-                                                                self._hvd),
-                                  **self._sparse_arguments)
-        self._sparse.load_state_dict(state)
 
     def join(self) -> int:
         """Uneven data: takes part in the other workers' sparse steps with an empty
