@@ -1,14 +1,28 @@
-"""Convergence at scale: the LM with P simulated workers per scheme, at one global batch.
+"""Convergence at scale: a model with P simulated workers per scheme, at one global batch.
 
     .venv/bin/python scripts/scale_study.py run --workers 4 16 64 --jobs 2
     .venv/bin/python scripts/scale_study.py report
+    .venv/bin/python scripts/scale_study.py sweep --model digits --sweep-lrs 0.04 0.08 0.16
+    .venv/bin/python scripts/scale_study.py run --model digits --lr 0.08 --jobs 1
+    .venv/bin/python scripts/scale_study.py report --model digits
 
-`run` trains examples/simulated_cluster.py lm for every (scheme, P) whose history is not yet in
---out (so an interrupted study resumes), --jobs runs at a time, every run with the same global
-batch, steps, learning rate and schedule; `sweep` runs dense at several learning rates (the
-schedule is picked on dense first). `report` writes --out/summary.md (final validation
-perplexity per scheme and P; steps each scheme needed to reach dense's final perplexity at the
-same P) and --out/lm_scale.png (final perplexity against P).
+--model picks what is trained (MODELS below: the example, its metric and the defaults): lm
+(default) is the LSTM language model of examples/simulated_cluster.py lm, scored by validation
+perplexity (lower is better) every --eval-every of --steps steps; digits is the CNN of
+examples/simulated_cluster.py digits (examples/pytorch_digits.py), scored by test accuracy
+(higher is better) after each of --epochs epochs. --lr is the total learning rate of the step
+over the global batch: the digits example scales its --lr by P (Horovod's convention), so it is
+handed --lr / P, and the total rate, the epochs and the parameter count are written into the
+history afterwards.
+
+`run` trains every (scheme, P) whose history is not yet in --out (so an interrupted study
+resumes), --jobs runs at a time, every run with the same global batch, length, learning rate and
+schedule; `sweep` runs dense at several learning rates (the rate is picked on dense first;
+--sweep-schemes sweeps every --schemes entry). `report` writes the model's summary (lm:
+--out/summary.md, digits: --out/digits_summary.md: the final metric per scheme and P, and the
+steps each scheme needed to reach dense's final metric at the same P and to come --near it) and
+figure (--out/lm_scale.png, --out/digits_scale.png: the final metric against P). Only the LM has
+the modelled time to accuracy (time_lines): the table and the figure's second panel.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -46,6 +61,8 @@ def link_model() -> tuple[float, dict[str, float], str]:
                 f"the link rate as measured on emulated links ({LINKS.relative_to(ROOT)}: "
                 + ", ".join(f"{s} {v:.0%}" for s, v in fit["link_share"].items()) + ")")
     return 50e-6, plan.link_shares(None), "latency 50 us, links at their full rate"
+
+
 SCHEMES = {  # name -> (--compression, --density)
     "dense": ("none", 1.0),
     "topk_0.01": ("topk", 0.01),
@@ -57,50 +74,146 @@ SCHEMES = {  # name -> (--compression, --density)
     "exdyna_0.001": ("exdyna", 0.001),
     "sketch_0.001": ("sketch", 0.001),
 }
-SWEPT = re.compile(r"^lm_(.+)_p(\d+)_lr([\d.]+)$")
-MODEL = ["--size", "128", "--vocab-size", "10000"]
+
+
+@dataclass(frozen=True)
+class Model:
+    """What --model trains (examples/simulated_cluster.py <name>) and how a run is scored."""
+
+    name: str  # the example's model argument and the prefix of every file
+    heading: str  # the summary's title
+    metric: str  # the key of an evaluation in the history
+    quantity: str  # the metric in words, e.g. "validation perplexity"
+    short: str  # the metric in one word, e.g. "perplexity"
+    lower_is_better: bool
+    scale: float  # the metric is shown x scale (accuracy in %)
+    near_ratio: bool  # --near: a ratio of dense's final (else a distance in the metric)
+    lr_per_worker: bool  # the example multiplies --lr by P: it is handed lr / P
+    same: str  # what every run shares besides the global batch, in words
+    figure: str
+    summary: str
+    defaults: dict = field(default_factory=dict)  # parse_args' defaults
+    options: tuple[str, ...] = ()  # further options of the example
+
+    def show(self, value: float) -> str:
+        return f"{value * self.scale:.1f}"
+
+    def better(self, value: float, target: float) -> bool:
+        """value is at target or better."""
+        return value <= target if self.lower_is_better else value >= target
+
+    def near_target(self, target: float, near: float) -> float:
+        if self.near_ratio:
+            return target * near if self.lower_is_better else target / near
+        return target + near if self.lower_is_better else target - near
+
+    def near_text(self, near: float) -> str:
+        if self.near_ratio:
+            return f"{(near - 1) * 100:g}%"
+        return f"{near * self.scale:g} point{'' if near * self.scale == 1 else 's'}"
+
+    def best(self, finals: dict[float, float]) -> float:
+        return (min if self.lower_is_better else max)(finals, key=finals.get)
+
+    def length(self, args: argparse.Namespace) -> list[str]:
+        """The example's options for how long it trains and how often it evaluates."""
+        if self.name == "lm":
+            return ["--max-steps", str(args.steps), "--eval-every", str(args.eval_every)]
+        return ["--epochs", str(args.epochs)]
+
+    def setup(self, run: dict) -> str:
+        """The summary's line on how every run was trained."""
+        if self.name == "lm":
+            return (f"Global batch {run['global_batch']} sequences, {run['steps']} steps, "
+                    f"lr {run['lr']:g} (x0.25 at 50% and 75%), {run['params']} parameters.")
+        return (f"Global batch {run['global_batch']} images, {run['epochs']} epochs of "
+                f"{run['evaluations'][0]['step']} steps, total lr {run['lr']:g} (constant; the "
+                f"example is handed lr / P, which it scales by P), SGD momentum 0.9 without "
+                f"momentum correction or density warm-up, {run['params']} parameters; the test "
+                "set is 360 images (one image = 0.28 points). No modelled time: that table is "
+                "the LM's only.")
+
+    def evaluated(self, args: argparse.Namespace) -> str:
+        if self.name == "lm":
+            return f"evaluated every {args.eval_every} steps"
+        return "evaluated after every epoch"
+
+
+MODELS = {model.name: model for model in (
+    Model("lm", "LM at scale", "valid_perplexity", "validation perplexity", "perplexity",
+          lower_is_better=True, scale=1.0, near_ratio=True, lr_per_worker=False,
+          same="steps and schedule", figure="lm_scale.png", summary="summary.md",
+          defaults={"global_batch": 64, "lr": 20.0, "sweep_lrs": [5.0, 10.0, 20.0],
+                    "near": 1.1},
+          options=("--size", "128", "--vocab-size", "10000")),
+    Model("digits", "The digits CNN at scale", "test_accuracy", "test accuracy", "accuracy",
+          lower_is_better=False, scale=100.0, near_ratio=False, lr_per_worker=True,
+          same="epochs", figure="digits_scale.png", summary="digits_summary.md",
+          defaults={"global_batch": 128, "lr": 0.08,
+                    "sweep_lrs": [0.02, 0.04, 0.08, 0.16, 0.32], "near": 0.01}),
+)}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["run", "sweep", "report"])
+    parser.add_argument("--model", choices=list(MODELS), default="lm",
+                        help="lm: the LSTM language model; digits: the digits CNN")
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(SCHEMES))
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--lr", type=float, default=20.0)
-    parser.add_argument("--sweep-lrs", type=float, nargs="+", default=[5.0, 10.0, 20.0])
+    parser.add_argument("--global-batch", type=int, default=None,
+                        help="lm: 64 sequences; digits: 128 images")
+    parser.add_argument("--steps", type=int, default=300, help="lm: steps")
+    parser.add_argument("--eval-every", type=int, default=25, help="lm: steps between evaluations")
+    parser.add_argument("--epochs", type=int, default=30, help="digits: epochs")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="total learning rate (lm: 20; digits: the rate picked by sweep)")
+    parser.add_argument("--sweep-lrs", type=float, nargs="+", default=None)
     parser.add_argument("--sweep-workers", type=int, default=16)
     parser.add_argument("--sweep-schemes", action="store_true",
                         help="sweep: every --schemes entry (default: dense only)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--near", type=float, default=1.1,
-                        help="report: also the steps to this x dense's final perplexity")
+    parser.add_argument("--near", type=float, default=None,
+                        help="report: also the steps to come near dense's final metric (lm: "
+                             "this x its perplexity, 1.1; digits: this below its accuracy, 0.01)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "scale")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.model = MODELS[args.model]
+    for name, value in args.model.defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
-def history_path(out: Path, scheme: str, workers: int, lr: float | None = None) -> Path:
+def history_path(args: argparse.Namespace, scheme: str, workers: int,
+                 lr: float | None = None) -> Path:
     suffix = f"_lr{lr:g}" if lr is not None else ""
-    return out / f"lm_{scheme}_p{workers}{suffix}.json"
+    return args.out / f"{args.model.name}_{scheme}_p{workers}{suffix}.json"
 
 
 def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: Path) -> str:
     if path.exists():
         return f"{path.name}: kept"
+    model = args.model
     compression, density = SCHEMES[scheme]
-    command = [sys.executable, "-W", "ignore", str(ROOT / "examples/simulated_cluster.py"), "lm",
-               "--workers", str(workers), "--global-batch", str(args.global_batch),
-               "--compression", compression, "--density", str(density), "--lr", str(lr),
-               "--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
-               "--quiet", "--history", str(path.with_suffix(".partial")), *MODEL]
+    partial = path.with_suffix(".partial")
+    command = [sys.executable, "-W", "ignore", str(ROOT / "examples/simulated_cluster.py"),
+               model.name, "--workers", str(workers), "--global-batch", str(args.global_batch),
+               "--compression", compression, "--density", str(density),
+               "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
+               "--quiet", "--history", str(partial), *model.options]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
         return f"{path.name}: FAILED\n{done.stderr[-2000:]}"
-    path.with_suffix(".partial").rename(path)
-    return done.stdout.strip().splitlines()[-2]
+    result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    history = json.loads(partial.read_text())
+    if "lr" not in history:  # digits: the total rate, the epochs and params from RESULT
+        fields = dict(item.split("=", 1) for item in result.split()[2:])
+        history.update(lr=lr, epochs=int(fields["epochs"]), params=int(fields["params"]))
+        partial.write_text(json.dumps(history, indent=1))
+    partial.rename(path)
+    return result
 
 
 def run_all(args: argparse.Namespace, jobs: list[tuple[str, int, float, Path]]) -> None:
@@ -114,45 +227,46 @@ def load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def steps_to(history: dict, target: float) -> int | None:
-    """The first evaluated step whose validation perplexity is at or below target."""
-    return next((e["step"] for e in history["evaluations"] if e["valid_perplexity"] <= target),
-                None)
+def steps_to(model: Model, history: dict, target: float) -> int | None:
+    """The first evaluated step whose metric is at target or better."""
+    return next((e["step"] for e in history["evaluations"] if model.better(e[model.metric],
+                                                                            target)), None)
 
 
 def sweep_lines(args: argparse.Namespace) -> list[str]:
     """The dense sweep that picked the learning rate, then each scheme swept at its own P."""
+    model, name = args.model, args.model.name
     found = sorted((float(path.stem.split("_lr")[1]), load(path)) for path in
-                   args.out.glob(f"lm_dense_p{args.sweep_workers}_lr*.json"))
+                   args.out.glob(f"{name}_dense_p{args.sweep_workers}_lr*.json"))
     lines = [] if not found else [
-        "", f"Learning rate picked on dense at P = {args.sweep_workers} (same steps and "
-        "schedule): " + ", ".join(f"lr {lr:g}: {run['evaluations'][-1]['valid_perplexity']:.1f}"
-                                  for lr, run in found) + "."]
+        "", f"Learning rate picked on dense at P = {args.sweep_workers} (same {model.same}): "
+        + ", ".join(f"lr {lr:g}: {model.show(final(model, run))}" for lr, run in found) + "."]
     swept: dict[tuple[str, int], dict[float, float]] = {}
-    for path in args.out.glob("lm_*_p*_lr*.json"):
-        scheme, workers, lr = SWEPT.match(path.stem).groups()
+    pattern = re.compile(rf"^{name}_(.+)_p(\d+)_lr([\d.]+)$")
+    for path in args.out.glob(f"{name}_*_p*_lr*.json"):
+        scheme, workers, lr = pattern.match(path.stem).groups()
         if scheme in SCHEMES and (scheme, int(workers)) != ("dense", args.sweep_workers):
-            swept.setdefault((scheme, int(workers)), {})[float(lr)] = final(load(path))
+            swept.setdefault((scheme, int(workers)), {})[float(lr)] = final(model, load(path))
     for (scheme, workers), finals in swept.items():
-        if (main_run := load(history_path(args.out, scheme, workers))) is not None:
-            finals[float(main_run["lr"])] = final(main_run)
+        if (main_run := load(history_path(args, scheme, workers))) is not None:
+            finals[float(main_run["lr"])] = final(model, main_run)
     if swept:
         rates = sorted({lr for finals in swept.values() for lr in finals})
-        lines += ["", "Each scheme at its own learning rate (final validation perplexity; same "
-                  "steps and schedule):", "",
+        lines += ["", f"Each scheme at its own learning rate (final {model.quantity}; same "
+                  f"{model.same}):", "",
                   "| scheme | P | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | best |",
                   "|---|---|" + "---|" * (len(rates) + 1)]
         for (scheme, workers), finals in sorted(swept.items(), key=lambda item: (
                 item[0][1], list(SCHEMES).index(item[0][0]))):
-            best = min(finals, key=finals.get)
+            best = model.best(finals)
             lines.append(f"| {scheme} | {workers} | " + " | ".join(
-                f"{finals[lr]:.1f}" if lr in finals else "" for lr in rates)
-                + f" | lr {best:g}: {finals[best]:.1f} |")
+                model.show(finals[lr]) if lr in finals else "" for lr in rates)
+                + f" | lr {best:g}: {model.show(finals[best])} |")
     return lines
 
 
-def final(run: dict) -> float:
-    return run["evaluations"][-1]["valid_perplexity"]
+def final(model: Model, run: dict) -> float:
+    return run["evaluations"][-1][model.metric]
 
 
 def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int) -> list[str]:
@@ -189,7 +303,7 @@ def modelled_seconds(runs: dict, scheme: str, workers: int, d: int, rate: float,
     run, dense = runs[(scheme, workers)], runs.get(("dense", workers))
     if run is None or dense is None:
         return None
-    reached = steps_to(run, dense["evaluations"][-1]["valid_perplexity"] * near)
+    reached = steps_to(MODELS["lm"], run, final(MODELS["lm"], dense) * near)
     if reached is None:
         return None
     compression, density = SCHEMES[scheme]
@@ -211,17 +325,21 @@ def selection_seconds(d: int, density: float) -> float:
 
 
 def report(args: argparse.Namespace) -> None:
-    runs = {(s, p): load(history_path(args.out, s, p)) for s in args.schemes for p in args.workers}
+    model = args.model
+    runs = {(s, p): load(history_path(args, s, p)) for s in args.schemes for p in args.workers}
     present = [s for s in args.schemes if any(runs[(s, p)] for p in args.workers)]
     if not present:
-        raise SystemExit(f"no histories under {args.out}: run `scale_study.py run` first")
-    lines = ["# LM at scale (simulated workers, `scripts/scale_study.py`)", "",
-             "Final validation perplexity (lower is better); in brackets the steps to reach "
-             "dense's final perplexity at the same P / to come within "
-             f"{(args.near - 1) * 100:g}% of it (- : not within the run; evaluated every "
-             f"{args.eval_every} steps).", "",
+        raise SystemExit(f"no {model.name} histories under {args.out}: run `scale_study.py run "
+                         f"--model {model.name}` first")
+    near = model.near_text(args.near)
+    lines = [f"# {model.heading} (simulated workers, `scripts/scale_study.py`)", "",
+             f"Final {model.quantity}{' in %' if model.scale == 100 else ''} ("
+             f"{'lower' if model.lower_is_better else 'higher'} is better); in brackets the "
+             f"steps to reach dense's final {model.short} at the same P / to come within {near} "
+             f"of it (- : not within the run; {model.evaluated(args)}).", "",
              "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
              "|---|" + "---|" * len(args.workers)]
+    worst = math.inf if model.lower_is_better else -math.inf
     for scheme in present:
         cells = []
         for p in args.workers:
@@ -229,56 +347,70 @@ def report(args: argparse.Namespace) -> None:
             if run is None:
                 cells.append("")
                 continue
-            final = run["evaluations"][-1]["valid_perplexity"]
-            target = dense["evaluations"][-1]["valid_perplexity"] if dense else math.inf
-            reached = [steps_to(run, target * ratio) for ratio in (1.0, args.near)]
-            cells.append(f"{final:.1f} (" + " / ".join("-" if r is None else str(r)
-                                                       for r in reached) + ")")
+            target = final(model, dense) if dense else worst
+            reached = [steps_to(model, run, goal)
+                       for goal in (target, model.near_target(target, args.near))]
+            cells.append(f"{model.show(final(model, run))} (" + " / ".join(
+                "-" if r is None else str(r) for r in reached) + ")")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     any_run = next(r for r in runs.values() if r)
-    lines += ["", f"Global batch {any_run['global_batch']} sequences, {any_run['steps']} steps, "
-              f"lr {any_run['lr']:g} (x0.25 at 50% and 75%), {any_run['params']} parameters.",
-              *sweep_lines(args), *time_lines(args, runs, present, any_run["params"])]
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
+    lines += ["", model.setup(any_run), *sweep_lines(args),
+              *(time_lines(args, runs, present, any_run["params"]) if timed else [])]
+    (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     d = any_run["params"]
+    largest = max(p for p in args.workers if any(runs[(s, p)] for s in present))
     for scheme in present:
-        points = [(p, runs[(scheme, p)]["evaluations"][-1]["valid_perplexity"])
+        points = [(p, final(model, runs[(scheme, p)]) * model.scale)
                   for p in args.workers if runs[(scheme, p)]]
         left.plot(*zip(*points), marker="o", label=scheme)
+        if not timed:
+            if (run := runs[(scheme, largest)]) is not None:
+                right.plot([e["step"] for e in run["evaluations"]],
+                           [e[model.metric] * model.scale for e in run["evaluations"]],
+                           label=scheme)
+            continue
         times = [(p, seconds) for p in args.workers
                  if (seconds := modelled_seconds(runs, scheme, p, d, 1e9, args.near))
                  is not None]
         if times:
             right.plot(*zip(*times), marker="o", label=scheme)
-    left.set(ylabel="final validation perplexity", title="LSTM LM, simulated workers (measured)")
-    right.set(yscale="log", ylabel=f"seconds to within {(args.near - 1) * 100:g}% of dense's "
-              "final perplexity",
-              title="at 1 Gbit/s (model built from measurements)")
-    for axis in (left, right):
+    if timed:
+        left.set(ylabel="final validation perplexity",
+                 title="LSTM LM, simulated workers (measured)")
+        right.set(yscale="log", ylabel=f"seconds to within {near} of dense's "
+                  "final perplexity",
+                  title="at 1 Gbit/s (model built from measurements)")
+    else:
+        left.set(ylabel=f"final {model.quantity} (%)",
+                 title="digits CNN, simulated workers (measured)")
+        right.set(xlabel="step", ylabel=f"{model.quantity} (%)",
+                  title=f"P = {largest}: {model.quantity} after each epoch (measured)")
+    for axis in (left, right) if timed else (left,):
         axis.set(xscale="log", xlabel="workers P (global batch fixed)")
         axis.set_xticks(args.workers, [str(p) for p in args.workers])
         axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    for axis in (left, right):
         axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(args.out / "lm_scale.png", dpi=120)
+    figure.savefig(args.out / model.figure, dpi=120)
 
 
 def main() -> None:
     args = parse_args()
     if args.action == "sweep":
         schemes = args.schemes if args.sweep_schemes else ["dense"]
-        run_all(args, [(s, args.sweep_workers, lr, history_path(args.out, s, args.sweep_workers,
-                                                                lr))
+        run_all(args, [(s, args.sweep_workers, lr, history_path(args, s, args.sweep_workers, lr))
                        for s in schemes for lr in args.sweep_lrs])
         for scheme in schemes:
             for lr in args.sweep_lrs:
-                run = load(history_path(args.out, scheme, args.sweep_workers, lr))
-                print(f"{scheme} P={args.sweep_workers} lr={lr:g}: final valid perplexity "
-                      f"{run['evaluations'][-1]['valid_perplexity']:.2f}")
+                run = load(history_path(args, scheme, args.sweep_workers, lr))
+                print(f"{scheme} P={args.sweep_workers} lr={lr:g}: final {args.model.quantity} "
+                      f"{final(args.model, run) * args.model.scale:.2f}")
     elif args.action == "run":
-        run_all(args, [(s, p, args.lr, history_path(args.out, s, p))
+        run_all(args, [(s, p, args.lr, history_path(args, s, p))
                        for p in args.workers for s in args.schemes])
     else:
         report(args)
