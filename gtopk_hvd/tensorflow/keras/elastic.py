@@ -66,15 +66,17 @@ from gtopk_hvd.tensorflow.state import GTopkState
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Horovod's `hvd.elastic.run` (`func(state, ...)` runs again after each reset, state
     restored and synced first), with failures told apart as they reach Keras: an error of a
-    Horovod operation (including those of the sparse step, inside `model.fit`'s traced step) is
-    a worker failure (HorovodInternalError: restore, reset, go on); any other error propagates.
-    Horovod 0.28's TensorFlow `run` recognises only allreduce, allgather and broadcast by name
-    and returns None, as if training had finished, on every other TensorFlow error."""
+    Horovod operation that found Horovod shut down by a failure, or of an allreduce, allgather
+    or broadcast as Horovod's own `run` counts them (tf.errors.UnknownError; those of the sparse
+    step inside `model.fit`'s traced step included) is a worker failure (HorovodInternalError:
+    restore, reset, go on); any other error propagates. Horovod 0.28's TensorFlow `run` returns
+    None, as if training had finished, on any other UnknownError (e.g. a failed alltoall, which
+    gTop-k's phases use)."""
 
     def attempt(state: ObjectState, *args: Any, **kwargs: Any) -> Any:
         try:
             return func(state, *args, **kwargs)
-        except tf.errors.OpError as error:
+        except tf.errors.UnknownError as error:  # what a failed op raises (not bad arguments)
             if _HOROVOD_FAILURE.search(error.message or ""):
                 raise HorovodInternalError(error) from error
             raise
@@ -82,9 +84,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     return run_fn(attempt, _reset)
 
 
-# A Horovod collective that failed (Gloo lost a peer) or found Horovod shut down by a failure.
-_HOROVOD_FAILURE = re.compile(r"Horovod(Allreduce|Allgather|Broadcast|Alltoall|Reducescatter)"
-                              r"|Horovod has been shut down")
+# An op that found Horovod shut down (its background loop lost a peer), or one of the ops that
+# Horovod's own run counts as failures.
+_HOROVOD_FAILURE = re.compile(r"Horovod has been shut down|Horovod(Allreduce|Allgather|Broadcast)")
 
 
 class KerasState(ObjectState):
