@@ -83,7 +83,7 @@ class GTopkState(trackable_base.Trackable):
             pending, self._pending = self._pending, None
             if "residual" in pending:
                 self.load_state_dict(pending)
-            else:  # start_in_running_job before the first step
+            else:  # restart_at before the first step
                 self.sparse.step_count = pending["step"]
 
     # -- one step -----------------------------------------------------------------------------
@@ -154,7 +154,7 @@ class GTopkState(trackable_base.Trackable):
         else:
             self.sparse.load_state_dict(state)
 
-    def start_in_running_job(self, step: int) -> None:
+    def restart_at(self, step: int) -> None:
         """Zero residual and velocity, `step` steps taken (Elastic Horovod's restore of a commit
         made before this worker's first sparse step)."""
         self._passes = None

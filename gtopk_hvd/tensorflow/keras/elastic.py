@@ -145,7 +145,7 @@ class KerasState(ObjectState):
             if "residual" in self._saved_sparse:
                 self.gtopk_state.load_state_dict(self._saved_sparse)
             else:  # committed before its first sparse step
-                self.gtopk_state.start_in_running_job(self._saved_sparse.get("step", 0))
+                self.gtopk_state.restart_at(self._saved_sparse.get("step", 0))
 
 
 def _build_optimizer(optimizer: Any, model: Any) -> None:
