@@ -1,6 +1,7 @@
 """What the elastic examples share (examples/elastic_torch.py, elastic_ddp.py, elastic_keras.py):
 the training options, a regression generated here (the same on every worker), each step's rows,
-a short digest of the weights and the fault injection's SIGKILL."""
+a short digest of the weights, and the fault injection: its options, the SIGKILL and the clock
+from the kill to the first step after it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def add_training_options(parser: argparse.ArgumentParser, steps: int, marker: st
                         help="sleep this long per step (stands for a bigger model's compute)")
     parser.add_argument("--marker", type=Path, default=Path(marker),
                         help="written at the kill (its time); no second kill while it exists")
+
+
+def add_kill_options(parser: argparse.ArgumentParser) -> None:
+    """--kill-rank, --kill-at and --kill-phase (the Elastic Horovod examples)."""
+    parser.add_argument("--kill-rank", type=int, default=None,
+                        help="the worker started as this rank kills itself (SIGKILL), once")
+    parser.add_argument("--kill-at", type=int, default=10, help="at this step")
+    parser.add_argument("--kill-phase", choices=["reduction", "commit"], default="reduction",
+                        help="die where the others are in the sparse step, or in the commit")
 
 
 def arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -73,3 +83,20 @@ def die(marker: Path) -> None:
     """SIGKILL this worker, the time written to `marker` first."""
     marker.write_text(str(time.time()))
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecoveryClock:
+    """Seconds from the kill (the time `die` wrote to the marker) to the first step this worker
+    completes at a number of workers it had not trained at before; None until then. Lives
+    across Elastic Horovod's resets (made outside the retried function)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+        self.sizes: set[int] = set()
+        self.seconds: float | None = None
+
+    def step_done(self, size: int) -> None:
+        if (self.seconds is None and self.sizes and size not in self.sizes
+                and self.marker.exists()):
+            self.seconds = time.time() - float(self.marker.read_text())
+        self.sizes.add(size)

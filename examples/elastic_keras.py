@@ -30,7 +30,16 @@ import time
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from elastic_common import FEATURES, add_training_options, arrays, die, digest, step_rows
+from elastic_common import (
+    FEATURES,
+    RecoveryClock,
+    add_kill_options,
+    add_training_options,
+    arrays,
+    die,
+    digest,
+    step_rows,
+)
 
 import gtopk_hvd.tensorflow.keras as gtopk
 from gtopk_hvd.tensorflow.keras import elastic
@@ -39,11 +48,7 @@ from gtopk_hvd.tensorflow.keras import elastic
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_training_options(parser, steps=60, marker="/tmp/gtopk_elastic_keras_killed")
-    parser.add_argument("--kill-rank", type=int, default=None,
-                        help="the worker started as this rank kills itself (SIGKILL), once")
-    parser.add_argument("--kill-at", type=int, default=10, help="at this step")
-    parser.add_argument("--kill-phase", choices=["reduction", "commit"], default="reduction",
-                        help="die where the others are in the sparse step, or in the commit")
+    add_kill_options(parser)
     return parser.parse_args()
 
 
@@ -52,10 +57,9 @@ class Steps(tf.keras.callbacks.Callback):
     the recovery time."""
 
     def __init__(self, state: elastic.KerasState, args: argparse.Namespace,
-                 started_as: int, recovered: list[float], sizes: set[int]) -> None:
+                 started_as: int, clock: RecoveryClock) -> None:
         super().__init__()
-        self.state, self.args, self.started_as = state, args, started_as
-        self.recovered, self.sizes = recovered, sizes
+        self.state, self.args, self.started_as, self.clock = state, args, started_as, clock
 
     def dying(self, phase: str) -> bool:
         return (self.started_as == self.args.kill_rank and self.state.step == self.args.kill_at
@@ -69,14 +73,11 @@ class Steps(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         size = hvd.size()
         self.state.step += 1
-        marker = self.args.marker
-        if marker.exists() and not self.recovered and size not in self.sizes and self.sizes:
-            self.recovered.append(time.time() - float(marker.read_text()))
-        self.sizes.add(size)
+        self.clock.step_done(size)
         if hvd.rank() == 0:
             print(f"step {self.state.step} size {size} loss {logs['loss']:.5f}", flush=True)
         if self.dying("commit"):
-            die(marker)
+            die(self.args.marker)
         self.state.commit()
 
 
@@ -95,8 +96,7 @@ def main() -> None:
     model.compile(optimizer=optimizer, loss="mse")
     x, y = arrays()
     state = elastic.KerasState(model, step=0)
-    recovered: list[float] = []
-    sizes: set[int] = set()  # Horovod's sizes this worker has trained at (survives resets)
+    clock = RecoveryClock(args.marker)
 
     def batches(start: int):
         rank, size = hvd.rank(), hvd.size()
@@ -113,14 +113,14 @@ def main() -> None:
             output_signature=(tf.TensorSpec((None, FEATURES), tf.float32),
                               tf.TensorSpec((None, 1), tf.float32)))
         model.fit(data, steps_per_epoch=args.steps - state.step, epochs=1, verbose=0,
-                  callbacks=[Steps(state, args, started_as, recovered, sizes)])
+                  callbacks=[Steps(state, args, started_as, clock)])
 
     train(state)
     final = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
     sums = hvd.allgather_object(digest(w.numpy() for w in model.trainable_weights))
     assert len(set(sums)) == 1, f"replicas differ: {sums}"
-    if recovered:
-        print(f"RECOVERY rank={hvd.rank()} seconds={recovered[0]:.2f}", flush=True)
+    if clock.seconds is not None:
+        print(f"RECOVERY rank={hvd.rank()} seconds={clock.seconds:.2f}", flush=True)
     if hvd.rank() == 0:
         keras = "tf-keras" if type(model).__module__.startswith("tf_keras") else "keras3"
         print(f"RESULT elastic keras={keras} compression={args.compression} workers={hvd.size()} "

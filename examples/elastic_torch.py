@@ -29,7 +29,16 @@ import time
 
 import horovod.torch as hvd
 import torch
-from elastic_common import FEATURES, add_training_options, checksum, dataset, die, step_rows
+from elastic_common import (
+    FEATURES,
+    RecoveryClock,
+    add_kill_options,
+    add_training_options,
+    checksum,
+    dataset,
+    die,
+    step_rows,
+)
 
 import gtopk_hvd.torch as gtopk
 
@@ -37,11 +46,7 @@ import gtopk_hvd.torch as gtopk
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_training_options(parser, steps=60, marker="/tmp/gtopk_elastic_killed")
-    parser.add_argument("--kill-rank", type=int, default=None,
-                        help="the worker started as this rank kills itself (SIGKILL), once")
-    parser.add_argument("--kill-at", type=int, default=10, help="at this step")
-    parser.add_argument("--kill-phase", choices=["reduction", "commit"], default="reduction",
-                        help="die where the others are in the sparse step, or in the commit")
+    add_kill_options(parser)
     return parser.parse_args()
 
 
@@ -59,8 +64,7 @@ def main() -> None:
                                          compression=compression)
     x, y = dataset()
     state = hvd.elastic.TorchState(model, optimizer, step=0)
-    recovered: list[float] = []
-    sizes: set[int] = set()  # Horovod's sizes this worker has trained at (survives resets)
+    clock = RecoveryClock(args.marker)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -77,9 +81,7 @@ def main() -> None:
                 die(args.marker)
             optimizer.step()
             state.step += 1
-            if args.marker.exists() and not recovered and size not in sizes and sizes:
-                recovered.append(time.time() - float(args.marker.read_text()))
-            sizes.add(size)
+            clock.step_done(size)
             if rank == 0:
                 print(f"step {state.step} size {size} loss {loss.item():.5f}", flush=True)
             if dying:
@@ -91,8 +93,8 @@ def main() -> None:
         final = torch.nn.functional.mse_loss(model(x), y).item()
     sums = hvd.allgather_object(checksum(model))
     assert len(set(sums)) == 1, f"replicas differ: {sums}"
-    if recovered:
-        print(f"RECOVERY rank={hvd.rank()} seconds={recovered[0]:.2f}", flush=True)
+    if clock.seconds is not None:
+        print(f"RECOVERY rank={hvd.rank()} seconds={clock.seconds:.2f}", flush=True)
     if hvd.rank() == 0:
         print(f"RESULT elastic compression={args.compression} workers={hvd.size()} "
               f"steps={args.steps} loss={final:.6f} checksum={sums[0]}", flush=True)

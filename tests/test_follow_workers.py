@@ -57,17 +57,19 @@ def gradient(rank: int, step: int) -> np.ndarray:
     return np.random.default_rng([rank, step]).standard_normal(D).astype(np.float32)
 
 
+def stepped(config: object, rank: int, steps: int) -> SparseStep:
+    """This thread worker's SparseStep over the "local" transport after `steps` steps."""
+    step = SparseStep(config, [D], resolve_transport("local"))
+    for t in range(steps):
+        step.update(gradient(rank, t), np.zeros(D, np.float32))
+    return step
+
+
 @pytest.mark.parametrize("scheme", list(CONFIGS))
 def test_a_step_moves_to_fewer_workers_with_its_state(scheme: str) -> None:
     config = CONFIGS[scheme]
 
-    def three(rank: int) -> SparseStep:
-        step = SparseStep(config, [D], resolve_transport("local"))
-        for t in range(4):
-            step.update(gradient(rank, t), np.zeros(D, np.float32))
-        return step
-
-    before = in_group(3, three)
+    before = in_group(3, lambda rank: stepped(config, rank, 4))
     saved = [step.state_dict() for step in before]
 
     def two(rank: int) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -121,17 +123,11 @@ def test_a_new_worker_takes_the_jobs_step_count_at_its_first_step() -> None:
     the others' at the first step's agreement check, so every worker selects the same k."""
     config = Compression.gtopk(0.01, warmup_densities=(0.25, 0.1), warmup_steps=4)
 
-    def two(rank: int) -> SparseStep:
-        step = SparseStep(config, [D], resolve_transport("local"))
-        for t in range(5):
-            step.update(gradient(rank, t), np.zeros(D, np.float32))
-        return step
-
-    survivors = in_group(2, two)
+    survivors = in_group(2, lambda rank: stepped(config, rank, 5))
 
     def three(rank: int) -> tuple[int, int]:
         step = (follow_horovod(survivors[rank], "local", ThreadWorkers()) if rank < 2
-                else SparseStep(config, [D], resolve_transport("local")))
+                else stepped(config, rank, 0))
         step.update(gradient(rank, 5), np.zeros(D, np.float32))
         return step.last_stats.k, step.step_count
 

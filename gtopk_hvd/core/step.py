@@ -313,8 +313,8 @@ class SparseStep:
 
     def restarted(self, step_count: int = 0) -> SparseStep:
         """A SparseStep made as this one was, on the same transport, with zero residual and
-        velocity, a fresh scheme state, and `step_count` steps taken (a worker new to a job that
-        has taken them)."""
+        velocity, a fresh scheme state, and `step_count` steps taken (e.g. Elastic Horovod's
+        restore of a commit made before this worker's first step)."""
         fresh = SparseStep(**{**self._made_with, "transport": self.transport})
         fresh.step_count = int(step_count)
         return fresh

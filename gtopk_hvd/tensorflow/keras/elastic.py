@@ -18,7 +18,8 @@ Horovod's recipe, with this module in place of `hvd.elastic`:
 
 What Horovod 0.28's `hvd.elastic.KerasState` cannot do and this one does:
 
-- Keras 3: Horovod calls `optimizer.variables()`, a list there (TypeError at the first commit).
+- Keras 3: Horovod calls `optimizer.variables()`, a list there (TypeError when the state is
+  made).
 - This worker's sparse state: `commit()` saves the model's weights, the optimizer's variables
   and the `GTopkState` (residual, velocity, step count, a scheme's own state) of the optimizer
   (its `gtopk_state`) or the one given (`gtopk_state=`, for `DistributedGradientTape` users);
