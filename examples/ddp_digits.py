@@ -38,6 +38,8 @@ from torch_digits import (
 )
 from tqdm import tqdm
 
+from gtopk_hvd.torch.ddp import end_process_group
+
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,10 +105,7 @@ def bytes_sent(args: argparse.Namespace, state: Any, params: int, workers: int) 
     return digits_common.communication(args.compression, args.density, stats, params, workers)
 
 
-def main() -> None:
-    args = parse_args()
-    dist.init_process_group(args.backend)
-    torch.set_num_threads(1)
+def train(args: argparse.Namespace) -> None:
     rank, workers = dist.get_rank(), dist.get_world_size()
 
     train_set, test_set = load_data()
@@ -142,8 +141,14 @@ def main() -> None:
             test_accuracy=accuracy, test_loss=test_loss, bytes_per_step=sent, params=params))
         digits_common.emit(f"TIME train_seconds={seconds:.2f}")
     digits_common.emit(digits_common.checksum_line(rank, checksum(model.module)))
-    dist.barrier()  # no rank takes its Gloo pairs down while a peer still talks on them
-    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group(args.backend)
+    torch.set_num_threads(1)
+    train(args)
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from elastic_common import FEATURES, checksum, dataset, step_rows
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, end_process_group, gtopk_hook
 
 
 def parse_args() -> argparse.Namespace:
@@ -125,10 +125,7 @@ def restore(directory: Path, model: DDP, optimizer: torch.optim.Optimizer,
     return int(saved["step"])
 
 
-def main() -> None:
-    args = parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+def train(args: argparse.Namespace) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.Tanh(),
@@ -177,8 +174,14 @@ def main() -> None:
     if rank == 0:
         print(f"RESULT elastic_ddp compression={args.compression} workers={size} "
               f"steps={args.steps} loss={final:.6f} checksum={sums[0]}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    train(args)
+    end_process_group()
 
 
 if __name__ == "__main__":

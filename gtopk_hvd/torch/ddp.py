@@ -59,6 +59,10 @@ in the new model's first iteration, whose buckets are DDP's construction-time on
 splits the gradients into the saved buckets and runs their steps (`gtopk_hvd.torch.bucket_remap`
 states the rule). A job restarted on another number of workers restores too: a rank the saved
 job did not have loads another's state with `load_state_dict(state, keep_residuals=False)`.
+
+The end of the program: `end_process_group()` (on every rank, once the function that trained has
+returned) frees what still holds the group, waits for every rank and destroys the group; a Gloo
+group left to the interpreter's exit can abort a finished program.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
 from gtopk_hvd.transports.base import check_same_workers
-from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
+from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport, end_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -496,4 +500,5 @@ def _describe(layout: Layout) -> str:
     return f"{len(layout)} parameters ({values} values: {[list(s) for s, _ in layout]})"
 
 
-__all__ = ["GTopkHookState", "HookBucket", "check_matches_process_group", "gtopk_hook"]
+__all__ = ["GTopkHookState", "HookBucket", "check_matches_process_group", "end_process_group",
+           "gtopk_hook"]

@@ -39,11 +39,7 @@ def close_transports() -> None:
     """At a tool's normal end, on every worker: takes down what open_transport initialised
     (a torch.distributed group left to the interpreter's exit may abort its Gloo threads)."""
     if "torch" in _opened:
-        import gc
+        from gtopk_hvd.transports.torch_distributed import end_process_group
 
-        import torch.distributed as dist
-
-        gc.collect()  # what still holds the group in reference cycles goes while Python is whole
-        dist.barrier()
-        dist.destroy_process_group()
+        end_process_group()
         _opened.discard("torch")

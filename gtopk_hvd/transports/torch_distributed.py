@@ -21,6 +21,7 @@ two partners that both send first do not deadlock.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
@@ -196,3 +197,19 @@ def default_transport() -> TorchDistributedTransport:
     if _default is None:
         _default = TorchDistributedTransport()
     return _default
+
+
+def end_process_group() -> None:
+    """The normal end of a torch.distributed program, on every rank, after its training
+    function has returned (its DDP models and hook states out of scope): frees what still holds
+    the default group in reference cycles while the interpreter is whole, waits for every rank
+    (none takes its Gloo pairs down while a peer still talks on them), destroys the group and
+    frees what it left. A Gloo group whose last reference dies during the interpreter's exit can
+    abort the process ("terminate called without an active exception") after the program has
+    succeeded."""
+    global _default
+    _default = None
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()

@@ -3,7 +3,6 @@ mpirun (MPI_Abort), horovodrun or torchrun (a non-zero exit, which ends the othe
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import traceback
@@ -25,17 +24,3 @@ def run_on_all_ranks(main: Callable[[], None]) -> None:
             MPI.COMM_WORLD.Abort(1)
         os._exit(1)
 
-
-def end_torch_distributed() -> None:
-    """The normal end of a torchrun program, on every rank: frees what still holds the process
-    group (DDP models and hook states in reference cycles) while the interpreter is fully alive,
-    waits for every rank (no rank takes its Gloo pairs down while a peer still talks on them),
-    then destroys the group. A Gloo group whose last reference dies during the interpreter's
-    exit can abort the process ("terminate called without an active exception") after the
-    program has succeeded."""
-    import torch.distributed as dist
-
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
-    gc.collect()

@@ -16,13 +16,13 @@ import hashlib
 
 import torch
 import torch.distributed as dist
-from harness import end_torch_distributed, run_on_all_ranks
+from harness import run_on_all_ranks
 from helpers.digits import digits_split, worker_batches
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, end_process_group, gtopk_hook
 
 EPOCHS = 12
 BATCH = 32
@@ -122,7 +122,7 @@ def main() -> None:
     torch.set_num_threads(1)
     injected()
     amp()
-    end_torch_distributed()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -31,13 +31,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness import end_torch_distributed
 from helpers.reference import gtopk_schedule_reference, topk_reference
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, end_process_group, gtopk_hook
 from gtopk_hvd.transports.torch_distributed import default_transport
 
 BUCKET_CAP_MB = 0.002  # about 500 float32 values: 3 buckets (2 at construction, by dtype)
@@ -292,7 +291,7 @@ def main() -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         print(f"ddp hook ok on {dist.get_world_size()} workers", flush=True)
-    end_torch_distributed()
+    end_process_group()
 
 
 if __name__ == "__main__":

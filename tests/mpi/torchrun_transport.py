@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 import torch.distributed as dist
-from harness import end_torch_distributed
 from helpers.counting_transport import CountingTransport, check_reduction_calls
 from helpers.reference import gtopk_schedule_reference
 
@@ -28,7 +27,7 @@ from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.reductions import gtopk_allreduce
 from gtopk_hvd.transports import resolve_transport
-from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport
+from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport, end_process_group
 
 
 def check_operations(transport: TorchDistributedTransport) -> None:
@@ -144,7 +143,7 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         print(f"torch.distributed transport ok on {size} workers", flush=True)
-    end_torch_distributed()
+    end_process_group()
 
 
 if __name__ == "__main__":

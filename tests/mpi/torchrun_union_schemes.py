@@ -11,12 +11,11 @@ import hashlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness import end_torch_distributed
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, end_process_group, gtopk_hook
 
 SCHEMES = {
     "micro": Compression.micro(0.05),
@@ -87,7 +86,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(f"union schemes through the ddp hook ok on {dist.get_world_size()} workers",
               flush=True)
-    end_torch_distributed()
+    end_process_group()
 
 
 if __name__ == "__main__":
