@@ -143,7 +143,8 @@ MODELS = {model.name: model for model in (
     Model("lm", "LM at scale", "valid_perplexity", "validation perplexity", "perplexity",
           lower_is_better=True, scale=1.0, near_ratio=True, lr_per_worker=False,
           same="steps and schedule", figure="lm_scale.png", summary="summary.md",
-          defaults={"global_batch": 64, "lr": 20.0, "sweep_lrs": [5.0, 10.0, 20.0],
+          defaults={"global_batch": 64, "lr": 40.0,
+                    "sweep_lrs": [5.0, 10.0, 20.0, 40.0, 80.0, 120.0],
                     "near": 1.1},
           options=("--size", "128", "--vocab-size", "10000")),
     Model("digits", "The digits CNN at scale", "test_accuracy", "test accuracy", "accuracy",
@@ -167,7 +168,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=25, help="lm: steps between evaluations")
     parser.add_argument("--epochs", type=int, default=30, help="digits: epochs")
     parser.add_argument("--lr", type=float, default=None,
-                        help="total learning rate (lm: 20; digits: the rate picked by sweep)")
+                        help="total learning rate (default: the rate sweep picked, lm: 40, "
+                        "digits: 0.08)")
     parser.add_argument("--sweep-lrs", type=float, nargs="+", default=None)
     parser.add_argument("--sweep-workers", type=int, default=16)
     parser.add_argument("--sweep-schemes", action="store_true",
