@@ -449,6 +449,42 @@ void bind_cuda(py::module_& m) {
                                        as_pointer(out_value), as_pointer(stream),
                                        Workspace{as_pointer(workspace), workspace_bytes});
     });
+    m.def("cuda_accumulate_count_workspace_bytes", &gtopk::cuda::accumulate_count_workspace_bytes,
+          py::arg("n_bins"));
+    m.def("cuda_accumulate_count", [](ValueType value_type, uintptr_t gradient,
+                                      uintptr_t residual, int64_t d, int64_t begin, int64_t end,
+                                      uint64_t threshold_key, uint64_t histogram_base_key,
+                                      int histogram_shift, int64_t n_bins, int64_t n_fine,
+                                      int coarse_shift, bool clear_gradient, uintptr_t stream,
+                                      uintptr_t workspace, size_t workspace_bytes) {
+        if (n_bins < 1) throw py::value_error("need n_bins >= 1");
+        py::array_t<int64_t> histogram(n_bins);
+        int64_t* counts = histogram.mutable_data();
+        int64_t selected = 0;
+        {
+            py::gil_scoped_release release;
+            selected = gtopk::cuda::accumulate_count(
+                value_type, as_pointer(gradient), as_pointer(residual), d, begin, end,
+                threshold_key, histogram_base_key, histogram_shift, n_bins, n_fine, coarse_shift,
+                clear_gradient, counts, as_pointer(stream),
+                Workspace{as_pointer(workspace), workspace_bytes});
+        }
+        return py::make_tuple(selected, histogram);
+    }, "(count at or above the threshold, histogram): cpu accumulate_threshold's first half.");
+    m.def("cuda_threshold_indices_workspace_bytes",
+          &gtopk::cuda::threshold_indices_workspace_bytes, py::arg("value_type"),
+          py::arg("index_type"), py::arg("n"));
+    m.def("cuda_threshold_indices", [](ValueType value_type, IndexType index_type, uintptr_t x,
+                                       int64_t d, int64_t begin, int64_t end,
+                                       uint64_t threshold_key, uintptr_t out_index,
+                                       uintptr_t stream, uintptr_t workspace,
+                                       size_t workspace_bytes) {
+        py::gil_scoped_release release;
+        return gtopk::cuda::threshold_indices(value_type, index_type, as_pointer(x), d, begin,
+                                              end, threshold_key, as_pointer(out_index),
+                                              as_pointer(stream),
+                                              Workspace{as_pointer(workspace), workspace_bytes});
+    });
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,
                                       uintptr_t restore, int64_t n, uintptr_t stream) {

@@ -136,8 +136,14 @@ def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
     key(v): the magnitude's bits (`magnitude_key`: NaN above +Inf above every number), so every
     NaN reaches the selection. bin: `histogram_bin` (n_fine bins of 2^histogram_shift keys,
     then bins of 2^coarse_shift; n_fine < 0: all fine). Returns (indices, histogram int64, on
-    the host). float32 / float64; CUDA tensors run as torch operations on their device.
+    the host). float32 / float64. CUDA tensors: the CUDA kernels (one pass over d, then one
+    read of [begin, end) to write the indices in order), or torch operations on their device
+    where gtopk_hvd was built without them.
     """
+    if (is_cuda(gradient) or is_cuda(residual)) and cuda_built:
+        return _cuda_accumulate_threshold(gradient, residual, begin, end, threshold_key,
+                                          histogram_base_key, histogram_shift, n_bins,
+                                          clear_gradient, n_fine, coarse_shift)
     if is_cuda(gradient) or is_cuda(residual):
         return _torch_accumulate_threshold(gradient, residual, begin, end, threshold_key,
                                            histogram_base_key, histogram_shift, n_bins,
@@ -168,6 +174,8 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
     """The indices i in [begin, end) with magnitude_key(x[i]) >= threshold_key, sorted: one
     read of x[begin:end) (float32 / float64, numpy or torch; a NaN's key is above every
     number's, so every NaN is in)."""
+    if is_cuda(x) and cuda_built:
+        return _cuda_threshold_indices(x, begin, end, threshold_key)
     if is_cuda(x):
         return _torch_threshold_indices(x, begin, end, threshold_key)
     view = as_numpy(x, "x")
@@ -477,6 +485,63 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
         if clear_gradient:  # on the same stream, after the kernel has read it
             gradient.zero_()
     return indices, values
+
+
+def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
+                               threshold_key: int, histogram_base_key: int, histogram_shift: int,
+                               n_bins: int, clear_gradient: bool, n_fine: int,
+                               coarse_shift: int) -> tuple[Any, np.ndarray]:
+    import torch
+
+    _cuda_check(gradient, "gradient", gradient.device)
+    _cuda_check(residual, "residual", gradient.device)
+    if gradient.numel() != residual.numel() or gradient.dtype != residual.dtype:
+        raise ValueError("gradient and residual must have the same length and dtype")
+    d = gradient.numel()
+    _check_range(begin, end, d)
+    value_type = _cuda_value_type(gradient.dtype)
+    with _on_device(gradient.device):
+        workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(int(n_bins)),
+                               gradient.device)
+        count, histogram = _C.cuda_accumulate_count(
+            value_type, gradient.data_ptr(), residual.data_ptr(), d, int(begin), int(end),
+            int(threshold_key), int(histogram_base_key), int(histogram_shift), int(n_bins),
+            int(n_fine), int(coarse_shift), bool(clear_gradient), _stream(gradient.device),
+            workspace.data_ptr(), workspace.numel())
+        index_dtype = getattr(torch, index_dtype_for(d).__name__)
+        indices = torch.empty(count, dtype=index_dtype, device=gradient.device)
+        if count:
+            _cuda_threshold_indices_into(indices, residual, begin, end,
+                                         max(int(threshold_key), int(histogram_base_key)))
+    return indices, histogram
+
+
+def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+    import torch
+
+    _cuda_check(x, "x", x.device)
+    _check_range(begin, end, x.numel())
+    index_dtype = getattr(torch, index_dtype_for(x.numel()).__name__)
+    with _on_device(x.device):
+        room = torch.empty(end - begin, dtype=index_dtype, device=x.device)
+        count = _cuda_threshold_indices_into(room, x, begin, end, threshold_key)
+    return room[:count].clone()
+
+
+def _cuda_threshold_indices_into(out: Any, x: Any, begin: int, end: int,
+                                 threshold_key: int) -> int:
+    """The kernel of threshold_indices, writing into `out` (room for every selected index)."""
+    value_type, index_type = _cuda_value_type(x.dtype), _cuda_index_type(out.dtype)
+    workspace = _workspace(
+        _C.cuda_threshold_indices_workspace_bytes(value_type, index_type, end - begin), x.device)
+    return _C.cuda_threshold_indices(value_type, index_type, x.data_ptr(), x.numel(),
+                                     int(begin), int(end), int(threshold_key), out.data_ptr(),
+                                     _stream(x.device), workspace.data_ptr(), workspace.numel())
+
+
+def _check_range(begin: int, end: int, d: int) -> None:
+    if not 0 <= begin <= end <= d:
+        raise ValueError(f"need 0 <= begin <= end <= d, got begin={begin}, end={end}, d={d}")
 
 
 def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,

@@ -112,3 +112,71 @@ def test_cuda_merge_workspace_from_the_cache() -> None:
                                values.data_ptr(), torch.cuda.current_stream().cuda_stream, 0, 0)
     assert count == expected[0].numel()
     assert torch.equal(indices[:count], expected[0]) and torch.equal(values[:count], expected[1])
+
+
+# -- the threshold selection pass (MiCRO, ExDyna): the CUDA kernels against the CPU kernel -----
+
+def threshold_inputs(d: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(4)
+    gradient = rng.standard_normal(d).astype(dtype)
+    residual = rng.standard_normal(d).astype(dtype)
+    if d > 10:
+        gradient[[3, d // 2, d - 2]] = [np.nan, np.inf, -np.inf]
+        residual[[4, 5]] = [0.0, -0.0]
+        gradient[[4, 5]] = [-0.0, 0.0]
+    return gradient, residual
+
+
+# (histogram_shift, n_bins, n_fine, coarse_shift): fine bins only; fine then coarse (the
+# schemes' window); more bins than a block's shared memory holds (global counters)
+BIN_LAYOUTS = [(19, 41, -1, 0), (17, 93, 64, 20), (12, 6000, 5000, 16)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("d,begin,end", [(0, 0, 0), (10, 2, 9), (300_007, 0, 300_007),
+                                         (300_007, 77, 77), (1 << 24, 1_000_003, 9_000_001)])
+@pytest.mark.parametrize("layout", BIN_LAYOUTS, ids=["fine", "fine+coarse", "global-bins"])
+@pytest.mark.parametrize("clear_gradient", [False, True])
+def test_cuda_accumulate_threshold_equals_the_cpu_kernel(dtype: str, d: int, begin: int,
+                                                         end: int, layout: tuple,
+                                                         clear_gradient: bool) -> None:
+    """Residual, gradient, selected indices (dtype and order) and histogram bit for bit, with
+    NaN/Inf/-0.0 in the input, a threshold above and one below the histogram's base."""
+    shift, n_bins, n_fine, coarse_shift = layout
+    if dtype == "float64":
+        shift, coarse_shift = shift + 29, coarse_shift + 29
+    gradient, residual = threshold_inputs(d, dtype)
+    base_key = ops.magnitude_key(0.75, dtype)
+    for threshold in (2.5, 0.5):
+        key = ops.magnitude_key(threshold, dtype)
+        cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
+        want = ops.accumulate_threshold(cpu_gradient, cpu_residual, begin, end, key, base_key,
+                                        shift, n_bins, clear_gradient, n_fine, coarse_shift)
+        gpu_gradient = torch.from_numpy(gradient).cuda()
+        gpu_residual = torch.from_numpy(residual).cuda()
+        got = ops.accumulate_threshold(gpu_gradient, gpu_residual, begin, end, key, base_key,
+                                       shift, n_bins, clear_gradient, n_fine, coarse_shift)
+        assert got[0].is_cuda and str(got[0].dtype) == f"torch.{want[0].dtype}"
+        np.testing.assert_array_equal(got[0].cpu().numpy(), want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert gpu_residual.cpu().numpy().tobytes() == cpu_residual.tobytes()
+        assert gpu_gradient.cpu().numpy().tobytes() == cpu_gradient.tobytes()
+        if d > 10 and end - begin > d // 2:
+            assert want[0].size > 0 and want[1].sum() > 0, "the case selected nothing"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_threshold_indices_equals_the_cpu_kernel(dtype: str) -> None:
+    """A read of the partition; a key above NaN's selects nothing, key 0 selects every entry."""
+    x = threshold_inputs(1_000_003, dtype)[1]
+    gpu = torch.from_numpy(x).cuda()
+    above_nan = 0xFFFFFFFF if dtype == "float32" else 0xFFFFFFFFFFFFFFFF
+    for begin, end in ((0, x.size), (12_345, 600_000), (5, 5)):
+        for key in (ops.magnitude_key(1.5, dtype), 0, above_nan):
+            want = ops.threshold_indices(x, begin, end, key)
+            got = ops.threshold_indices(gpu, begin, end, key)
+            np.testing.assert_array_equal(got.cpu().numpy(), want)
+    with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
+        ops.threshold_indices(gpu, 7, 6, 0)
+    with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
+        ops.accumulate_threshold(gpu, gpu.clone(), 0, x.size + 1, 0, 0, 19, 4)

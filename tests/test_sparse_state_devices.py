@@ -63,3 +63,24 @@ def test_torch_state_equals_numpy_state_bit_for_bit(device: str, options: dict,
         if velocity is not None:
             assert velocity.tobytes() == want_velocity.tobytes()
     assert any(values.size for values in (u[1] for u in got[0][0])), "nothing was selected"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compression", [
+    Compression.micro(0.05),
+    Compression.exdyna(0.05, blocks=16),
+    Compression.micro(0.02, momentum_correction=True, warmup_densities=(0.2,), warmup_steps=2),
+    Compression.sketch(0.05, columns=64),
+    Compression.gtopk(0.05, exact=True),
+], ids=["micro", "exdyna", "micro-momentum+warmup", "sketch", "gtopk-exact"])
+def test_the_other_schemes_on_torch_state_equal_numpy_bit_for_bit(device: str,
+                                                                  compression: object) -> None:
+    """MiCRO / ExDyna (the threshold pass: the CUDA kernels on a GPU), the sketch and exact
+    gTop-k with the state in torch tensors, against the numpy state."""
+    expected, got = train(compression, None), train(compression, device)
+    for (want_updates, want_residual, _), (updates, residual, _) in zip(expected, got):
+        for (want_indices, want_values), (indices, values) in zip(want_updates, updates):
+            np.testing.assert_array_equal(indices, want_indices)
+            assert values.tobytes() == want_values.tobytes()
+        assert residual.tobytes() == want_residual.tobytes()
+    assert any(values.size for values in (u[1] for u in got[0][0])), "nothing was selected"

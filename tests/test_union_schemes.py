@@ -492,6 +492,45 @@ def test_the_fused_pass_and_the_threshold_read_match_numpy(dtype: type, begin: i
         np.testing.assert_array_equal(histogram, want_histogram, err_msg=run)
 
 
+def numpy_bins(offset: np.ndarray, shift: int, n_bins: int, n_fine: int, coarse_shift: int
+               ) -> np.ndarray:
+    """The histogram's bin rule (gtopk/histogram_bins.h), written out in numpy."""
+    offset = offset.astype(object)  # Python integers: no overflow at float64's keys
+    n_fine = n_bins if not 0 <= n_fine <= n_bins else n_fine
+    span = n_fine << shift
+    bins = [o >> shift if o < span else n_fine + ((o - span) >> coarse_shift) for o in offset]
+    return np.minimum(np.array(bins, dtype=object), n_bins - 1).astype(np.int64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", [(19, 41, -1, 0), (17, 93, 64, 20), (12, 6000, 5000, 16),
+                                    (17, 10, 10, 20), (17, 1, 0, 3)],
+                         ids=["fine", "fine+coarse", "many", "n_fine=n_bins", "one-bin"])
+def test_the_fused_pass_histogram_bins_match_numpy(dtype: type, layout: tuple) -> None:
+    """The CPU kernel's histogram under each bin layout (the rule the CUDA kernel shares)."""
+    from gtopk_hvd import ops
+
+    shift, n_bins, n_fine, coarse_shift = layout
+    if dtype == np.float64:
+        shift, coarse_shift = shift + 29, coarse_shift + 29
+    rng = np.random.default_rng(2)
+    d = 50_003
+    residual = (rng.standard_normal(d) * np.exp(rng.uniform(-8, 8, d))).astype(dtype)
+    residual[[0, 9]] = [np.nan, np.inf]
+    base_key = ops.magnitude_key(0.01, dtype)
+    width = 64 if dtype == np.float64 else 32
+    bits = residual.view(np.uint64 if width == 64 else np.uint32).astype(np.uint64)
+    keys = np.minimum(bits & np.uint64((1 << (width - 1)) - 1),
+                      np.uint64(0x7FF0000000000001 if width == 64 else 0x7F800001))
+    counted = keys[keys >= np.uint64(base_key)] - np.uint64(base_key)
+    want = np.bincount(numpy_bins(counted, shift, n_bins, n_fine, coarse_shift),
+                       minlength=n_bins)
+    _, histogram = ops.accumulate_threshold(np.zeros(d, dtype), residual, 0, d, base_key,
+                                            base_key, shift, n_bins, False, n_fine, coarse_shift)
+    np.testing.assert_array_equal(histogram, want)
+    assert np.count_nonzero(want) > min(n_bins, 4) - 1, "the layout's bins were not reached"
+
+
 def test_the_fused_pass_refuses_bad_bounds() -> None:
     from gtopk_hvd import ops
 

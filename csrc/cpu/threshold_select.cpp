@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtopk/cpu_ops.h"
+#include "gtopk/histogram_bins.h"
 #include "select_engine.h"
 
 namespace gtopk::cpu {
@@ -58,8 +59,8 @@ void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, in
                           bool clear_gradient, std::vector<Index>& out_index, int64_t n_fine,
                           int coarse_shift) {
     using Key = MagnitudeKey<T>;
-    if (n_fine < 0 || n_fine > n_bins) n_fine = n_bins;
-    const uint64_t fine_span = static_cast<uint64_t>(n_fine) << histogram_shift;
+    const auto bins_of = HistogramBins<Key>::make(histogram_base, histogram_shift, n_bins, n_fine,
+                                                  coarse_shift);
     const int n_threads = detail::threads_for(d);
     std::vector<std::vector<Index>> selected(n_threads);
     std::vector<std::vector<int64_t>> counts(
@@ -82,13 +83,7 @@ void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, in
             if (lo >= hi || detail::block_max_key(residual + lo, hi - lo) < histogram_base) continue;
             const int64_t hits = gather_hits(residual + lo, hi - lo, histogram_base, keys, positions);
             for (int64_t j = 0; j < hits; ++j) {
-                const uint64_t offset = keys[j] - histogram_base;
-                const int64_t bin = std::min<int64_t>(
-                    offset < fine_span ? static_cast<int64_t>(offset >> histogram_shift)
-                                       : n_fine + static_cast<int64_t>((offset - fine_span) >>
-                                                                       coarse_shift),
-                    n_bins - 1);
-                bins[(j % kHistogramCopies) * n_bins + bin]++;
+                bins[(j % kHistogramCopies) * n_bins + bins_of.of(keys[j])]++;
             }
             for (int64_t j = 0; j < hits; ++j) {
                 if (keys[j] >= threshold) mine.push_back(static_cast<Index>(lo + positions[j]));

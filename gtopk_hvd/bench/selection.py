@@ -2,9 +2,11 @@
 against our exact top-k and a read pass.
 
 Every pass reads the residual r (Gaussian float32, as gradients nearly are) with an all-zero
-gradient, so r stays the data between runs. Rows, on one worker's vector of d values:
+gradient, so r stays the data between runs. `--device cuda`: the same rows on a GPU (torch
+tensors, every call synchronised before the clock stops), the sketch rows excepted. Rows, on one
+worker's vector of d values:
 
-    read         one multi-threaded read of r (the floor of any pass)
+    read         one multi-threaded read of r (the floor of any pass; on a GPU torch.amax)
     accumulate   r += g alone (`ops.accumulate_threshold` over an empty partition): the pass every
                  error-feedback scheme makes, the "shared accumulate pass"
     topk fused   r += g fused with the exact top-k (`ops.accumulate_select`), Top-k / gTop-k's
@@ -42,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sketch", action="store_true",
                         help="also time sketched SGD's sketch and recovery (slow: numpy)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the vectors live (cuda: a GPU and the CUDA kernels)")
 
 
 def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float, k: int
@@ -57,29 +61,36 @@ def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float,
     return ops.keep_at_or_above(residual, candidates, ops.magnitude_key(threshold))
 
 
-def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: bool
-             ) -> list[tuple[str, float, int]]:
+def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: bool,
+             device: str = "cpu") -> list[tuple[str, float, int]]:
     residual = np.random.default_rng(0).standard_normal(d, dtype=np.float32)
     gradient = np.zeros(d, np.float32)
     k = max(1, int(density * d))
     tau = float(np.partition(np.abs(residual), d - k)[d - k])
-    time = lambda fn: median_seconds(fn, repeats)  # noqa: E731
-    rows = [("read", time(lambda: _C.read_pass(residual)), 0),
+    read = lambda: _C.read_pass(residual)  # noqa: E731
+    synchronize = lambda: None  # noqa: E731
+    if device == "cuda":
+        import torch
+
+        residual, gradient = torch.from_numpy(residual).cuda(), torch.from_numpy(gradient).cuda()
+        read, synchronize = lambda: torch.amax(residual), torch.cuda.synchronize
+    time = lambda fn: median_seconds(fn, repeats, synchronize=synchronize)  # noqa: E731
+    rows = [("read", time(read), 0),
             ("accumulate", time(lambda: ops.accumulate_threshold(
                 gradient, residual, 0, 0, control.NO_KEY, control.NO_KEY, 0, 1)), 0)]
-    cut = residual.copy()  # the exact top-k clears what it selects: give it its own copy
+    cut = residual.clone() if device == "cuda" else residual.copy()  # top-k clears its picks
     rows.append(("topk fused", time(lambda: ops.accumulate_select(gradient, cut, k)), k))
     rows.append(("topk alone", time(lambda: ops.topk_abs(residual, k)), k))
     for p in workers:
         end = d // p
-        selected = micro_pass(gradient, residual, end, tau, k).size
+        selected = len(micro_pass(gradient, residual, end, tau, k))
         rows.append((f"micro P={p}", time(lambda end=end: micro_pass(gradient, residual, end,
                                                                      tau, k)), selected))
         key = ops.magnitude_key(tau)
         one_pass = lambda end=end, key=key: ops.accumulate_threshold(  # noqa: E731
             gradient, residual, 0, end, key, key, 0, 1)
-        rows.append((f"1-pass P={p}", time(one_pass), one_pass()[0].size))
-    if sketch:
+        rows.append((f"1-pass P={p}", time(one_pass), len(one_pass()[0])))
+    if sketch and device == "cpu":
         table = CountSketch(5, 10 * k, d, seed=0)
 
         def sketch_step() -> None:
@@ -91,15 +102,23 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
 
 
 def run(args: argparse.Namespace) -> None:
-    print(f"kernel threads: {ops.get_num_threads()}; density {args.density}; median of "
-          f"{args.repeats}; selection = row - accumulate")
+    where = f"kernel threads: {ops.get_num_threads()}"
+    if args.device == "cuda":
+        import torch
+
+        if not (torch.cuda.is_available() and ops.cuda_built):
+            raise SystemExit("bench select --device cuda needs a CUDA GPU and the CUDA kernels "
+                             f"(built: {ops.cuda_built}, GPU: {torch.cuda.is_available()})")
+        where = f"GPU: {torch.cuda.get_device_name()}"
+    print(f"{where}; density {args.density}; median of {args.repeats}; "
+          "selection = row - accumulate")
     header = (f"{'d':>12} {'pass':14} {'ms':>9} {'selection ms':>13} {'/ topk fused':>13} "
               f"{'selected':>10}")
     print(header)
     print("-" * len(header))
     for size in args.sizes:
         d = int(size)
-        rows = rows_for(d, args.density, args.workers, args.repeats, args.sketch)
+        rows = rows_for(d, args.density, args.workers, args.repeats, args.sketch, args.device)
         times = {name: seconds for name, seconds, _ in rows}
         accumulate = times["accumulate"]
         topk = times["topk fused"] - accumulate

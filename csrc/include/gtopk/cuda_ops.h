@@ -54,4 +54,27 @@ void restore_residual(ValueType value_type, IndexType index_type, void* residual
                       const void* index, const void* value, const uint8_t* restore, int64_t n,
                       void* stream);
 
+// Threshold selection (MiCRO, ExDyna), the first of two calls: one pass over d that
+//   residual += gradient over [0, d)                  (gradient = 0 there too if clear_gradient)
+//   histogram[b] = #{ i in [begin, end) : key(residual[i]) >= histogram_base, bin(key) = b }
+// and returns #{ i in [begin, end) : key(residual[i]) >= max(threshold, histogram_base) }: the
+// count of cpu::accumulate_threshold's selection, whose keys, bins (n_fine, coarse_shift) and
+// argument rules it shares (gtopk/cpu_ops.h). histogram is host memory of n_bins int64.
+// float32 / float64 only. Synchronises `stream`.
+size_t accumulate_count_workspace_bytes(int64_t n_bins);
+int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, int64_t d,
+                         int64_t begin, int64_t end, uint64_t threshold, uint64_t histogram_base,
+                         int histogram_shift, int64_t n_bins, int64_t n_fine, int coarse_shift,
+                         bool clear_gradient, int64_t* histogram, void* stream,
+                         Workspace workspace = {});
+
+// out_index = { i in [begin, end) : key(x[i]) >= threshold }, sorted; returns their number.
+// out_index must hold all of them: end - begin entries, or the count accumulate_count returned
+// for the same x, range and max(threshold, histogram_base) as `threshold`. x has d entries.
+// float32 / float64 only. Synchronises `stream`.
+size_t threshold_indices_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n);
+int64_t threshold_indices(ValueType value_type, IndexType index_type, const void* x, int64_t d,
+                          int64_t begin, int64_t end, uint64_t threshold, void* out_index,
+                          void* stream, Workspace workspace = {});
+
 }  // namespace gtopk::cuda
