@@ -1,0 +1,48 @@
+"""The committed scale study is what `scripts/scale_study.py report` makes of the committed
+histories: the report runs on a copy of results/scale/ and its summaries are compared with the
+committed ones, line by line. The LM's modelled-time tables re-time the selection on this
+machine, so there only which cells are within the run ("-" or a number) must agree."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS = REPO_ROOT / "results" / "scale"
+MODELLED = "Modelled seconds"
+
+
+def report(model: str, out: Path) -> None:
+    for history in RESULTS.glob(f"{model}_*.json"):
+        shutil.copy(history, out)
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "scale_study.py"),
+                           "report", "--model", model, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def shape(line: str) -> str:
+    """A modelled-time row with each number replaced by N: what the run decides, not the clock."""
+    return re.sub(r"\d+\.\d+", "N", line)
+
+
+@pytest.mark.parametrize("model, summary", [("digits", "digits_summary.md"), ("lm", "summary.md")])
+def test_the_committed_summary_is_the_report_of_the_committed_histories(
+        model: str, summary: str, tmp_path: Path) -> None:
+    report(model, tmp_path)
+    made = (tmp_path / summary).read_text().splitlines()
+    committed = (RESULTS / summary).read_text().splitlines()
+    assert len(made) == len(committed)
+    timed = next((n for n, line in enumerate(committed) if line.startswith(MODELLED)),
+                 len(committed))
+    assert model == "digits" or timed < len(committed), "the LM summary lost its time tables"
+    assert made[:timed] == committed[:timed]
+    assert [shape(line) for line in made[timed:]] == [shape(line) for line in committed[timed:]]
+    assert (tmp_path / ("digits_scale.png" if model == "digits" else "lm_scale.png")).stat(
+    ).st_size > 10_000
