@@ -23,10 +23,10 @@ SPARSE = {
 def add_sparse_arguments(parser: argparse.ArgumentParser) -> None:
     """--warmup-epochs and --momentum-correction, read by sparse_compression."""
     parser.add_argument("--warmup-epochs", type=float, default=0.0,
-                        help="topk/gtopk: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
+                        help="the sparse schemes: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
                              "the stages above --density) spread over the first N epochs")
     parser.add_argument("--momentum-correction", action="store_true",
-                        help="topk/gtopk: DGC's momentum correction (the momentum moves from "
+                        help="the sparse schemes: DGC's momentum correction (the momentum moves from "
                              "SGD into the sparsified accumulation)")
 
 

@@ -5,6 +5,7 @@
     .venv/bin/python scripts/scale_study.py sweep --model digits --sweep-lrs 0.04 0.08 0.16
     .venv/bin/python scripts/scale_study.py run --model digits --lr 0.08 --jobs 1
     .venv/bin/python scripts/scale_study.py report --model digits
+    .venv/bin/python scripts/scale_study.py run --model digits --momentum-correction --jobs 1
 
 --model picks what is trained (MODELS below: the example, its metric and the defaults): lm
 (default) is the LSTM language model of examples/simulated_cluster.py lm, scored by validation
@@ -23,6 +24,10 @@ schedule; `sweep` runs dense at several learning rates (the rate is picked on de
 steps each scheme needed to reach dense's final metric at the same P and to come --near it) and
 figure (--out/lm_scale.png, --out/digits_scale.png: the final metric against P). Only the LM has
 the modelled time to accuracy (time_lines): the table and the figure's second panel.
+
+--momentum-correction (digits: the LM trains with plain SGD) trains every sparse scheme with
+DGC's momentum correction, into results/scale/momentum_correction/ unless --out says otherwise
+(dense is the same run as without it).
 """
 
 from __future__ import annotations
@@ -121,15 +126,18 @@ class Model:
             return ["--max-steps", str(args.steps), "--eval-every", str(args.eval_every)]
         return ["--epochs", str(args.epochs)]
 
-    def setup(self, run: dict) -> str:
-        """The summary's line on how every run was trained."""
+    def setup(self, run: dict, corrected: bool = False) -> str:
+        """The summary's line on how every run was trained (corrected: the sparse schemes with
+        momentum correction)."""
         if self.name == "lm":
             return (f"Global batch {run['global_batch']} sequences, {run['steps']} steps, "
                     f"lr {run['lr']:g} (x0.25 at 50% and 75%), {run['params']} parameters.")
+        correction = (", the sparse schemes with DGC's momentum correction and no" if corrected
+                      else " without momentum correction or")
         return (f"Global batch {run['global_batch']} images, {run['epochs']} epochs of "
                 f"{run['evaluations'][0]['step']} steps, total lr {run['lr']:g} (constant; the "
-                f"example is handed lr / P, which it scales by P), SGD momentum 0.9 without "
-                f"momentum correction or density warm-up, {run['params']} parameters; the test "
+                f"example is handed lr / P, which it scales by P), SGD momentum 0.9"
+                f"{correction} density warm-up, {run['params']} parameters; the test "
                 "set is 360 images (one image = 0.28 points). No modelled time: that table is "
                 "the LM's only.")
 
@@ -178,8 +186,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--near", type=float, default=None,
                         help="report: also the steps to come near dense's final metric (lm: "
                              "this x its perplexity, 1.1; digits: this below its accuracy, 0.01)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "scale")
+    parser.add_argument("--momentum-correction", action="store_true",
+                        help="digits: the sparse schemes with DGC's momentum correction (default "
+                             "--out: results/scale/momentum_correction)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the histories, the summary and the figure go (default: "
+                             "results/scale)")
     args = parser.parse_args()
+    if args.momentum_correction and args.model == "lm":
+        parser.error("--momentum-correction: the LM trains with plain SGD (momentum 0), so it "
+                     "would change nothing")
+    if args.out is None:
+        args.out = ROOT / "results" / "scale" / (
+            "momentum_correction" if args.momentum_correction else "")
     args.model = MODELS[args.model]
     for name, value in args.model.defaults.items():
         if getattr(args, name) is None:
@@ -203,7 +222,8 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
                model.name, "--workers", str(workers), "--global-batch", str(args.global_batch),
                "--compression", compression, "--density", str(density),
                "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
-               "--quiet", "--history", str(partial), *model.options]
+               "--quiet", "--history", str(partial), *model.options,
+               *(["--momentum-correction"] if args.momentum_correction else [])]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
@@ -357,7 +377,7 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     any_run = next(r for r in runs.values() if r)
     timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
-    lines += ["", model.setup(any_run), *sweep_lines(args),
+    lines += ["", model.setup(any_run, args.momentum_correction), *sweep_lines(args),
               *(time_lines(args, runs, present, any_run["params"]) if timed else [])]
     (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

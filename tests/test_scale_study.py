@@ -1,7 +1,8 @@
 """The committed scale study is what `scripts/scale_study.py report` makes of the committed
-histories: the report runs on a copy of results/scale/ and its summaries are compared with the
-committed ones, line by line. The LM's modelled-time tables re-time the selection on this
-machine, so there only which cells are within the run ("-" or a number) must agree."""
+histories: the report runs on a copy of results/scale/ (and of results/scale/momentum_correction/
+with --momentum-correction) and its summaries are compared with the committed ones, line by
+line. The LM's modelled-time tables re-time the selection on this machine, so there only which
+cells are within the run ("-" or a number) must agree."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ RESULTS = REPO_ROOT / "results" / "scale"
 MODELLED = "Modelled seconds"
 
 
-def report(model: str, out: Path) -> None:
-    for history in RESULTS.glob(f"{model}_*.json"):
+def report(model: str, results: Path, out: Path, *options: str) -> None:
+    for history in results.glob(f"{model}_*.json"):
         shutil.copy(history, out)
     done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "scale_study.py"),
-                           "report", "--model", model, "--out", str(out)],
+                           "report", "--model", model, "--out", str(out), *options],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -32,12 +33,17 @@ def shape(line: str) -> str:
     return re.sub(r"\d+\.\d+", "N", line)
 
 
-@pytest.mark.parametrize("model, summary", [("digits", "digits_summary.md"), ("lm", "summary.md")])
+@pytest.mark.parametrize("model, variant, summary", [
+    ("digits", "", "digits_summary.md"),
+    ("digits", "momentum_correction", "digits_summary.md"),
+    ("lm", "", "summary.md"),
+])
 def test_the_committed_summary_is_the_report_of_the_committed_histories(
-        model: str, summary: str, tmp_path: Path) -> None:
-    report(model, tmp_path)
+        model: str, variant: str, summary: str, tmp_path: Path) -> None:
+    results = RESULTS / variant
+    report(model, results, tmp_path, *([f"--{variant.replace('_', '-')}"] if variant else []))
     made = (tmp_path / summary).read_text().splitlines()
-    committed = (RESULTS / summary).read_text().splitlines()
+    committed = (results / summary).read_text().splitlines()
     assert len(made) == len(committed)
     timed = next((n for n, line in enumerate(committed) if line.startswith(MODELLED)),
                  len(committed))
