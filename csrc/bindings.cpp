@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtopk/cpu_ops.h"
+#include "gtopk/histogram_bins.h"
 #include "gtopk/types.h"
 #ifdef GTOPK_WITH_CUDA
 #include "gtopk/cuda_ops.h"
@@ -25,9 +26,9 @@ using gtopk::bfloat16_bits;
 using gtopk::float16_bits;
 
 // Calls body(T{}) with the C++ value type named by value_type; the array's itemsize must fit.
-template <typename Body>
-py::object with_value_type(const std::string& value_type, const py::array& x, bool arithmetic,
-                           Body&& body) {
+// Arithmetic: float32 / float64 only (the 16-bit bodies are not even instantiated).
+template <bool Arithmetic, typename Body>
+py::object with_value_type(const std::string& value_type, const py::array& x, Body&& body) {
     auto expect_size = [&](size_t size) {
         if (static_cast<size_t>(x.itemsize()) != size) {
             throw py::type_error("value_type '" + value_type + "' does not match an array of " +
@@ -36,10 +37,12 @@ py::object with_value_type(const std::string& value_type, const py::array& x, bo
     };
     if (value_type == "float32") { expect_size(4); return body(float{}); }
     if (value_type == "float64") { expect_size(8); return body(double{}); }
-    if (!arithmetic && value_type == "float16") { expect_size(2); return body(float16_bits{}); }
-    if (!arithmetic && value_type == "bfloat16") { expect_size(2); return body(bfloat16_bits{}); }
+    if constexpr (!Arithmetic) {
+        if (value_type == "float16") { expect_size(2); return body(float16_bits{}); }
+        if (value_type == "bfloat16") { expect_size(2); return body(bfloat16_bits{}); }
+    }
     throw py::type_error("unsupported value dtype '" + value_type + "'; expected " +
-                         (arithmetic ? "float32 or float64"
+                         (Arithmetic ? "float32 or float64"
                                      : "float32, float64, float16 or bfloat16"));
 }
 
@@ -104,7 +107,7 @@ py::tuple topk_abs(const py::array& x, int64_t k, const std::optional<py::array>
     }
     const int64_t d = x.shape(0);
     const int64_t n = std::min(k, d);
-    return with_value_type(value_type, x, false, [&](auto tag) -> py::tuple {
+    return with_value_type<false>(value_type, x, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
         const T* data = static_cast<const T*>(x.data());
         const T* hint_ptr = hint ? static_cast<const T*>(hint->data()) : nullptr;
@@ -134,7 +137,7 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
     }
     const int64_t d = gradient.shape(0);
     const int64_t n = std::min(k, d);
-    return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
+    return with_value_type<true>(value_type, gradient, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
         // Written only when clear_gradient, which required a writeable array above.
         T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
@@ -214,7 +217,7 @@ py::tuple merge_topk(const py::array& index_a, const py::array& value_a, const p
         using Index = decltype(index_tag);
         require_sorted_unique<Index>(index_a, "indices of set a");
         require_sorted_unique<Index>(index_b, "indices of set b");
-        return with_value_type(value_type, value_a, true, [&](auto tag) -> py::tuple {
+        return with_value_type<true>(value_type, value_a, [&](auto tag) -> py::tuple {
             using T = decltype(tag);
             py::array indices = out_index ? *out_index : py::array(py::array_t<Index>(capacity));
             py::array values = out_value ? *out_value : empty_like_values(value_a, capacity);
@@ -253,7 +256,7 @@ void write_sparse(py::array& dest, const py::array& index, const py::array& valu
         if (n > 0 && (idx[0] < 0 || idx[n - 1] >= d)) {
             throw py::index_error("indices out of range for dest of length " + std::to_string(d));
         }
-        return with_value_type(value_type, value, true, [&](auto tag) -> py::object {
+        return with_value_type<true>(value_type, value, [&](auto tag) -> py::object {
             using T = decltype(tag);
             py::gil_scoped_release release;
             gtopk::cpu::write_sparse<T, Index>(static_cast<T*>(dest.mutable_data()), d, idx,
@@ -284,7 +287,7 @@ void restore_residual(py::array& residual, const py::array& index, const py::arr
                                       std::to_string(d));
             }
         }
-        return with_value_type(value_type, value, true, [&](auto tag) -> py::object {
+        return with_value_type<true>(value_type, value, [&](auto tag) -> py::object {
             using T = decltype(tag);
             py::gil_scoped_release release;
             gtopk::cpu::restore_residual<T, Index>(
@@ -323,14 +326,17 @@ py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, i
     require_accumulation(gradient, residual, clear_gradient);
     const int64_t d = gradient.shape(0);
     require_range(begin, end, d);
-    if (n_bins < 1 || histogram_shift < 0 || histogram_shift > 52 || coarse_shift < 0 ||
-        coarse_shift > 52 || n_fine > n_bins) {
-        throw py::value_error("need n_bins >= 1, n_fine <= n_bins and shifts in [0, 52]");
+    if (const char* error = gtopk::histogram_arguments_error(n_bins, n_fine, histogram_shift,
+                                                             coarse_shift)) {
+        throw py::value_error(error);
     }
     py::array_t<int64_t> histogram(n_bins);
-    return with_value_type(value_type, gradient, true, [&](auto tag) -> py::tuple {
+    return with_value_type<true>(value_type, gradient, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
         using Key = gtopk::MagnitudeKey<T>;
+        if (!gtopk::key_fits<Key>(threshold_key) || !gtopk::key_fits<Key>(histogram_base_key)) {
+            throw py::value_error(gtopk::kKeyTooWide);
+        }
         T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
         T* r = static_cast<T*>(residual.mutable_data());
         auto run = [&](auto index_tag) -> py::tuple {
@@ -356,8 +362,11 @@ py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
     require_contiguous_1d(x, "x");
     const int64_t d = x.shape(0);
     require_range(begin, end, d);
-    return with_value_type(value_type, x, true, [&](auto tag) -> py::array {
+    return with_value_type<true>(value_type, x, [&](auto tag) -> py::array {
         using T = decltype(tag);
+        if (!gtopk::key_fits<gtopk::MagnitudeKey<T>>(threshold_key)) {
+            throw py::value_error(gtopk::kKeyTooWide);
+        }
         const T* data = static_cast<const T*>(x.data());
         auto run = [&](auto index_tag) -> py::array {
             using Index = decltype(index_tag);

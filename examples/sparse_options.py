@@ -23,11 +23,12 @@ SPARSE = {
 def add_sparse_arguments(parser: argparse.ArgumentParser) -> None:
     """--warmup-epochs and --momentum-correction, read by sparse_compression."""
     parser.add_argument("--warmup-epochs", type=float, default=0.0,
-                        help="the sparse schemes: DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; "
-                             "the stages above --density) spread over the first N epochs")
+                        help="DGC's density warm-up (0.25, 0.0625, 0.015625, 0.004; the "
+                             "stages above --density) spread over the first N epochs, for "
+                             "every sparse scheme")
     parser.add_argument("--momentum-correction", action="store_true",
-                        help="the sparse schemes: DGC's momentum correction (the momentum moves from "
-                             "SGD into the sparsified accumulation)")
+                        help="DGC's momentum correction (the momentum moves from SGD into "
+                             "the sparsified accumulation), for every sparse scheme")
 
 
 def sparse_compression(args: argparse.Namespace, steps_per_epoch: int) -> SparseCompression:

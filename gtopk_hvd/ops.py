@@ -248,7 +248,8 @@ def _torch_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -
     """`threshold_indices` as torch operations."""
     import torch
 
-    return torch.nonzero(_torch_keys(x[begin:end]) >= threshold_key).reshape(-1) + begin
+    indices = torch.nonzero(_torch_keys(x[begin:end]) >= threshold_key).reshape(-1) + begin
+    return indices.to(getattr(torch, index_dtype_for(x.numel()).__name__))
 
 
 def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
@@ -268,7 +269,7 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
                          coarse_shift)
     histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
     indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
-    return indices, histogram
+    return indices.to(getattr(torch, index_dtype_for(residual.numel()).__name__)), histogram
 
 
 def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
@@ -401,6 +402,15 @@ def _cuda_check(tensor: Any, what: str, device: Any) -> None:
         raise ValueError(f"{what} must be contiguous; call .contiguous() first")
 
 
+def _cuda_check_pair(gradient: Any, residual: Any) -> None:
+    """gradient and residual: contiguous CUDA tensors on one device, of one length and dtype."""
+    device = gradient.device if is_cuda(gradient) else residual.device
+    _cuda_check(gradient, "gradient", device)
+    _cuda_check(residual, "residual", device)
+    if gradient.numel() != residual.numel() or gradient.dtype != residual.dtype:
+        raise ValueError("gradient and residual must have the same length and dtype")
+
+
 def _cuda_value_type(dtype: Any) -> Any:
     """The kernels' code of a value dtype (_C.ValueType members are named like dtypes)."""
     code = _C.ValueType.__members__.get(dtype_name(dtype))
@@ -469,10 +479,7 @@ def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
 def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
                             clear_gradient: bool) -> tuple[Any, Any]:
     _require_cuda_build()
-    _cuda_check(gradient, "gradient", gradient.device)
-    _cuda_check(residual, "residual", gradient.device)
-    if gradient.numel() != residual.numel() or gradient.dtype != residual.dtype:
-        raise ValueError("gradient and residual must have the same length and dtype")
+    _cuda_check_pair(gradient, residual)
     d = gradient.numel()
     indices, values, value_type, index_type = _cuda_outputs(gradient, min(k, d), d)
     with _on_device(gradient.device):
@@ -493,10 +500,7 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
                                coarse_shift: int) -> tuple[Any, np.ndarray]:
     import torch
 
-    _cuda_check(gradient, "gradient", gradient.device)
-    _cuda_check(residual, "residual", gradient.device)
-    if gradient.numel() != residual.numel() or gradient.dtype != residual.dtype:
-        raise ValueError("gradient and residual must have the same length and dtype")
+    _cuda_check_pair(gradient, residual)
     d = gradient.numel()
     _check_range(begin, end, d)
     value_type = _cuda_value_type(gradient.dtype)
@@ -511,8 +515,11 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
         index_dtype = getattr(torch, index_dtype_for(d).__name__)
         indices = torch.empty(count, dtype=index_dtype, device=gradient.device)
         if count:
-            _cuda_threshold_indices_into(indices, residual, begin, end,
-                                         max(int(threshold_key), int(histogram_base_key)))
+            written = _cuda_threshold_indices_into(
+                indices, residual, begin, end, max(int(threshold_key), int(histogram_base_key)))
+            if written != count:  # the kernels' contract broken: say so rather than go on
+                raise RuntimeError(f"gtopk_hvd: the threshold pass counted {count} entries and "
+                                   f"wrote {written}")
     return indices, histogram
 
 

@@ -539,6 +539,12 @@ def test_the_fused_pass_refuses_bad_bounds() -> None:
         ops.accumulate_threshold(x, x.copy(), 4, 11, 0, 0, 19, 4)
     with pytest.raises(ValueError, match="need 0 <= begin <= end <= d"):
         ops.threshold_indices(x, 5, 4, 0)
+    with pytest.raises(ValueError, match="does not fit the values' key type"):
+        ops.threshold_indices(x, 0, 10, 1 << 32)  # float32 keys are 32-bit: no truncation
+    with pytest.raises(ValueError, match="does not fit the values' key type"):
+        ops.accumulate_threshold(x, x.copy(), 0, 10, 0, 1 << 32, 19, 4)
+    with pytest.raises(ValueError, match="span 2\\^63 keys or more"):
+        ops.accumulate_threshold(x, x.copy(), 0, 10, 0, 0, 52, 1 << 12)
 
 
 # -- through the adapters, launched ---------------------------------------------------------------

@@ -1,8 +1,9 @@
 // CUDA kernels of gtopk_hvd: the same operations and contracts as cpu_ops.h, on device memory.
 //
-// All pointers are device pointers of the current device. `stream` is a cudaStream_t passed as
-// void* (nullptr: the legacy default stream); work is enqueued on it. Functions whose result
-// count is data-dependent (merge_topk) synchronise the stream to return it; the others return
+// All pointers are device pointers of the current device (but accumulate_count's histogram, in
+// host memory). `stream` is a cudaStream_t passed as void* (nullptr: the legacy default
+// stream); work is enqueued on it. Functions whose result count is data-dependent (merge_topk,
+// accumulate_count, threshold_indices) synchronise the stream to return it; the others return
 // min(k, d) without synchronising. Errors (CUDA failures) are thrown as std::runtime_error
 // naming the CUDA call; bad arguments as std::invalid_argument.
 //
@@ -58,9 +59,10 @@ void restore_residual(ValueType value_type, IndexType index_type, void* residual
 //   residual += gradient over [0, d)                  (gradient = 0 there too if clear_gradient)
 //   histogram[b] = #{ i in [begin, end) : key(residual[i]) >= histogram_base, bin(key) = b }
 // and returns #{ i in [begin, end) : key(residual[i]) >= max(threshold, histogram_base) }: the
-// count of cpu::accumulate_threshold's selection, whose keys, bins (n_fine, coarse_shift) and
+// count of cpu::accumulate_threshold's selection, whose keys, bins (gtopk/histogram_bins.h) and
 // argument rules it shares (gtopk/cpu_ops.h). histogram is host memory of n_bins int64.
-// float32 / float64 only. Synchronises `stream`.
+// float32 / float64 only. Synchronises `stream`. The accumulated values equal the CPU kernel's
+// bit for bit but for NaN payloads (a GPU's float32 arithmetic returns one canonical NaN).
 size_t accumulate_count_workspace_bytes(int64_t n_bins);
 int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, int64_t d,
                          int64_t begin, int64_t end, uint64_t threshold, uint64_t histogram_base,

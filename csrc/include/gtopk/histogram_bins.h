@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "gtopk/magnitude_order.h"
 
@@ -40,5 +41,29 @@ template <typename Key> struct HistogramBins {
                                                      : n_fine + static_cast<int64_t>(coarse);
     }
 };
+
+// Why a histogram's arguments are refused, or nullptr: n_bins >= 1, n_fine <= n_bins, shifts in
+// [0, 52], and the fine bins' span ((n_fine < 0 ? n_bins : n_fine) << fine_shift) below 2^63.
+inline const char* histogram_arguments_error(int64_t n_bins, int64_t n_fine, int fine_shift,
+                                             int coarse_shift) {
+    if (n_bins < 1 || n_fine > n_bins || fine_shift < 0 || fine_shift > 52 || coarse_shift < 0 ||
+        coarse_shift > 52) {
+        return "need n_bins >= 1, n_fine <= n_bins and shifts in [0, 52]";
+    }
+    const int64_t fine = n_fine < 0 ? n_bins : n_fine;
+    if (fine > (std::numeric_limits<int64_t>::max() >> fine_shift)) {
+        return "the fine bins span 2^63 keys or more (n_fine << histogram_shift)";
+    }
+    return nullptr;
+}
+
+// Keys arrive as 64 bits; a key of a narrower type must fit it (a wider one would be truncated
+// to another key).
+template <typename Key> constexpr bool key_fits(uint64_t key) {
+    return key <= std::numeric_limits<Key>::max();
+}
+
+constexpr const char* kKeyTooWide =
+    "a threshold or histogram key does not fit the values' key type (float32 keys are below 2^32)";
 
 }  // namespace gtopk
