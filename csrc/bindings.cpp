@@ -466,7 +466,10 @@ void bind_cuda(py::module_& m) {
                                       int histogram_shift, int64_t n_bins, int64_t n_fine,
                                       int coarse_shift, bool clear_gradient, uintptr_t stream,
                                       uintptr_t workspace, size_t workspace_bytes) {
-        if (n_bins < 1) throw py::value_error("need n_bins >= 1");
+        if (const char* error = gtopk::histogram_arguments_error(n_bins, n_fine, histogram_shift,
+                                                                 coarse_shift)) {
+            throw py::value_error(error);
+        }
         py::array_t<int64_t> histogram(n_bins);
         int64_t* counts = histogram.mutable_data();
         int64_t selected = 0;

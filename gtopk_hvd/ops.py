@@ -161,8 +161,8 @@ def histogram_bin(offset: Any, histogram_shift: int, n_bins: int, n_fine: int = 
                   coarse_shift: int = 0) -> Any:
     """The kernels' histogram bin of keys at `offset` = key - base >= 0 (int64 numpy arrays or
     torch tensors): offset >> histogram_shift for the first n_fine bins, then n_fine +
-    ((offset - (n_fine << histogram_shift)) >> coarse_shift), at most n_bins - 1 (n_fine
-    outside [0, n_bins]: every bin is a fine one)."""
+    ((offset - (n_fine << histogram_shift)) >> coarse_shift), at most n_bins - 1 (n_fine < 0:
+    every bin is a fine one; gtopk/histogram_bins.h)."""
     n_fine = n_fine if 0 <= n_fine <= n_bins else n_bins
     span = n_fine << histogram_shift
     fine = offset >> histogram_shift

@@ -233,7 +233,8 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
     if "lr" not in history:  # digits: the total rate, the epochs and params from RESULT
         fields = dict(item.split("=", 1) for item in result.split()[2:])
         history.update(lr=lr, epochs=int(fields["epochs"]), params=int(fields["params"]))
-        partial.write_text(json.dumps(history, indent=1))
+    history["momentum_correction"] = args.momentum_correction
+    partial.write_text(json.dumps(history, indent=1))
     partial.rename(path)
     return result
 
@@ -353,6 +354,12 @@ def report(args: argparse.Namespace) -> None:
     if not present:
         raise SystemExit(f"no {model.name} histories under {args.out}: run `scale_study.py run "
                          f"--model {model.name}` first")
+    mixed = sorted(history_path(args, s, p).name for (s, p), run in runs.items()
+                   if run and run.get("momentum_correction", False) != args.momentum_correction)
+    if mixed:
+        trained = "without" if args.momentum_correction else "with"
+        raise SystemExit(f"{', '.join(mixed)}: trained {trained} momentum correction, unlike "
+                         "this report's runs (give each its own --out)")
     near = model.near_text(args.near)
     lines = [f"# {model.heading} (simulated workers, `scripts/scale_study.py`)", "",
              f"Final {model.quantity}{' in %' if model.scale == 100 else ''} ("

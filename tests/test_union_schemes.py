@@ -448,7 +448,8 @@ def test_torch_tensors_step_as_numpy_arrays_do(name: str) -> None:
                                                                                   300_007)])
 def test_the_fused_pass_and_the_threshold_read_match_numpy(dtype: type, begin: int, end: int
                                                            ) -> None:
-    """ops.accumulate_threshold (C++, and the torch operations CUDA tensors run) against numpy:
+    """ops.accumulate_threshold (C++, and the torch operations that builds without CUDA
+    kernels run on CUDA tensors) against numpy:
     the accumulation over all of d, the cleared gradient, the selection (NaN and Inf in) and
     the histogram; ops.threshold_indices likewise."""
     import torch
@@ -507,7 +508,10 @@ def numpy_bins(offset: np.ndarray, shift: int, n_bins: int, n_fine: int, coarse_
                                     (17, 10, 10, 20), (17, 1, 0, 3)],
                          ids=["fine", "fine+coarse", "many", "n_fine=n_bins", "one-bin"])
 def test_the_fused_pass_histogram_bins_match_numpy(dtype: type, layout: tuple) -> None:
-    """The CPU kernel's histogram under each bin layout (the rule the CUDA kernel shares)."""
+    """The CPU kernel's histogram under each bin layout (the rule the CUDA kernel shares), and
+    the torch operations' (`ops.histogram_bin`, the fallback of builds without CUDA kernels)."""
+    import torch
+
     from gtopk_hvd import ops
 
     shift, n_bins, n_fine, coarse_shift = layout
@@ -528,7 +532,14 @@ def test_the_fused_pass_histogram_bins_match_numpy(dtype: type, layout: tuple) -
     _, histogram = ops.accumulate_threshold(np.zeros(d, dtype), residual, 0, d, base_key,
                                             base_key, shift, n_bins, False, n_fine, coarse_shift)
     np.testing.assert_array_equal(histogram, want)
-    assert np.count_nonzero(want) > min(n_bins, 4) - 1, "the layout's bins were not reached"
+    _, histogram = ops._torch_accumulate_threshold(
+        torch.zeros(d, dtype=torch.float64 if dtype == np.float64 else torch.float32),
+        torch.from_numpy(residual.copy()), 0, d, base_key, base_key, shift, n_bins, False,
+        n_fine, coarse_shift)
+    np.testing.assert_array_equal(histogram, want)
+    assert np.count_nonzero(want) >= min(n_bins, 4), "the layout's bins were not reached"
+    if 0 <= n_fine < n_bins - 1:
+        assert want[n_fine:-1].any() and want[-1] > 0, "no coarse bin, or not the open last one"
 
 
 def test_the_fused_pass_refuses_bad_bounds() -> None:

@@ -26,6 +26,7 @@ worker's vector of d values:
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the vectors live (cuda: a GPU and the CUDA kernels)")
 
 
-def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float, k: int
-               ) -> np.ndarray:
+def micro_pass(gradient: Any, residual: Any, end: int, tau: float, k: int) -> Any:
     """Worker 0's selection at P = d / end, as `Micro._measured` makes it at a step whose
     threshold moved little: the fused pass with the histogram and the candidates, the threshold
     from that histogram (as after the all-reduce), the candidates at or above it."""
@@ -57,7 +57,7 @@ def micro_pass(gradient: np.ndarray, residual: np.ndarray, end: int, tau: float,
     candidate_key = ops.magnitude_key(tau * control.CANDIDATE_MARGIN)
     candidates, histogram = ops.accumulate_threshold(gradient, residual, 0, end, candidate_key,
                                                      **window.kernel_arguments())
-    threshold = control.from_histogram(histogram, window, max(1, k * end // residual.size))
+    threshold = control.from_histogram(histogram, window, max(1, k * end // len(residual)))
     return ops.keep_at_or_above(residual, candidates, ops.magnitude_key(threshold))
 
 

@@ -5,8 +5,9 @@
 // o = key - base, falls in
 //     bin(o) = o >> fine_shift                                   for o < n_fine << fine_shift
 //              n_fine + ((o - (n_fine << fine_shift)) >> coarse_shift)     otherwise
-// capped at n_bins - 1 (the last bin is open above). n_fine outside [0, n_bins] means n_bins:
-// every bin is a fine one. Keys below base are not counted.
+// capped at n_bins - 1 (the last bin is open above). n_fine < 0 means n_bins: every bin is a
+// fine one (n_fine > n_bins is refused: histogram_arguments_error). Keys below base are not
+// counted.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ template <typename Key> struct HistogramBins {
     int64_t n_fine;  // in [0, n_bins]
     int64_t n_bins;  // >= 1
 
+    // The arguments in the order the kernels take them (n_fine < 0: n_bins).
     static HistogramBins make(Key base, int fine_shift, int64_t n_bins, int64_t n_fine,
                               int coarse_shift) {
         if (n_fine < 0 || n_fine > n_bins) n_fine = n_bins;
