@@ -326,17 +326,12 @@ py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, i
     require_accumulation(gradient, residual, clear_gradient);
     const int64_t d = gradient.shape(0);
     require_range(begin, end, d);
-    if (const char* error = gtopk::histogram_arguments_error(n_bins, n_fine, histogram_shift,
-                                                             coarse_shift)) {
-        throw py::value_error(error);
-    }
+    gtopk::check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
     py::array_t<int64_t> histogram(n_bins);
     return with_value_type<true>(value_type, gradient, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
         using Key = gtopk::MagnitudeKey<T>;
-        if (!gtopk::key_fits<Key>(threshold_key) || !gtopk::key_fits<Key>(histogram_base_key)) {
-            throw py::value_error(gtopk::kKeyTooWide);
-        }
+        gtopk::check_keys_fit<Key>(threshold_key, histogram_base_key);
         T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
         T* r = static_cast<T*>(residual.mutable_data());
         auto run = [&](auto index_tag) -> py::tuple {
@@ -364,9 +359,7 @@ py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
     require_range(begin, end, d);
     return with_value_type<true>(value_type, x, [&](auto tag) -> py::array {
         using T = decltype(tag);
-        if (!gtopk::key_fits<gtopk::MagnitudeKey<T>>(threshold_key)) {
-            throw py::value_error(gtopk::kKeyTooWide);
-        }
+        gtopk::check_keys_fit<gtopk::MagnitudeKey<T>>(threshold_key);
         const T* data = static_cast<const T*>(x.data());
         auto run = [&](auto index_tag) -> py::array {
             using Index = decltype(index_tag);
@@ -466,11 +459,8 @@ void bind_cuda(py::module_& m) {
                                       int histogram_shift, int64_t n_bins, int64_t n_fine,
                                       int coarse_shift, bool clear_gradient, uintptr_t stream,
                                       uintptr_t workspace, size_t workspace_bytes) {
-        if (const char* error = gtopk::histogram_arguments_error(n_bins, n_fine, histogram_shift,
-                                                                 coarse_shift)) {
-            throw py::value_error(error);
-        }
-        py::array_t<int64_t> histogram(n_bins);
+        gtopk::check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
+        py::array_t<int64_t> histogram(n_bins);  // before the kernel's own check: sized by it
         int64_t* counts = histogram.mutable_data();
         int64_t selected = 0;
         {

@@ -234,6 +234,13 @@ def value_of_key(key: int, dtype: Any = np.float32) -> float:
     return float(np.array([key], np.uint32).view(np.float32)[0])
 
 
+def _torch_index_dtype(d: int) -> Any:
+    """index_dtype_for(d) as a torch dtype."""
+    import torch
+
+    return getattr(torch, index_dtype_for(d).__name__)
+
+
 def _torch_keys(x: Any) -> Any:
     """magnitude_key of every entry of a float32 / float64 tensor, as int64."""
     import torch
@@ -249,7 +256,7 @@ def _torch_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -
     import torch
 
     indices = torch.nonzero(_torch_keys(x[begin:end]) >= threshold_key).reshape(-1) + begin
-    return indices.to(getattr(torch, index_dtype_for(x.numel()).__name__))
+    return indices.to(_torch_index_dtype(x.numel()))
 
 
 def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
@@ -269,7 +276,7 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
                          coarse_shift)
     histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
     indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
-    return indices.to(getattr(torch, index_dtype_for(residual.numel()).__name__)), histogram
+    return indices.to(_torch_index_dtype(residual.numel())), histogram
 
 
 def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
@@ -434,7 +441,7 @@ def _cuda_outputs(like_values: Any, n: int, d: int,
     import torch
 
     if index_dtype is None:
-        index_dtype = getattr(torch, index_dtype_for(d).__name__)
+        index_dtype = _torch_index_dtype(d)
     value_type = _cuda_value_type(like_values.dtype)
     indices = torch.empty(n, dtype=index_dtype, device=like_values.device)
     values = torch.empty(n, dtype=like_values.dtype, device=like_values.device)
@@ -500,9 +507,8 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
                                coarse_shift: int) -> tuple[Any, np.ndarray]:
     import torch
 
-    _cuda_check_pair(gradient, residual)
+    _cuda_check_pair(gradient, residual)  # begin and end: the kernel checks them
     d = gradient.numel()
-    _check_range(begin, end, d)
     value_type = _cuda_value_type(gradient.dtype)
     with _on_device(gradient.device):
         workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(int(n_bins)),
@@ -512,8 +518,7 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
             int(threshold_key), int(histogram_base_key), int(histogram_shift), int(n_bins),
             int(n_fine), int(coarse_shift), bool(clear_gradient), _stream(gradient.device),
             workspace.data_ptr(), workspace.numel())
-        index_dtype = getattr(torch, index_dtype_for(d).__name__)
-        indices = torch.empty(count, dtype=index_dtype, device=gradient.device)
+        indices = torch.empty(count, dtype=_torch_index_dtype(d), device=gradient.device)
         if count:
             written = _cuda_threshold_indices_into(
                 indices, residual, begin, end, max(int(threshold_key), int(histogram_base_key)))
@@ -528,9 +533,8 @@ def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) ->
 
     _cuda_check(x, "x", x.device)
     _check_range(begin, end, x.numel())
-    index_dtype = getattr(torch, index_dtype_for(x.numel()).__name__)
     with _on_device(x.device):
-        room = torch.empty(end - begin, dtype=index_dtype, device=x.device)
+        room = torch.empty(end - begin, dtype=_torch_index_dtype(x.numel()), device=x.device)
         count = _cuda_threshold_indices_into(room, x, begin, end, threshold_key)
     return room[:count].clone()
 

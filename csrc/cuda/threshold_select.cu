@@ -108,12 +108,6 @@ template <typename T, typename Index> struct SelectLayout {
     }
 };
 
-template <typename Key> void require_keys_fit(uint64_t threshold, uint64_t histogram_base) {
-    if (!key_fits<Key>(threshold) || !key_fits<Key>(histogram_base)) {
-        throw std::invalid_argument(std::string("gtopk::cuda: ") + kKeyTooWide);
-    }
-}
-
 template <typename T>
 int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_t begin,
                                int64_t end, uint64_t threshold, uint64_t histogram_base,
@@ -121,7 +115,7 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
                                int coarse_shift, bool clear_gradient, int64_t* histogram,
                                cudaStream_t stream, const Workspace& workspace) {
     using Key = KeyOf<T>;
-    require_keys_fit<Key>(threshold, histogram_base);
+    check_keys_fit<Key>(threshold, histogram_base);
     const Key base = static_cast<Key>(histogram_base);
     const Key at_or_above = std::max(static_cast<Key>(threshold), base);
     const auto bins = HistogramBins<Key>::make(base, histogram_shift, n_bins, n_fine,
@@ -156,7 +150,7 @@ template <typename T, typename Index>
 int64_t threshold_indices_typed(const void* x, int64_t begin, int64_t end, uint64_t threshold,
                                 void* out_index, cudaStream_t stream,
                                 const Workspace& workspace) {
-    require_keys_fit<KeyOf<T>>(threshold, threshold);
+    check_keys_fit<KeyOf<T>>(threshold);
     const int64_t n = end - begin;
     if (n <= 0) return 0;
     const SelectLayout<T, Index> layout(n);
@@ -198,10 +192,7 @@ int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, i
                          int64_t n_fine, int coarse_shift, bool clear_gradient,
                          int64_t* histogram, void* stream, Workspace workspace) {
     require_range(begin, end, d, "accumulate_count");
-    if (const char* error = histogram_arguments_error(n_bins, n_fine, histogram_shift,
-                                                      coarse_shift)) {
-        throw std::invalid_argument(std::string("gtopk::cuda::accumulate_count: ") + error);
-    }
+    check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
     const auto s = static_cast<cudaStream_t>(stream);
     return detail::with_types<false>(value_type, IndexType::kInt64, "accumulate_count",
                                      [&](auto v, auto) {

@@ -6,12 +6,13 @@
 //     bin(o) = o >> fine_shift                                   for o < n_fine << fine_shift
 //              n_fine + ((o - (n_fine << fine_shift)) >> coarse_shift)     otherwise
 // capped at n_bins - 1 (the last bin is open above). n_fine < 0 means n_bins: every bin is a
-// fine one (n_fine > n_bins is refused: histogram_arguments_error). Keys below base are not
+// fine one (n_fine > n_bins is refused: check_histogram_arguments). Keys below base are not
 // counted.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 
 #include "gtopk/magnitude_order.h"
 
@@ -44,28 +45,31 @@ template <typename Key> struct HistogramBins {
     }
 };
 
-// Why a histogram's arguments are refused, or nullptr: n_bins >= 1, n_fine <= n_bins, shifts in
-// [0, 52], and the fine bins' span ((n_fine < 0 ? n_bins : n_fine) << fine_shift) below 2^63.
-inline const char* histogram_arguments_error(int64_t n_bins, int64_t n_fine, int fine_shift,
-                                             int coarse_shift) {
+// The arguments of the threshold pass that the CPU and CUDA kernels both refuse, as
+// std::invalid_argument (a ValueError in Python).
+
+// n_bins >= 1, n_fine <= n_bins, shifts in [0, 52], and the fine bins' span
+// ((n_fine < 0 ? n_bins : n_fine) << fine_shift) below 2^63.
+inline void check_histogram_arguments(int64_t n_bins, int64_t n_fine, int fine_shift,
+                                      int coarse_shift) {
     if (n_bins < 1 || n_fine > n_bins || fine_shift < 0 || fine_shift > 52 || coarse_shift < 0 ||
         coarse_shift > 52) {
-        return "need n_bins >= 1, n_fine <= n_bins and shifts in [0, 52]";
+        throw std::invalid_argument("need n_bins >= 1, n_fine <= n_bins and shifts in [0, 52]");
     }
     const int64_t fine = n_fine < 0 ? n_bins : n_fine;
     if (fine > (std::numeric_limits<int64_t>::max() >> fine_shift)) {
-        return "the fine bins span 2^63 keys or more (n_fine << histogram_shift)";
+        throw std::invalid_argument(
+            "the fine bins span 2^63 keys or more (n_fine << histogram_shift)");
     }
-    return nullptr;
 }
 
-// Keys arrive as 64 bits; a key of a narrower type must fit it (a wider one would be truncated
-// to another key).
-template <typename Key> constexpr bool key_fits(uint64_t key) {
-    return key <= std::numeric_limits<Key>::max();
+// Keys arrive as 64 bits; each must be a key of Key's width (a wider one would be truncated to
+// another key).
+template <typename Key, typename... Keys> void check_keys_fit(Keys... keys) {
+    if (((static_cast<uint64_t>(keys) > std::numeric_limits<Key>::max()) || ...)) {
+        throw std::invalid_argument("a threshold or histogram key does not fit the values' key "
+                                    "type (float32 keys are below 2^32)");
+    }
 }
-
-constexpr const char* kKeyTooWide =
-    "a threshold or histogram key does not fit the values' key type (float32 keys are below 2^32)";
 
 }  // namespace gtopk
