@@ -42,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--density", type=float, default=0.05)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data order")
     parser.add_argument("--checkpoints", type=Path, default=None,
                         help="write epoch=N.ckpt here at the end of every epoch")
     parser.add_argument("--resume", type=Path, default=None, help="a checkpoint to go on from")
@@ -80,7 +81,7 @@ class ZeroResidualsOnResume(GTopkHookCallback):
 
 def main() -> None:
     args = parse_args()
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(args.seed, verbose=False)
     torch.set_num_threads(1)
     x_train, y_train, x_test, y_test = digits_common.load_digits_split((64,))
     train = DataLoader(TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),

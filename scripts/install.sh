@@ -19,7 +19,25 @@ on_error() {
     exit "$code"
 }
 trap on_error ERR
-step() { current_step="$1"; echo "== install: $1"; }
+# Each step prints the seconds the previous one took, so a slow install shows where it went.
+step_started=$SECONDS
+install_started=$SECONDS
+step() {
+    [[ "$current_step" == "start" ]] || echo "   ($((SECONDS - step_started)) s)"
+    current_step="$1"; step_started=$SECONDS; echo "== install: $1"
+}
+
+# The slow builds run beside another step (the machine has cores to spare while pip unpacks or
+# Horovod links): `in_background NAME LOG command...` starts one, `finish NAME PID LOG` waits for
+# it and fails the install with the end of its log if it failed.
+in_background() { local log="$2"; shift 2; "$@" >"$log" 2>&1 & }
+finish() {
+    if ! wait "$2"; then
+        echo "install.sh: $1 failed; the end of its log ($3):" >&2
+        tail -40 "$3" >&2
+        false
+    fi
+}
 
 # Stamps record what a step installed, so a rerun with the same inputs skips it.
 stamp_matches() { [[ -f "$VENV/.gtopk-$1" && "$(cat "$VENV/.gtopk-$1")" == "$2" ]]; }
@@ -45,11 +63,37 @@ requirements_key="$(cat "$REPO_ROOT/requirements.txt" | sha256sum | cut -c1-16)-
 if ! stamp_matches requirements "$requirements_key"; then
     "$PY" -m pip install -q --upgrade "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
     # mpi4py is compiled against the system OpenMPI so that it and Horovod load the same libmpi.
-    "$PY" -m pip install -q --no-binary mpi4py -r "$REPO_ROOT/requirements.txt"
+    # Its compile (one core, minutes) runs beside the install of the other packages.
+    mpi4py_pin="$(grep -E '^mpi4py==' "$REPO_ROOT/requirements.txt")"
+    mpi4py_dir="$(mktemp -d)"
+    mpi4py_pid=""
+    if [[ "$("$PY" -m pip list --format=freeze 2>/dev/null | grep -E '^mpi4py==' || true)" != "$mpi4py_pin" ]]; then
+        in_background mpi4py "$mpi4py_dir/build.log" \
+            "$PY" -m pip wheel -q --no-deps --no-binary mpi4py -w "$mpi4py_dir/wheel" "$mpi4py_pin"
+        mpi4py_pid=$!
+    fi
+    "$PY" -m pip install -q -r <(grep -v -E '^mpi4py==' "$REPO_ROOT/requirements.txt")
     # tf-keras depends on `tensorflow`, which would install a second TF beside tensorflow-cpu.
     "$PY" -m pip install -q --no-deps "$TF_KERAS_PIN"
+    if [[ -n "$mpi4py_pid" ]]; then
+        finish "the mpi4py build" "$mpi4py_pid" "$mpi4py_dir/build.log"
+        "$PY" -m pip install -q --no-deps "$mpi4py_dir"/wheel/mpi4py-*.whl
+    fi
+    rm -rf "$mpi4py_dir"
     write_stamp requirements "$requirements_key"
 fi
+
+# The extension is (re)built when a source that goes into it changes; when Horovod must be
+# compiled too, the two builds run side by side (Horovod's configure and link use one core).
+extension_key="$(cd "$REPO_ROOT" && cat setup.py CMakeLists.txt $(find csrc -type f | sort) | sha256sum | cut -c1-16)"
+extension_pid=""
+extension_log="$(mktemp)"
+extension_wanted() {
+    ! stamp_matches extension "$extension_key" || ! compgen -G "$REPO_ROOT/gtopk_hvd/_C*.so" >/dev/null
+}
+build_extension() (
+    cd "$REPO_ROOT" && PATH="$VENV/bin:$PATH" "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+)
 
 step "Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, MPI)"
 versions="$("$PY" - <<'EOF'
@@ -62,6 +106,11 @@ if ! stamp_matches horovod "$horovod_key"; then
     wheel_dir="$CACHE_DIR/wheels/$horovod_key"
     if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         echo "   building Horovod from source (4-8 minutes on 2 cores); cache: $wheel_dir"
+        if extension_wanted; then
+            echo "   building gtopk_hvd's extension beside it"
+            in_background extension "$extension_log" build_extension
+            extension_pid=$!
+        fi
         build_dir="$(mktemp -d)"
         "$PY" -m pip download -q --no-deps --no-binary :all: -d "$build_dir" "horovod==$HOROVOD_VERSION"
         tar -xzf "$build_dir/horovod-$HOROVOD_VERSION.tar.gz" -C "$build_dir"
@@ -77,17 +126,21 @@ if ! stamp_matches horovod "$horovod_key"; then
         cp "$build_dir"/wheel/horovod-*.whl "$wheel_dir/"
         rm -rf "$build_dir"
     fi
+    # Two pip installs do not share the venv at once: the extension's finishes first.
+    if [[ -n "$extension_pid" ]]; then
+        finish "the extension build" "$extension_pid" "$extension_log"
+        write_stamp extension "$extension_key"
+    fi
     "$PY" -m pip install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
     write_stamp horovod "$horovod_key"
 fi
 
 step "gtopk_hvd (C++/CUDA extension, editable install)"
-# The extension is rebuilt when a source that goes into it changes.
-extension_key="$(cd "$REPO_ROOT" && cat setup.py CMakeLists.txt $(find csrc -type f | sort) | sha256sum | cut -c1-16)"
-if ! stamp_matches extension "$extension_key" || ! compgen -G "$REPO_ROOT/gtopk_hvd/_C*.so" >/dev/null; then
-    (cd "$REPO_ROOT" && PATH="$VENV/bin:$PATH" "$PY" -m pip install -q --no-build-isolation --no-deps -e .)
+if extension_wanted; then
+    build_extension
     write_stamp extension "$extension_key"
 fi
+rm -f "$extension_log"
 
-current_step="done"
-echo "== install: done ($VENV)"
+step "done"
+echo "== install: done in $((SECONDS - install_started)) s ($VENV)"

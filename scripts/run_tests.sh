@@ -13,7 +13,7 @@ echo "== tests: ruff"
 
 echo "== tests: pytest (unit and mpirun tests)"
 # The suite's own limit per test is a backstop; MPI launches have their own shorter ones.
-.venv/bin/python -m pytest tests -q -ra --timeout=1200 "$@"
+.venv/bin/python -m pytest tests -q -ra --timeout=1200 --durations=20 "$@"
 code=$?
 if [[ $code -eq 5 ]]; then
     echo "run_tests.sh: pytest collected no tests; the suite is broken" >&2

@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import margins
 from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
@@ -32,11 +33,13 @@ def parse_digits_run(output: str, workers: int) -> dict[str, str]:
 
 @pytest.mark.parametrize(("launcher", "workers"), [("mpirun", 4), ("mpirun", 3),
                                                   ("horovodrun", 4)])  # --gloo: no MPI at all
-def test_pytorch_digits_gtopk_reaches_95_percent(launcher: str, workers: int) -> None:
+def test_pytorch_digits_gtopk_learns_on_every_launcher(launcher: str, workers: int) -> None:
     output = run_mpi("examples/pytorch_digits.py", workers, "--compression", "gtopk",
                      "--density", "0.01", "--quiet", timeout_s=900, launcher=launcher)
     fields = parse_digits_run(output, workers)
-    assert float(fields["test_accuracy"]) >= 0.95, fields
+    case = "pytorch_digits_gtopk" + ("_3" if workers == 3 else "") + (
+        "_horovodrun" if launcher == "horovodrun" else "")
+    assert float(fields["test_accuracy"]) >= margins.floor(case), fields
     k = -(-int(fields["params"]) // 100)  # ceil(0.01 * d)
     if workers == 4:  # log2(4) rounds of k entries, 8 bytes each
         assert int(fields["bytes_per_step"]) == 2 * 8 * k, fields
@@ -95,21 +98,16 @@ def test_pytorch_digits_dgc_options_and_history(tmp_path: object) -> None:
     assert len(set(velocities)) == 4  # each worker's own (its own data)
 
 
-@pytest.mark.parametrize(("script", "compression", "launcher"), [
-    ("examples/pytorch_digits.py", "micro", "mpirun"),
-    ("examples/pytorch_digits.py", "gtopk-exact", "mpirun"),
-    ("examples/tensorflow2_digits.py", "exdyna", "mpirun"),
-    ("examples/keras_digits.py", "micro", "mpirun"),
-    ("examples/ddp_digits.py", "sketch", "torchrun"),
-])
+@pytest.mark.parametrize(("script", "compression", "launcher"), margins.OTHER_SCHEMES)
 def test_the_other_schemes_train_the_digits_from_every_example(script: str, compression: str,
                                                                launcher: str) -> None:
     """The examples' --compression takes the new schemes: 4 workers, 10 epochs at density 0.01,
-    identical replicas, and the CNN learns (each reached 0.85-0.93 here, chance is 0.1; dense
-    reaches 0.98 in 30 epochs)."""
+    identical replicas, and the CNN learns (chance is 0.1; dense reaches 0.98 in 30 epochs; the
+    floors: helpers/margins.py)."""
     quiet = ["--quiet"] if "torch" in script or "ddp" in script else []
-    output = run_mpi(script, 4, "--compression", compression, "--density", "0.01", "--epochs",
-                     "10", *quiet, timeout_s=900, launcher=launcher)
+    output = run_mpi(f"examples/{script}", 4, "--compression", compression, "--density", "0.01",
+                     "--epochs", "10", *quiet, timeout_s=900, launcher=launcher)
     fields = parse_digits_run(output, 4)
-    assert float(fields["test_accuracy"]) >= 0.8, fields
+    floor = margins.floor(margins.other_scheme_case(script, compression))
+    assert float(fields["test_accuracy"]) >= floor, fields
     assert fields["compression"] == compression and int(fields["bytes_per_step"]) > 0, fields

@@ -6,11 +6,8 @@ parameters) and, for the MNIST scripts, reach a test accuracy on digits' test sp
 run (no reduction, diverged replicas, no training) would not reach. The TensorFlow scripts also
 report, on every rank, whether they ran Keras 3: the environment must reach every rank.
 
-Accuracies measured when calibrating (2 workers; thresholds leave margin below them):
-pytorch_mnist dense 0.947 / gtopk 0.928; tensorflow2_mnist Keras 3 gtopk 0.917, tf-keras dense
-0.967 / gtopk 0.939. keras_mnist is unseeded like upstream: with 2 epochs (24 steps) five runs
-each gave Keras 3 dense 0.81-0.92 and tf-keras gtopk 0.81-0.88, and CI saw 0.703 and 0.719
-(below 0.75); with 4 epochs (ceil(8 / workers)) five runs each gave 0.89-0.95 and 0.84-0.93.
+The accuracy floors are set from a measured spread (helpers/margins.py, docs/testing.md).
+keras_mnist is unseeded like upstream: its spread is that of repeated runs.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import margins
 from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun: `pytest -m "not mpi"` skips it
@@ -54,20 +52,20 @@ def check_keras(output: str, workers: int, keras: str) -> None:
     assert {flag for _, flag in flags} == {str(keras == "keras3")}, flags
 
 
-@pytest.mark.parametrize(("workers", "compression", "threshold"), [
-    (2, DENSE, 0.88),
-    (2, SPARSE, 0.85),
+@pytest.mark.parametrize(("workers", "compression", "case"), [
+    (2, DENSE, "hvd_pytorch_mnist_dense"),
+    (2, SPARSE, "hvd_pytorch_mnist_gtopk"),
 ])
-def test_pytorch_mnist(workers: int, compression: tuple[str, str], threshold: float) -> None:
-    output = run_mpi("examples/horovod/pytorch_mnist.py", workers, *compression, timeout_s=120)
+def test_pytorch_mnist(workers: int, compression: tuple[str, str], case: str) -> None:
+    output = run_mpi("examples/horovod/pytorch_mnist.py", workers, *compression, timeout_s=600)
     check_replicas(output, workers)
-    assert accuracy(output) >= threshold, output[-3000:]
+    assert accuracy(output) >= margins.floor(case), output[-3000:]
 
 
 @pytest.mark.parametrize("workers", [4])
 def test_pytorch_synthetic_benchmark(workers: int) -> None:
     output = run_mpi("examples/horovod/pytorch_synthetic_benchmark.py", workers, *SPARSE,
-                     timeout_s=120)
+                     timeout_s=600)
     assert re.search(rf"Total img/sec on {workers} CPU\(s\): [0-9.]+", output), output[-3000:]
     # Each rank's own fake data: the replicas then agree only if every rank applied the same
     # reduced update (a rank-local or partial reduction would leave them different).
@@ -79,16 +77,16 @@ def test_pytorch_synthetic_benchmark(workers: int) -> None:
 @pytest.mark.parametrize("keras", ["keras3"])  # tf-keras: tensorflow2_keras_mnist, keras_mnist
 def test_tensorflow2_mnist(monkeypatch: pytest.MonkeyPatch, keras: str) -> None:
     use_keras(monkeypatch, keras)
-    output = run_mpi("examples/horovod/tensorflow2_mnist.py", 2, *SPARSE, timeout_s=180)
+    output = run_mpi("examples/horovod/tensorflow2_mnist.py", 2, *SPARSE, timeout_s=600)
     check_keras(output, 2, keras)
     check_replicas(output, 2)
-    assert accuracy(output) >= 0.85, output[-3000:]
+    assert accuracy(output) >= margins.floor("hvd_tensorflow2_mnist"), output[-3000:]
 
 
 def test_tensorflow2_synthetic_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
     use_keras(monkeypatch, "keras3")
     output = run_mpi("examples/horovod/tensorflow2_synthetic_benchmark.py", 2, *SPARSE,
-                     timeout_s=120)
+                     timeout_s=600)
     check_keras(output, 2, "keras3")
     assert re.search(r"Total img/sec on 2 [GC]PU\(s\): [0-9.]+", output), output[-3000:]
     check_replicas(output, 2)
@@ -97,10 +95,11 @@ def test_tensorflow2_synthetic_benchmark(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize("keras", ["keras3", "tf-keras"])
 def test_tensorflow2_keras_mnist(monkeypatch: pytest.MonkeyPatch, keras: str) -> None:
     use_keras(monkeypatch, keras)
-    output = run_mpi("examples/horovod/tensorflow2_keras_mnist.py", 2, *SPARSE, timeout_s=180)
+    output = run_mpi("examples/horovod/tensorflow2_keras_mnist.py", 2, *SPARSE, timeout_s=600)
     check_keras(output, 2, keras)
     check_replicas(output, 2)
-    assert accuracy(output) >= 0.85, output[-3000:]
+    case = "hvd_tensorflow2_keras_mnist" + ("_tf_keras" if keras == "tf-keras" else "")
+    assert accuracy(output) >= margins.floor(case), output[-3000:]
 
 
 @pytest.mark.parametrize(("keras", "compression"), [
@@ -110,7 +109,8 @@ def test_tensorflow2_keras_mnist(monkeypatch: pytest.MonkeyPatch, keras: str) ->
 def test_keras_mnist(monkeypatch: pytest.MonkeyPatch, keras: str,
                      compression: tuple[str, str]) -> None:
     use_keras(monkeypatch, keras)
-    output = run_mpi("examples/horovod/keras_mnist.py", 2, *compression, timeout_s=180)
+    output = run_mpi("examples/horovod/keras_mnist.py", 2, *compression, timeout_s=600)
     check_keras(output, 2, keras)
     check_replicas(output, 2)
-    assert accuracy(output) >= 0.75, output[-3000:]
+    case = "hvd_keras_mnist_dense" if compression == DENSE else "hvd_keras_mnist_gtopk_tf_keras"
+    assert accuracy(output) >= margins.floor(case), output[-3000:]

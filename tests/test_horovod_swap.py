@@ -27,7 +27,7 @@ TORCH_NAME = "horovod.torch.DistributedOptimizer"
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["torch", "tf", "tf-keras"])
 def test_swapped_wrappers_under_mpirun(mode: str) -> None:
-    output = run_mpi("mpi_horovod_swap.py", 2, mode, timeout_s=240)
+    output = run_mpi("mpi_horovod_swap.py", 2, mode, timeout_s=600)
     assert f"horovod swap {mode} ok on 2 workers" in output
 
 

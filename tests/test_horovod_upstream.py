@@ -174,7 +174,7 @@ def run_mode(mode: str, files: list[str], selection: str, timeout_s: float,
             "-x", f"GTOPK_HVD_MODE={mode}", "-x", f"GTOPK_HVD_REPORT_DIR={reports}",
             sys.executable, "-m", "pytest", *[str(UPSTREAM / f) for f in files],
             "-k", selection, "-q", "-p", "no:cacheprovider", "--color=no",
-            "--timeout=150", "--timeout-method=thread"])
+            "--timeout=300", "--timeout-method=thread"])
         try:
             _, output = run_with_time_limit(command, timeout_s, f"Horovod's tests in {mode}")
         finally:
@@ -212,7 +212,7 @@ def test_horovod_torch_tests(mode: str) -> None:
     if mode != "horovod":
         files += list(TORCH_LIMITS)
     selection = " or ".join(tests + ["test_gtopk_torch_limits"])
-    result = run_mode(mode, files, selection, timeout_s=300)
+    result = run_mode(mode, files, selection, timeout_s=600)
     check(result["outcomes"], tests, mode, result["output"])
     if mode != "horovod":
         limits = {test: ranks for test, ranks in result["outcomes"].items()
@@ -231,6 +231,6 @@ def test_horovod_keras_tests(flavour: str, mode: str) -> None:
     if flavour == "keras3":
         files.append("test_tensorflow2_keras_variants.py")
         tests += [f"{test}_keras3" for test in KERAS3_VARIANTS]
-    result = run_mode(mode, files, " or ".join(tests), timeout_s=300,
+    result = run_mode(mode, files, " or ".join(tests), timeout_s=600,
                       environment=(f"TF_USE_LEGACY_KERAS={legacy}", "GTOPK_HVD_KERAS=1"))
     check(result["outcomes"], tests, mode, result["output"], KERAS_EXPECTED_FAILURES[flavour])

@@ -92,7 +92,7 @@ def test_join_under_each_launcher(launcher: str, mode: str, scheme: str,
                                   steps: list[int]) -> None:
     program = "join_uneven_tf.py" if mode in ("keras", "tape") else "join_uneven.py"
     output = run_mpi(program, len(steps), scheme, mode, *map(str, steps),
-                     timeout_s=240, launcher=launcher)
+                     timeout_s=600, launcher=launcher)
     last = max(range(len(steps)), key=lambda r: (steps[r], r))
     oks = sorted(re.findall(r"JOIN OK rank=(\d+) last=(\d+)", output))
     assert oks == [(str(r), str(last)) for r in range(len(steps))], output[-4000:]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import margins
 from helpers.mpi_launcher import QUIET_THREADS, REPO_ROOT, run_with_time_limit
 
 pytest.importorskip("lightning")
@@ -23,7 +24,7 @@ EPOCHS = 4
 
 def run(*arguments: str) -> str:
     status, output = run_with_time_limit(
-        [*QUIET_THREADS, sys.executable, str(EXAMPLE), "--devices", "2", *arguments], 240,
+        [*QUIET_THREADS, sys.executable, str(EXAMPLE), "--devices", "2", *arguments], 600,
         "lightning_ddp.py")
     assert status == 0, output[-6000:]
     return output
@@ -44,7 +45,7 @@ def test_the_hook_trains_under_lightning_and_resumes_from_its_checkpoint(
     steps = [int(n) for n in re.findall(r"HOOK_ITERS rank=\d (\d+)", full)]
     assert len(steps) == 2 and steps[0] == steps[1] == EPOCHS * 23, steps  # 719 / 32 per worker
     accuracy = float(re.search(r"TEST_ACCURACY ([\d.]+)", full).group(1))
-    assert accuracy >= 0.9, full[-3000:]
+    assert accuracy >= margins.floor("lightning"), full[-3000:]
 
     first = tmp_path / "epoch=0.ckpt"
     saved = torch.load(first, weights_only=False)["gtopk_hook"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import margins
 from helpers.mpi_launcher import run_mpi
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +78,8 @@ def test_pytorch_lm_learns_with_identical_replicas(compression: str, tmp_path: P
     assert [entry["step"] for entry in evaluations] == [4, 8]
     # An untrained model is about as good as uniform over 10,002 tokens; 8 steps of SGD at
     # lr 20 must have learnt the frequent tokens.
-    assert evaluations[-1]["valid_perplexity"] < 0.2 * 10_002, evaluations
+    drop = 1 - evaluations[-1]["valid_perplexity"] / 10_002
+    assert drop >= margins.floor(f"lm_{compression}", "perplexity_drop"), evaluations
     assert evaluations[0]["seconds"] < evaluations[1]["seconds"]
     phases = evaluations[-1]["phases"]
     assert phases["compute"] > 0 and phases["transfer"] > 0

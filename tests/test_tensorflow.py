@@ -3,7 +3,8 @@
 tests/mpi/mpi_tensorflow.py checks the DistributedGradientTape (eager and tf.function),
 checkpoints and the keras DistributedOptimizer with model.fit on Keras 3 and, in a separate
 launch, on tf-keras. The examples train on scikit-learn's digits with gTop-k at density 0.01
-and must reach 95% test accuracy with bitwise identical replicas.
+for 10 epochs and must learn (the floors, from a measured spread: helpers/margins.py) with
+bitwise identical replicas; 5 epochs and 5 resumed end bitwise where 10 in one go do.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import margins
 from helpers.mpi_launcher import run_mpi
 
 pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mpi"` skips it
@@ -48,31 +50,34 @@ def result_of(output: str) -> tuple[dict[str, str], str]:
 
 def test_tensorflow2_digits_learns_and_resumes_exactly(tmp_path: Path) -> None:
     script = "examples/tensorflow2_digits.py"
-    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "30", timeout_s=600))
+    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "10", timeout_s=600))
     assert fields["compression"] == "gtopk" and fields["density"] == "0.01", fields
-    assert float(fields["test_accuracy"]) >= 0.95, fields
+    assert float(fields["test_accuracy"]) >= margins.floor("tensorflow2_digits_gtopk"), fields
     assert int(fields["bytes_per_step"]) < 0.05 * 4 * int(fields["params"]), fields
 
     checkpoint = str(tmp_path / "ckpt")
-    result_of(run_mpi(script, WORKERS, "--epochs", "15", "--checkpoint", checkpoint,
+    result_of(run_mpi(script, WORKERS, "--epochs", "5", "--checkpoint", checkpoint,
                       timeout_s=600))
-    _, resumed = result_of(run_mpi(script, WORKERS, "--epochs", "30", "--resume", checkpoint,
+    _, resumed = result_of(run_mpi(script, WORKERS, "--epochs", "10", "--resume", checkpoint,
                                    timeout_s=600))
-    assert resumed == straight, "15 epochs + 15 resumed differ from 30 in one go"
+    assert resumed == straight, "5 epochs + 5 resumed differ from 10 in one go"
 
 
 def test_tensorflow2_digits_dense_works_on_keras3() -> None:
     """Dense gradients through gtopk_hvd's tape: Horovod 0.28's own tape fails on Keras 3."""
     output = run_mpi("examples/tensorflow2_digits.py", WORKERS, "--compression", "none",
-                     "--epochs", "20", timeout_s=600)
+                     "--epochs", "10", timeout_s=600)
     fields, _ = result_of(output)
-    assert fields["compression"] == "none" and float(fields["test_accuracy"]) >= 0.95, fields
+    assert fields["compression"] == "none", fields
+    assert float(fields["test_accuracy"]) >= margins.floor("tensorflow2_digits_dense"), fields
 
 
 @pytest.mark.parametrize("legacy_keras", [False, True], ids=["keras3", "tf_keras"])
 def test_keras_digits_learns(legacy_keras: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if legacy_keras:
         monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")  # mpirun's ranks inherit it
-    output = run_mpi("examples/keras_digits.py", WORKERS, "--epochs", "20", timeout_s=600)
+    output = run_mpi("examples/keras_digits.py", WORKERS, "--epochs", "10", timeout_s=600)
     fields, _ = result_of(output)
-    assert fields["compression"] == "gtopk" and float(fields["test_accuracy"]) >= 0.95, fields
+    case = "keras_digits_tf_keras" if legacy_keras else "keras_digits_keras3"
+    assert fields["compression"] == "gtopk", fields
+    assert float(fields["test_accuracy"]) >= margins.floor(case), fields

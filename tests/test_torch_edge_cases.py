@@ -12,5 +12,5 @@ pytestmark = pytest.mark.mpi  # launches mpirun / horovodrun: `pytest -m "not mp
 
 @pytest.mark.parametrize("workers", [4, 3])
 def test_torch_edge_cases_under_mpirun(workers: int) -> None:
-    output = run_mpi("mpi_torch_edge_cases.py", workers, timeout_s=180)
+    output = run_mpi("mpi_torch_edge_cases.py", workers, timeout_s=600)
     assert f"torch edge cases ok on {workers} workers" in output

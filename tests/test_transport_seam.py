@@ -106,5 +106,5 @@ def test_a_transport_without_horovods_workers_is_refused() -> None:
 @pytest.mark.mpi  # launches mpirun: `pytest -m "not mpi"` skips it
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_the_step_reduces_through_the_transport_it_is_given(framework: str) -> None:
-    output = run_mpi("mpi_transport_seam.py", 3, "--framework", framework, timeout_s=180)
+    output = run_mpi("mpi_transport_seam.py", 3, "--framework", framework, timeout_s=600)
     assert f"transport seam ok: {framework} on 3 workers" in output, output[-3000:]

@@ -3,6 +3,7 @@ way on every worker (for the programs under tests/mpi that train to an accuracy)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,12 @@ def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         x, digits.target.astype(np.int64), test_size=0.2, random_state=0,
         stratify=digits.target)
     return x_train, y_train, x_test, y_test
+
+
+def model_seed() -> int:
+    """The seed of a test program's model: GTOPK_TEST_SEED, else 0. The suite runs with 0;
+    scripts/accuracy_spread.py varies it to measure the spread the thresholds must allow."""
+    return int(os.environ.get("GTOPK_TEST_SEED", "0"))
 
 
 def worker_batches(count: int, epochs: int, rank: int, size: int, batch: int) -> Iterator[Any]:

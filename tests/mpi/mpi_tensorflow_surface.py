@@ -33,7 +33,8 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import run_on_all_ranks  # noqa: E402
-from helpers.digits import digits_split  # noqa: E402
+from helpers import margins  # noqa: E402
+from helpers.digits import digits_split, model_seed  # noqa: E402
 
 import gtopk_hvd.tensorflow as gtopk  # noqa: E402
 import gtopk_hvd.tensorflow.keras as gtopk_keras  # noqa: E402
@@ -76,7 +77,7 @@ def digits_run(compression: object, initial_scale: float | None) -> dict:
     mine = np.arange(hvd.rank(), len(x_train) // 64 * 64, hvd.size())
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        keras.utils.set_random_seed(0)
+        keras.utils.set_random_seed(model_seed())
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
                                   keras.layers.Dense(10),
                                   keras.layers.Activation("linear", dtype="float32")])
@@ -110,11 +111,15 @@ def check_loss_scaling() -> None:
         assert overflow["skipped"] >= 3, overflow
         assert overflow["scale"][1] < overflow["scale"][0], overflow
         assert clean["skipped"] == 0, clean
-        assert overflow["accuracy"] >= clean["accuracy"] - 0.01, (overflow, clean)
-        assert clean["accuracy"] >= 0.9, clean
+        case = f"keras_amp_{'keras3' if KERAS3 else 'tf_keras'}"
+        gap = overflow["accuracy"] - clean["accuracy"]
+        assert gap >= margins.floor(case, f"{name}_gap"), (overflow, clean)
+        assert clean["accuracy"] >= margins.floor(case, f"{name}_clean"), clean
     if KERAS3:  # a plain SGD under mixed_float16: the wrapper supplies the LossScaleOptimizer
         wrapped = digits_run(gtopk.Compression.topk(0.05), None)
-        assert wrapped["accuracy"] >= 0.9, wrapped
+        if hvd.rank() == 0:
+            print(f"RESULT keras3={KERAS3} wrapped={wrapped}", flush=True)
+        assert wrapped["accuracy"] >= margins.floor("keras_amp_keras3", "wrapped"), wrapped
 
 
 # -- local sources ----------------------------------------------------------------------------
