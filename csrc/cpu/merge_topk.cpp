@@ -261,7 +261,7 @@ inline Block sort_bitonic8(Block v) {
     const __m256i greater = _mm256_cmpgt_epi64(v.low, v.high);  // distance 4
     __m256i halves[2] = {select64(v.low, v.high, greater), select64(v.high, v.low, greater)};
     for (__m256i& x : halves) {
-        x = exchange<0xF0>(x, _mm256_permute4x64_epi64(x, _MM_SHUFFLE(1, 0, 3, 2)));  // i ^ 2
+        x = exchange<0xF0>(x, _mm256_permute2x128_si256(x, x, 0x01));  // i ^ 2
         x = exchange<0xCC>(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));      // i ^ 1
     }
     return {halves[0], halves[1]};
@@ -356,8 +356,9 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
             const uint64_t* at = merged + j + 4 * half;
             const __m256i current = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
             const __m256i following = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 1));
-            const __m256i same = _mm256_cmpeq_epi64(_mm256_srli_epi64(current, 32),
-                                                    _mm256_srli_epi64(following, 32));
+            // Equal indices: the high halves' compare, copied to the low halves.
+            const __m256i same = _mm256_shuffle_epi32(_mm256_cmpeq_epi32(current, following),
+                                                      _MM_SHUFFLE(3, 3, 1, 1));
             paired |= static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(same)))
                       << (4 * half);
             __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(current),
@@ -427,7 +428,7 @@ inline void merge_packed(const PackedSet& a, const PackedSet& b, uint64_t* merge
 template <bool kCount, typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram, uint64_t* packed) {
+                    uint32_t* histogram, [[maybe_unused]] uint64_t* packed) {
     using Key = KeyOf<T>;
     constexpr int shift = top_shift<T>();
 #if defined(__AVX512F__) || defined(__AVX2__)
