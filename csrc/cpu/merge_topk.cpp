@@ -217,7 +217,9 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
         w += count;
     }
     if (histogram != nullptr) {
-        for (int64_t j = 0; j < w; ++j) ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
+        for (int64_t j = 0; j < w; ++j) {
+            ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
+        }
     }
     return w;
 }
@@ -261,8 +263,8 @@ inline Block sort_bitonic8(Block v) {
     const __m256i greater = _mm256_cmpgt_epi64(v.low, v.high);  // distance 4
     __m256i halves[2] = {select64(v.low, v.high, greater), select64(v.high, v.low, greater)};
     for (__m256i& x : halves) {
-        x = exchange<0xF0>(x, _mm256_permute2x128_si256(x, x, 0x01));  // i ^ 2
-        x = exchange<0xCC>(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));      // i ^ 1
+        x = exchange<0xF0>(x, _mm256_permute2x128_si256(x, x, 0x01));             // i ^ 2
+        x = exchange<0xCC>(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));  // i ^ 1
     }
     return {halves[0], halves[1]};
 }
@@ -323,7 +325,9 @@ struct PackedSet {
         }
     }
     // A set is never read past its first sentinel block: i <= whole + 8.
-    uint64_t first(int64_t i) const { return i < whole ? pack_entry(index[i], value[i]) : tail[i - whole]; }
+    uint64_t first(int64_t i) const {
+        return i < whole ? pack_entry(index[i], value[i]) : tail[i - whole];
+    }
     Block block(int64_t i) const {
         if (i >= whole) return load_block(tail + (i - whole));
         const __m256i i32 = _mm256_xor_si256(
