@@ -528,6 +528,9 @@ PYBIND11_MODULE(_C, m) {
     m.def("read_pass", &read_pass, py::arg("x"),
           "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));
+    m.def("simd_level", &gtopk::cpu::simd_level,
+          "Vector paths of the CPU kernels: 'avx512', 'avx2' or 'scalar' (float32 top-k and "
+          "float32/int32 merge; other types run scalar loops).");
     bind_types(m);
 #ifdef GTOPK_WITH_CUDA
     m.attr("built_with_cuda") = true;

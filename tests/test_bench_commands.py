@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from helpers.mpi_launcher import REPO_ROOT, mpirun_command, run_mpi, run_with_time_limit
 
+from gtopk_hvd import _C
+
 
 def bench(*args: str) -> str:
     result = subprocess.run([sys.executable, "-m", "gtopk_hvd.bench", *args], cwd=REPO_ROOT,
@@ -26,6 +28,15 @@ def test_bench_merge_prints_its_ratios() -> None:
     rows = [line for line in output.splitlines() if line.strip().startswith(("1,000", "70,000"))]
     assert len(rows) == 2, output
     assert all(len(row.split("|")) == 3 for row in rows), output
+    assert f"CPU SIMD: {_C.simd_level()} (ours, float32 / int32)" in output, output
+
+
+def test_bench_topk_prints_its_ratios_and_simd_level() -> None:
+    output = bench("topk", "--sizes", "200000", "--densities", "0.001", "--repeats", "1",
+                   "--torch-repeats", "1", "--device", "cpu")
+    assert f"CPU SIMD: {_C.simd_level()} (ours, float32)" in output, output
+    row = next(line.split() for line in output.splitlines() if line.startswith("cpu "))
+    assert row[1:3] == ["200,000", "200"] and len(row) == 10, output
 
 
 def test_bench_select_prints_every_pass_and_its_selected_count() -> None:

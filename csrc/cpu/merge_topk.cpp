@@ -18,7 +18,7 @@
 // network over packed (index, value) entries, gather and write compress by mask (16 entries
 // holding a tie with the k-th key are written one by one, in index order).
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -127,13 +127,21 @@ std::vector<Piece> split_pieces(const Index* index_a, int64_t n_a, const Index* 
     return result;
 }
 
-#if defined(__AVX512F__)
 // The vectorised merge of float32 values with int32 indices (>= 0). An entry is packed into 64
 // bits, index above value bits: packed order is index order, and an index present in both sets
 // gives two neighbours. The sets are merged 8 packed entries at a time by a bitonic network
-// (blocks padded with all-ones sentinels, which sort last), then one pass sums neighbours with
-// equal indices (a + b == b + a; NaN sums canonical as in the scalar loop) and compresses.
+// (blocks padded with sentinels, which sort last), then one pass sums neighbours with equal
+// indices (a + b == b + a; NaN sums canonical as in the scalar loop) and compresses.
+// Each instruction set below defines Block (8 packed entries), load_block, store_block,
+// merge_blocks, packed_less_equal, kSentinel, PackedSet (a set read as packed blocks) and
+// combine_packed; merge_packed is shared.
+#if defined(__AVX512F__)
+// AVX-512: a Block is one register; the sentinel is all ones, above every entry (index < 2^31).
 constexpr uint64_t kSentinel = ~uint64_t{0};
+using Block = __m512i;
+inline Block load_block(const uint64_t* from) { return _mm512_loadu_si512(from); }
+inline void store_block(uint64_t* to, Block block) { _mm512_storeu_si512(to, block); }
+inline bool packed_less_equal(uint64_t x, uint64_t y) { return x <= y; }
 
 // Sorts a bitonic sequence of 8 keys ascending.
 inline __m512i sort_bitonic8(__m512i v) {
@@ -169,31 +177,22 @@ inline void pack(const int32_t* index, const float* value, int64_t n, uint64_t* 
     for (int e = 0; e < 8; ++e) packed[n + e] = kSentinel;
 }
 
-// Merges packed a[0..n_a) and b[0..n_b) (each followed by 8 sentinels, n_a, n_b >= 1) into
-// merged, which must hold n_a + n_b + 24 entries; merged[n_a + n_b, + 16) are sentinels after.
-inline void merge_packed(const uint64_t* a, int64_t n_a, const uint64_t* b, int64_t n_b,
-                         uint64_t* merged) {
-    __m512i low, high;
-    merge_blocks(_mm512_loadu_si512(a), _mm512_loadu_si512(b), low, high);
-    _mm512_storeu_si512(merged, low);
-    int64_t i_a = 8, i_b = 8, m = 8;
-    while (i_a < n_a || i_b < n_b) {
-        // The block whose first key is smaller comes next (an exhausted set: a sentinel).
-        const bool take_a = a[i_a] <= b[i_b];
-        const uint64_t* next = take_a ? a + i_a : b + i_b;
-        i_a += take_a ? 8 : 0;
-        i_b += take_a ? 0 : 8;
-        merge_blocks(_mm512_loadu_si512(next), high, low, high);
-        _mm512_storeu_si512(merged + m, low);
-        m += 8;
+// A set packed into storage (n + 8 entries) by one pass, then read from there.
+struct PackedSet {
+    const uint64_t* packed;
+    int64_t n;
+    PackedSet(const int32_t* index, const float* value, int64_t size, uint64_t* storage)
+        : packed(storage), n(size) {
+        pack(index, value, n, storage);
     }
-    _mm512_storeu_si512(merged + m, high);
-    for (int64_t j = n_a + n_b; j < n_a + n_b + 16; ++j) merged[j] = kSentinel;
-}
+    uint64_t first(int64_t i) const { return packed[i]; }  // i <= n + 7
+    Block block(int64_t i) const { return load_block(packed + i); }
+};
 
-// The union of merged[0..n): neighbours with equal indices summed. Returns its size.
+// The union of merged[0..n): neighbours with equal indices summed, their top digits counted
+// into histogram (nullable). Returns its size.
 inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
-                              float* out_value) {
+                              float* out_value, uint32_t* histogram) {
     const __m512 quiet_nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
     unsigned carry = 0;  // the last entry of the previous 8 was summed with its successor
     int64_t w = 0;
@@ -217,7 +216,213 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
         _mm256_mask_storeu_epi32(out_value + w, first, _mm256_maskz_compress_epi32(keep, value32));
         w += count;
     }
+    if (histogram != nullptr) {
+        for (int64_t j = 0; j < w; ++j) {
+            ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
+        }
+    }
     return w;
+}
+#elif defined(__AVX2__)
+// AVX2 compares 64-bit lanes as signed only: entries are packed with the top bit flipped
+// (index ^ 2^31 above the value bits), which turns unsigned order into signed order, and the
+// all-ones sentinel becomes INT64_MAX, above every entry (their top bit is set). Its index half,
+// 0x7FFFFFFF, is no flipped index either. A Block is two registers of 4 entries.
+constexpr uint64_t kFlip = uint64_t{1} << 63;
+constexpr uint64_t kSentinel = ~uint64_t{0} ^ kFlip;
+struct Block {
+    __m256i low, high;  // entries 0-3 and 4-7
+};
+inline Block load_block(const uint64_t* from) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + 4))};
+}
+inline void store_block(uint64_t* to, Block block) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), block.low);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 4), block.high);
+}
+inline bool packed_less_equal(uint64_t x, uint64_t y) {
+    return static_cast<int64_t>(x) <= static_cast<int64_t>(y);
+}
+
+// mask ? y : x per 64-bit lane, for masks of all-ones or all-zeros lanes.
+inline __m256i select64(__m256i x, __m256i y, __m256i mask) {
+    return _mm256_castpd_si256(_mm256_blendv_pd(_mm256_castsi256_pd(x), _mm256_castsi256_pd(y),
+                                                 _mm256_castsi256_pd(mask)));
+}
+
+// One compare-exchange step between v and its partners t (a shuffle of v): the lanes in kUpper
+// (a 32-bit lane blend mask) keep the larger of each pair, the others the smaller.
+template <int kUpper> inline __m256i exchange(__m256i v, __m256i t) {
+    const __m256i upper = _mm256_blend_epi32(_mm256_setzero_si256(), _mm256_set1_epi32(-1), kUpper);
+    return select64(v, t, _mm256_xor_si256(_mm256_cmpgt_epi64(v, t), upper));
+}
+
+// Sorts a bitonic sequence of 8 entries ascending.
+inline Block sort_bitonic8(Block v) {
+    const __m256i greater = _mm256_cmpgt_epi64(v.low, v.high);  // distance 4
+    __m256i halves[2] = {select64(v.low, v.high, greater), select64(v.high, v.low, greater)};
+    for (__m256i& x : halves) {
+        x = exchange<0xF0>(x, _mm256_permute2x128_si256(x, x, 0x01));             // i ^ 2
+        x = exchange<0xCC>(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));  // i ^ 1
+    }
+    return {halves[0], halves[1]};
+}
+
+// Two ascending blocks of 8 -> the 8 smallest (low) and the 8 largest (high), ascending.
+inline void merge_blocks(Block a, Block b, Block& low, Block& high) {
+    const __m256i reversed_low = _mm256_permute4x64_epi64(b.high, _MM_SHUFFLE(0, 1, 2, 3));
+    const __m256i reversed_high = _mm256_permute4x64_epi64(b.low, _MM_SHUFFLE(0, 1, 2, 3));
+    const __m256i greater_low = _mm256_cmpgt_epi64(a.low, reversed_low);
+    const __m256i greater_high = _mm256_cmpgt_epi64(a.high, reversed_high);
+    low = sort_bitonic8({select64(a.low, reversed_low, greater_low),
+                         select64(a.high, reversed_high, greater_high)});
+    high = sort_bitonic8({select64(reversed_low, a.low, greater_low),
+                          select64(reversed_high, a.high, greater_high)});
+}
+
+// kCompress[mask]: the lanes set in mask, ascending, one per byte (for permutevar8x32).
+constexpr std::array<uint64_t, 256> kCompress = [] {
+    std::array<uint64_t, 256> table{};
+    for (int mask = 0; mask < 256; ++mask) {
+        int slot = 0;
+        for (int lane = 0; lane < 8; ++lane) {
+            if (mask >> lane & 1) table[mask] |= uint64_t(lane) << (8 * slot++);
+        }
+    }
+    return table;
+}();
+
+// Writes the 32-bit lanes of v set in mask, in lane order, to to[0..popcount(mask)); writes 8
+// lanes (the rest garbage) when room >= 8, else exactly popcount(mask).
+inline void store_compressed(void* to, __m256i v, unsigned mask, int64_t room) {
+    const __m256i lanes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(kCompress[mask]));
+    const __m256i packed = _mm256_permutevar8x32_epi32(v, lanes);
+    if (room >= 8) {
+        _mm256_storeu_si256(static_cast<__m256i*>(to), packed);
+        return;
+    }
+    alignas(32) uint32_t buffer[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buffer), packed);
+    std::memcpy(to, buffer, sizeof(uint32_t) * __builtin_popcount(mask));
+}
+
+inline uint64_t pack_entry(int32_t index, float value) {
+    return (uint64_t{static_cast<uint32_t>(index)} << 32 | bits_of(value)) ^ kFlip;
+}
+
+// A set packed as it is read (no packing pass, no copy): whole blocks straight from its arrays,
+// the last partial one from a copy padded with sentinels, then sentinels.
+struct PackedSet {
+    const int32_t* index;
+    const float* value;
+    int64_t n, whole;  // whole: entries in whole blocks
+    uint64_t tail[16];
+    PackedSet(const int32_t* index_, const float* value_, int64_t size, uint64_t* /*storage*/)
+        : index(index_), value(value_), n(size), whole(size / 8 * 8) {
+        for (int e = 0; e < 16; ++e) {
+            tail[e] = whole + e < n ? pack_entry(index[whole + e], value[whole + e]) : kSentinel;
+        }
+    }
+    // A set is never read past its first sentinel block: i <= whole + 8.
+    uint64_t first(int64_t i) const {
+        return i < whole ? pack_entry(index[i], value[i]) : tail[i - whole];
+    }
+    Block block(int64_t i) const {
+        if (i >= whole) return load_block(tail + (i - whole));
+        const __m256i i32 = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + i)),
+            _mm256_set1_epi32(std::numeric_limits<int32_t>::min()));
+        const __m256i v32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value + i));
+        const __m256i first = _mm256_unpacklo_epi32(v32, i32);   // entries 0, 1 | 4, 5
+        const __m256i second = _mm256_unpackhi_epi32(v32, i32);  // entries 2, 3 | 6, 7
+        return {_mm256_permute2x128_si256(first, second, 0x20),
+                _mm256_permute2x128_si256(first, second, 0x31)};
+    }
+};
+
+// The union of merged[0..n): neighbours with equal indices summed, their top digits counted
+// into histogram (nullable). Returns its size.
+inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
+                              float* out_value, uint32_t* histogram) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+    const __m256 quiet_nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
+    const __m256i value_half = _mm256_set1_epi64x(0xFFFFFFFF);
+    const __m256i unzip = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // 4 values, 4 indices
+    const __m256i flip = _mm256_set1_epi32(std::numeric_limits<int32_t>::min());
+    unsigned carry = 0;  // the last entry of the previous 8 was summed with its successor
+    int64_t w = 0;
+    for (int64_t j = 0; j < n; j += 8) {
+        unsigned paired = 0;
+        __m256i unzipped[2];
+        for (int half = 0; half < 2; ++half) {
+            const uint64_t* at = merged + j + 4 * half;
+            const __m256i current = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+            const __m256i following = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 1));
+            // Equal indices: the high halves' compare, copied to the low halves.
+            const __m256i same = _mm256_shuffle_epi32(_mm256_cmpeq_epi32(current, following),
+                                                      _MM_SHUFFLE(3, 3, 1, 1));
+            paired |= static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(same)))
+                      << (4 * half);
+            __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(current),
+                                       _mm256_castsi256_ps(following));
+            sum = _mm256_blendv_ps(sum, quiet_nan, _mm256_cmp_ps(sum, sum, _CMP_UNORD_Q));
+            const __m256i entries = _mm256_blendv_epi8(current, _mm256_castps_si256(sum),
+                                                       _mm256_and_si256(same, value_half));
+            unzipped[half] = _mm256_permutevar8x32_epi32(entries, unzip);
+        }
+        const __m256i values = _mm256_permute2x128_si256(unzipped[0], unzipped[1], 0x20);
+        const __m256i indices = _mm256_xor_si256(
+            _mm256_permute2x128_si256(unzipped[0], unzipped[1], 0x31), flip);
+        const unsigned valid = n - j >= 8 ? 0xFFu : (1u << (n - j)) - 1;
+        const unsigned keep = ~((paired << 1) | carry) & valid;
+        carry = (paired >> 7) & 1u;
+        store_compressed(out_index + w, indices, keep, n - w);
+        store_compressed(out_value + w, values, keep, n - w);
+        w += __builtin_popcount(keep);
+    }
+    if (histogram != nullptr) {
+        // Top digits of 64 entries at a time, computed in registers, then counted one by one.
+        alignas(32) uint32_t digits[64];
+        int64_t j = 0;
+        for (; j + 64 <= w; j += 64) {
+            for (int e = 0; e < 64; e += 8) {
+                const __m256i bits =
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out_value + j + e));
+                _mm256_store_si256(reinterpret_cast<__m256i*>(digits + e), _mm256_srli_epi32(
+                    _mm256_min_epu32(_mm256_and_si256(bits, magnitude), canonical_nan),
+                    top_shift<float>()));
+            }
+            for (int e = 0; e < 64; ++e) ++histogram[digits[e]];
+        }
+        for (; j < w; ++j) ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
+    }
+    return w;
+}
+#endif
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+// Merges a and b (n >= 1 entries each) into merged, which must hold a.n + b.n + 24 entries;
+// merged[a.n + b.n, + 16) are sentinels after.
+inline void merge_packed(const PackedSet& a, const PackedSet& b, uint64_t* merged) {
+    Block low, high;
+    merge_blocks(a.block(0), b.block(0), low, high);
+    store_block(merged, low);
+    int64_t i_a = 8, i_b = 8, m = 8;
+    while (i_a < a.n || i_b < b.n) {
+        // The block whose first key is smaller comes next (an exhausted set: a sentinel).
+        const bool take_a = packed_less_equal(a.first(i_a), b.first(i_b));
+        const PackedSet& next = take_a ? a : b;
+        const int64_t at = take_a ? i_a : i_b;
+        i_a += take_a ? 8 : 0;
+        i_b += take_a ? 0 : 8;
+        merge_blocks(high, next.block(at), low, high);  // reverses next: off high's chain
+        store_block(merged + m, low);
+        m += 8;
+    }
+    store_block(merged + m, high);
+    for (int64_t j = a.n + b.n; j < a.n + b.n + 16; ++j) merged[j] = kSentinel;
 }
 #endif
 
@@ -227,23 +432,18 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
 template <bool kCount, typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram, uint64_t* packed) {
+                    uint32_t* histogram, [[maybe_unused]] uint64_t* packed) {
     using Key = KeyOf<T>;
     constexpr int shift = top_shift<T>();
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
     if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
         if (packed != nullptr && n_a > 0 && n_b > 0) {
-            uint64_t* packed_a = packed;
-            uint64_t* packed_b = packed_a + n_a + 8;
-            uint64_t* merged = packed_b + n_b + 8;
-            pack(index_a, value_a, n_a, packed_a);
-            pack(index_b, value_b, n_b, packed_b);
-            merge_packed(packed_a, n_a, packed_b, n_b, merged);
-            const int64_t n = combine_packed(merged, n_a + n_b, out_index, out_value);
-            if constexpr (kCount) {
-                for (int64_t j = 0; j < n; ++j) ++histogram[magnitude_key(out_value[j]) >> shift];
-            }
-            return n;
+            const PackedSet a(index_a, value_a, n_a, packed);
+            const PackedSet b(index_b, value_b, n_b, packed + n_a + 8);
+            uint64_t* merged = packed + n_a + n_b + 16;
+            merge_packed(a, b, merged);
+            return combine_packed(merged, n_a + n_b, out_index, out_value,
+                                  kCount ? histogram : nullptr);
         }
     }
 #endif
@@ -316,9 +516,11 @@ void copy_out(const Index* from_index, const T* from_value, const std::vector<Pi
     }
 }
 
-// Appends to `to` the keys of values[0..n) whose top digit is `bin`; returns how many.
+// Writes to to[0..capacity) the keys of values[0..n) whose top digit is `bin` (capacity of
+// them); returns how many.
 template <typename T>
-int64_t gather_bin(const T* values, int64_t n, int64_t bin, KeyOf<T>* to) {
+int64_t gather_bin(const T* values, int64_t n, int64_t bin, KeyOf<T>* to,
+                   [[maybe_unused]] int64_t capacity) {
     constexpr int shift = top_shift<T>();
     int64_t g = 0, j = 0;
 #if defined(__AVX512F__)
@@ -337,6 +539,22 @@ int64_t gather_bin(const T* values, int64_t n, int64_t bin, KeyOf<T>* to) {
                                          _mm512_maskz_compress_epi32(hits, keys));
                 g += count;
             }
+        }
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float>) {
+        const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+        const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+        const __m256i wanted = _mm256_set1_epi32(static_cast<int>(bin));
+        for (; j + 8 <= n; j += 8) {  // branch-free: a third of the 8s hold a hit
+            const __m256i keys = _mm256_min_epu32(
+                _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + j)),
+                                 magnitude),
+                canonical_nan);
+            const unsigned hits = _mm256_movemask_ps(_mm256_castsi256_ps(
+                _mm256_cmpeq_epi32(_mm256_srli_epi32(keys, shift), wanted)));
+            store_compressed(to + g, keys, hits, capacity - g);
+            g += __builtin_popcount(hits);
         }
     }
 #endif
@@ -388,6 +606,31 @@ void write_kept(const Index* from_index, const T* from_value, int64_t n, KeyOf<T
             j += 16;
         }
     }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
+        const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+        const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+        const __m256i kth = _mm256_set1_epi32(static_cast<int>(kth_key));
+        while (j + 8 <= n && w < quota) {
+            const __m256i values =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from_value + j));
+            const __m256i keys = _mm256_min_epu32(_mm256_and_si256(values, magnitude),
+                                                  canonical_nan);
+            if (!_mm256_testz_si256(_mm256_cmpeq_epi32(keys, kth), _mm256_cmpeq_epi32(keys, kth))) {
+                scalar(j + 8);  // ties in these 8: in index order
+                continue;
+            }
+            // Keys are below 2^31: the signed compare orders them.
+            const unsigned keep =
+                _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(keys, kth)));
+            store_compressed(to_index + w,
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from_index + j)),
+                             keep, quota - w);
+            store_compressed(to_value + w, values, keep, quota - w);
+            w += __builtin_popcount(keep);
+            j += 8;
+        }
+    }
 #endif
     scalar(n);
 }
@@ -405,7 +648,7 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
     const std::vector<Piece> pieces = split_pieces(index_a, n_a, index_b, n_b, n_pieces);
     std::vector<int64_t> counts(n_pieces);
     Workspace<T, Index>& ws = workspace<T, Index>();
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
     constexpr bool kVectorTypes = std::is_same_v<T, float> && std::is_same_v<Index, int32_t>;
 #else
     constexpr bool kVectorTypes = false;
@@ -471,7 +714,8 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
     Key* gathered = ws.gathered.data();
 #pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
     for (int p = 0; p < n_pieces; ++p) {
-        gather_bin(union_value + pieces[p].offset(), counts[p], bin, gathered + gather_offset[p]);
+        gather_bin(union_value + pieces[p].offset(), counts[p], bin, gathered + gather_offset[p],
+                   gather_offset[p + 1] - gather_offset[p]);
     }
     std::copy(gathered, gathered + n_gathered, ws.scratch.data());
     const Key kth_key = kth_largest(ws.scratch.data(), n_gathered, rank, shift);

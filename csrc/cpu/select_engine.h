@@ -17,7 +17,7 @@
 #pragma once
 
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -93,6 +93,20 @@ template <typename T> uint32_t group_hit_mask(const T* values, KeyOf<T> threshol
 template <> inline uint32_t group_hit_mask<float>(const float* values, uint32_t threshold) {
     const __m512i bits = _mm512_and_si512(_mm512_loadu_si512(values), _mm512_set1_epi32(0x7FFFFFFF));
     return _mm512_cmpge_epu32_mask(bits, _mm512_set1_epi32(static_cast<int>(threshold)));
+}
+#elif defined(__AVX2__)
+// Sign-masked bits and threshold are below 2^31, so AVX2's signed compare orders them:
+// bits >= threshold iff bits > threshold - 1 (-1 for threshold 0).
+template <> inline uint32_t group_hit_mask<float>(const float* values, uint32_t threshold) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i below = _mm256_set1_epi32(static_cast<int>(threshold) - 1);
+    auto hits8 = [&](const float* eight) {
+        const __m256i bits = _mm256_and_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(eight)), magnitude);
+        return static_cast<uint32_t>(
+            _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(bits, below))));
+    };
+    return hits8(values) | hits8(values + 8) << 8;
 }
 #endif
 
@@ -201,11 +215,22 @@ bool sampled_threshold(const Source& source, int64_t d, int64_t n, KeyOf<T>& thr
     const double expected = static_cast<double>(n) * s / d;
     const int64_t rank = static_cast<int64_t>(std::ceil(expected + 3.0 * std::sqrt(expected) + 2.0));
     if (rank >= s) return false;
-    std::vector<KeyOf<T>> sample(s);
+    std::vector<KeyOf<T>> sample(s), run_max(runs, 0);
     for (int64_t run = 0; run < runs; ++run) {
         for (int64_t j = 0; j < kGroup; ++j) {
-            sample[run * kGroup + j] = magnitude_key(source.at(run * stride + j));
+            const KeyOf<T> key = magnitude_key(source.at(run * stride + j));
+            sample[run * kGroup + j] = key;
+            run_max[run] = std::max(run_max[run], key);
         }
+    }
+    // The (rank+1)-th largest run maximum is at or below the wanted key (rank + 1 runs hold a
+    // key at or above it), so only the sample keys at or above it need ordering.
+    if (rank < runs) {
+        std::nth_element(run_max.begin(), run_max.begin() + rank, run_max.end(), std::greater<>());
+        const KeyOf<T> floor = run_max[rank];
+        sample.erase(std::remove_if(sample.begin(), sample.end(),
+                                    [floor](KeyOf<T> key) { return key < floor; }),
+                     sample.end());
     }
     std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<>());
     threshold = sample[rank];

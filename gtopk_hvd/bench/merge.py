@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from gtopk_hvd import ops
+from gtopk_hvd import _C, ops
 from gtopk_hvd.bench.timing import median_seconds
 
 RESNET50 = 25_557_032
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
     threads = ops.get_num_threads()
     rows = [(k, *time_one(k, args, rng, threads)) for k in args.ks]
     print(f"threads: {threads} (ours), 1 (ours 1t); d = {args.d:,}; overlap {args.overlap}; "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}; CPU SIMD: {_C.simd_level()} (ours, float32 / int32)")
     header = (f"{'k':>10} | {'ours ms':>8} {'ours 1t':>8} {'numpy ms':>9} {'memcpy ms':>9} | "
               f"{'numpy/ours':>10} {'ours/memcpy':>11} {'ns/entry':>8}")
     print(header)

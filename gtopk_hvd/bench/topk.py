@@ -86,5 +86,6 @@ def run(args: argparse.Namespace) -> None:
         if args.device in ("cuda", "all") and torch.cuda.is_available() and ops.cuda_built:
             rows += cuda_rows(d, args.densities, args.repeats)
     print(f"threads: {torch.get_num_threads()} torch, OpenMP default for ours; "
-          f"CUDA kernels built: {ops.cuda_built}; GPU: {torch.cuda.is_available()}")
+          f"CUDA kernels built: {ops.cuda_built}; GPU: {torch.cuda.is_available()}; "
+          f"CPU SIMD: {_C.simd_level()} (ours, float32)")
     print_table(rows)

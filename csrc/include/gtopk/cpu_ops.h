@@ -79,6 +79,9 @@ void mark_survivors(const Index* local_index, int64_t n_local, const Index* glob
 // Benchmark floor: reads x once with all threads; returns the largest magnitude key.
 template <typename T> uint64_t read_pass(const T* x, int64_t d);
 
+// The vector paths compiled in: "avx512", "avx2" or "scalar" (see simd_level.cpp).
+const char* simd_level();
+
 // Threads of every multi-threaded kernel (inputs below 2^15 entries always use one).
 // 0 (the default): OpenMP's own choice, omp_get_max_threads() (OMP_NUM_THREADS).
 void set_max_threads(int n);
