@@ -52,8 +52,8 @@ VARIANTS = {
 
 
 def result_fields(output: str) -> dict[str, float]:
-    """test_accuracy (and test_loss) of digits_common's RESULT line."""
-    match = re.search(r"^RESULT (.*)$", output, re.MULTILINE)
+    """test_accuracy of digits_common's RESULT line (horovodrun puts "[0]<stdout>:" before it)."""
+    match = re.search(r"RESULT (compression=.*)$", output, re.MULTILINE)
     fields = dict(item.split("=", 1) for item in match.group(1).split()) if match else {}
     return {key: float(fields[key]) for key in ("test_accuracy",) if key in fields}
 
