@@ -82,7 +82,7 @@ def ddp_digits(compression: str) -> dict[str, str]:
 def test_ddp_digits_with_gtopk_stays_close_to_ddps_allreduce() -> None:
     """gTop-k at density 0.01 against DDP's own all-reduce, same seed: the accuracy and the gap
     to dense each above the floor measured over seeds and instruction sets (helpers/margins.py;
-    the gap was -1.7 to +0.3 points there, one test image being 0.28)."""
+    the gap was -1.7 to -0.3 points there, one test image being 0.28)."""
     sparse, dense = ddp_digits("gtopk"), ddp_digits("none")
     assert sparse["workers"] == "4" and sparse["compression"] == "gtopk"
     assert float(sparse["test_accuracy"]) >= margins.floor("ddp_digits_gtopk"), sparse
