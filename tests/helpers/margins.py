@@ -46,6 +46,7 @@ OTHER_SCHEMES = (
 
 
 def other_scheme_case(script: str, scheme: str) -> str:
+    """The spread study's name for one of OTHER_SCHEMES' runs."""
     return f"{script.split('_')[0]}_{scheme}_10"
 
 
