@@ -51,21 +51,23 @@ def other_scheme_case(script: str, scheme: str) -> str:
 
 
 # Each value: what the rule allows over the committed runs, rounded down to 0.01 (the report of
-# scripts/accuracy_spread.py prints the allowed value beside each floor).
+# scripts/accuracy_spread.py prints the allowed value beside each floor), and never above the
+# threshold the suite asserted before: the runs were measured on an AVX2 machine (and a baseline
+# instruction set), and the old thresholds are what an AVX-512 machine has been seen to pass.
 FLOORS: dict[str, Floor] = {f"{floor.case}:{floor.figure}": floor for floor in [
     # tests/test_ddp.py: DDP with the gTop-k hook, and its gap to DDP's own all-reduce (30 epochs)
     Floor("ddp_digits_gtopk", "test_accuracy", 0.94),
     Floor("ddp_digits_gtopk - ddp_digits_dense", "test_accuracy", -0.04),
     # tests/test_examples.py: gTop-k on 4 and 3 workers and under horovodrun (30 epochs); the
     # other schemes (10 epochs)
-    Floor("pytorch_digits_gtopk", "test_accuracy", 0.97),
-    Floor("pytorch_digits_gtopk_3", "test_accuracy", 0.96),
-    Floor("pytorch_digits_gtopk_horovodrun", "test_accuracy", 0.97),
+    Floor("pytorch_digits_gtopk", "test_accuracy", 0.95),
+    Floor("pytorch_digits_gtopk_3", "test_accuracy", 0.95),
+    Floor("pytorch_digits_gtopk_horovodrun", "test_accuracy", 0.95),
     Floor("pytorch_micro_10", "test_accuracy", 0.63),
-    Floor("pytorch_gtopk-exact_10", "test_accuracy", 0.85),
+    Floor("pytorch_gtopk-exact_10", "test_accuracy", 0.8),
     Floor("tensorflow2_exdyna_10", "test_accuracy", 0.7),
     Floor("keras_micro_10", "test_accuracy", 0.74),
-    Floor("ddp_sketch_10", "test_accuracy", 0.81),
+    Floor("ddp_sketch_10", "test_accuracy", 0.8),
     # tests/test_tensorflow.py (10 epochs)
     Floor("tensorflow2_digits_gtopk", "test_accuracy", 0.77),
     Floor("tensorflow2_digits_dense", "test_accuracy", 0.96),
@@ -73,30 +75,30 @@ FLOORS: dict[str, Floor] = {f"{floor.case}:{floor.figure}": floor for floor in [
     Floor("keras_digits_tf_keras", "test_accuracy", 0.69),
     # tests/test_lm.py: the fraction of an untrained model's perplexity (about the vocabulary's
     # 10,002 tokens) that 8 steps remove
-    Floor("lm_none", "perplexity_drop", 0.95),
-    Floor("lm_gtopk", "perplexity_drop", 0.95),
+    Floor("lm_none", "perplexity_drop", 0.8),
+    Floor("lm_gtopk", "perplexity_drop", 0.8),
     # tests/test_lightning.py
     Floor("lightning", "test_accuracy", 0.88),
     # tests/test_horovod_examples.py (keras_mnist is unseeded: its spread is of repeated runs)
-    Floor("hvd_pytorch_mnist_dense", "test_accuracy", 0.92),
-    Floor("hvd_pytorch_mnist_gtopk", "test_accuracy", 0.91),
+    Floor("hvd_pytorch_mnist_dense", "test_accuracy", 0.88),
+    Floor("hvd_pytorch_mnist_gtopk", "test_accuracy", 0.85),
     Floor("hvd_tensorflow2_mnist", "test_accuracy", 0.81),
-    Floor("hvd_tensorflow2_keras_mnist", "test_accuracy", 0.88),
-    Floor("hvd_tensorflow2_keras_mnist_tf_keras", "test_accuracy", 0.89),
+    Floor("hvd_tensorflow2_keras_mnist", "test_accuracy", 0.85),
+    Floor("hvd_tensorflow2_keras_mnist_tf_keras", "test_accuracy", 0.85),
     Floor("hvd_keras_mnist_dense", "test_accuracy", 0.7),
     Floor("hvd_keras_mnist_gtopk_tf_keras", "test_accuracy", 0.77),
     # tests/mpi/mpi_torch_amp.py, torchrun_ddp_amp.py, mpi_tensorflow_surface.py: *_gap is the run
     # that overflows at first minus the one that never does, *_clean the latter's accuracy
     Floor("torch_amp_gtopk", "gtopk_gap", -0.02),
-    Floor("torch_amp_gtopk", "gtopk_clean", 0.93),
+    Floor("torch_amp_gtopk", "gtopk_clean", 0.9),
     Floor("torch_amp_topk", "topk_gap", -0.03),
-    Floor("torch_amp_topk", "topk_clean", 0.94),
+    Floor("torch_amp_topk", "topk_clean", 0.9),
     Floor("torch_amp_dense", "dense_gap", -0.04),
-    Floor("torch_amp_dense", "dense_clean", 0.92),
+    Floor("torch_amp_dense", "dense_clean", 0.9),
     Floor("ddp_amp", "amp_gap", -0.03),
-    Floor("ddp_amp", "amp_clean", 0.93),
+    Floor("ddp_amp", "amp_clean", 0.9),
     Floor("keras_amp_keras3", "gtopk_gap", -0.03),
-    Floor("keras_amp_keras3", "gtopk_clean", 0.92),
+    Floor("keras_amp_keras3", "gtopk_clean", 0.9),
     Floor("keras_amp_keras3", "topk_gap", -0.05),
     Floor("keras_amp_keras3", "topk_clean", 0.9),
     Floor("keras_amp_keras3", "wrapped", 0.9),
