@@ -27,13 +27,16 @@ class NumpyView:
 
 
 def framework_of(x: Any) -> str:
-    module = type(x).__module__
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("tensorflow") or module.startswith("tf_keras"):
-        return "tensorflow"
+    """"numpy", "torch" or "tensorflow", by the module of x's class or of a class it derives
+    from (a subclass of torch.Tensor is torch's), without importing either framework."""
     if isinstance(x, np.ndarray):
         return "numpy"
+    for cls in type(x).__mro__:
+        module = cls.__module__
+        if module.startswith("torch"):
+            return "torch"
+        if module.startswith("tensorflow") or module.startswith("tf_keras"):
+            return "tensorflow"
     raise TypeError(f"expected a numpy array, torch tensor or TensorFlow tensor, got {type(x)}")
 
 

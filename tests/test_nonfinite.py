@@ -1,5 +1,7 @@
 """The non-finite rule of the sparse step (gtopk_hvd.core, `nonfinite=`), on workers that
-are threads of this process (tests/helpers/thread_transport.py), every sparsifier and reduction:
+are threads of this process (tests/helpers/thread_transport.py), every scheme, sparsifier and
+reduction, with the state in numpy arrays, in CPU torch tensors, and in CPU tensors that refuse
+what CUDA tensors refuse (tests/helpers/device_like.py: where a GPU's state would fail):
 
 - "propagate": one worker's NaN / Inf makes every worker skip the step alike: update all NaN,
   residual and velocity bit-equal to before, step count (warm-up) unchanged, gradient cleared
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.device_like import device_like, device_like_cpu
 from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
@@ -26,47 +29,65 @@ CHOICES = {
     "topk": Compression.topk(0.02, warmup_steps=1, warmup_densities=(0.1, 0.05)),
     "randomk": Compression.sparse(0.02, sparsifier="randomk", seed=3),
     "gtopk-bucket": Compression.gtopk(0.02, granularity="bucket"),
+    "gtopk-exact": Compression.gtopk(0.02, exact=True),
+    "micro": Compression.micro(0.02, momentum_correction=True),
+    "exdyna": Compression.exdyna(0.02, blocks=8),
+    "sketch": Compression.sketch(0.02, columns=100),
 }
+STATES = ["numpy", "torch-cpu", "device-like-cpu"]
 
 
 def _gradients(steps: int, workers: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((steps, workers, D)).astype(np.float32)
 
 
-def _run(compression: SparseCompression, gradients: np.ndarray, workers: int) -> list[dict]:
-    """Every worker's updates, residual and velocity snapshots and step counts, per step."""
+def _run(compression: SparseCompression, gradients: np.ndarray, workers: int,
+         state_in: str = "numpy", wrap: object = lambda tensor: tensor) -> list[dict]:
+    """Every worker's updates, residual and velocity snapshots and step counts, per step, as
+    numpy; the step's state (and the gradient and update buffers) in `state_in` (STATES)."""
+    if state_in == "device-like-cpu":
+        with device_like_cpu():
+            return _run(compression, gradients, workers, "torch-cpu", device_like)
+    on_torch = state_in == "torch-cpu"
+
+    def array(values: np.ndarray) -> object:
+        return wrap(torch.from_numpy(values)) if on_torch else values
+
+    def host(values: object) -> np.ndarray:
+        return values.cpu().numpy().copy() if on_torch else values.copy()
 
     def work(transport: object) -> dict:
-        state = SparseStep(compression, SIZES, transport)
+        state = SparseStep(compression, SIZES, transport, device="cpu" if on_torch else None)
         record: dict = {"updates": [], "residuals": [], "velocities": [], "steps": [],
                         "skipped": [], "cleared": []}
         for step_gradients in gradients:
-            gradient = step_gradients[transport.rank].copy()
-            update = state.update(gradient, np.empty(D, np.float32),
-                                   clear_gradient=True)
-            record["updates"].append(update)
-            record["residuals"].append(state.residual.copy())
+            gradient = array(step_gradients[transport.rank].copy())
+            update = state.update(gradient, array(np.empty(D, np.float32)),
+                                  clear_gradient=True)
+            record["updates"].append(host(update))
+            record["residuals"].append(host(state.residual))
             record["velocities"].append(None if state.velocity is None
-                                        else state.velocity.copy())
+                                        else host(state.velocity))
             record["steps"].append(state.step_count)
             record["skipped"].append(state.last_stats.skipped)
-            record["cleared"].append(not gradient.any())
+            record["cleared"].append(not host(gradient).any())
         return record
 
     return ThreadGroup(workers).run(work)
 
 
+@pytest.mark.parametrize("state_in", STATES)
 @pytest.mark.parametrize("name", sorted(CHOICES))
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_propagate_skips_the_step_on_every_worker_and_loses_nothing(name: str, bad: float
-                                                                    ) -> None:
+def test_propagate_skips_the_step_on_every_worker_and_loses_nothing(name: str, bad: float,
+                                                                    state_in: str) -> None:
     workers, steps, bad_step = 3, 6, 3
     compression = CHOICES[name]
     clean = _gradients(steps, workers)
     poisoned = clean.copy()
     poisoned[bad_step, 1, 17] = bad  # worker 1 only
-    runs = _run(compression, poisoned, workers)
-    # The reference: the same run without the bad step at all.
+    runs = _run(compression, poisoned, workers, state_in)
+    # The reference: the same run without the bad step at all, on numpy state.
     reference = _run(compression, np.delete(clean, bad_step, axis=0), workers)
     for rank, (run, ref) in enumerate(zip(runs, reference)):
         assert run["skipped"] == [step == bad_step for step in range(steps)]

@@ -1,10 +1,15 @@
 """SparseStep with the state in torch tensors (CPU, or a GPU when there is one) equals the numpy
-state bit for bit: the same kernels, the same reduction, only where the arrays live differs."""
+state bit for bit: the same kernels, the same reduction, only where the arrays live differs.
+
+"device-like-cpu": CPU tensors that refuse what CUDA tensors refuse (numpy conversions outside
+the kernel layer, host copies that are views: tests/helpers/device_like.py), so the torch path
+is checked for GPU-only failures on any machine."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.device_like import device_like, device_like_cpu
 from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
@@ -13,7 +18,7 @@ from gtopk_hvd.core import SparseStep
 
 torch = pytest.importorskip("torch")
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+DEVICES = ["cpu", "device-like-cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and ops.cuda_built),
     reason="needs a CUDA GPU and an extension built with nvcc"))]
 SIZES = [300, 1, 57, 2000]
@@ -25,14 +30,18 @@ def gradients(rank: int, steps: int) -> list[np.ndarray]:
             for step in range(steps)]
 
 
-def train(compression: object, device: str | None, workers: int = 3, steps: int = 6) -> list:
+def train(compression: object, device: str | None, workers: int = 3, steps: int = 6,
+          wrap: object = lambda tensor: tensor) -> list:
     """Each worker's (updates per step, final residual, final velocity) as numpy."""
+    if device == "device-like-cpu":
+        with device_like_cpu():
+            return train(compression, "cpu", workers, steps, wrap=device_like)
 
     def work(transport: object) -> tuple:
         state = SparseStep(compression, SIZES, transport, device=device, predivide=2.0)
         updates = []
         for gradient in gradients(transport.rank, steps):
-            flat = gradient if device is None else torch.from_numpy(gradient).to(device)
+            flat = gradient if device is None else wrap(torch.from_numpy(gradient).to(device))
             indices, values = state.step(flat)
             assert isinstance(indices, np.ndarray) and isinstance(values, np.ndarray)
             updates.append((indices.copy(), values.copy()))

@@ -211,7 +211,7 @@ class SparseStep:
         result = self.step(gradient, clear_gradient, skip)
         start = time.perf_counter()
         if result is None:
-            out[:] = np.float32(np.nan)
+            out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars
         else:
             ops.write_sparse(out, *result)
         self.last_stats.write_seconds = time.perf_counter() - start

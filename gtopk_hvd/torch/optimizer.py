@@ -21,7 +21,10 @@ Loss scaling (torch.amp.GradScaler), Horovod's recipe: `scaler.scale(loss).backw
 optimizer.synchronize(); scaler.unscale_(optimizer); with optimizer.skip_synchronize():
 scaler.step(optimizer); scaler.update()`. With the compression's default nonfinite="propagate", a
 NaN/Inf on any worker makes every p.grad all NaN on every worker and leaves the residual as it
-was (`gtopk_hvd.core.step`), so the scaler skips the step everywhere.
+was (`gtopk_hvd.core.step`), so the scaler skips the step everywhere. Without a scaler (bfloat16
+autocast, or float32): `step()` does not apply a step that the sparse step skipped: the wrapped
+optimizer's step is not called (no parameter, moment or step count of it changes), `step()`
+returns None, `last_stats.skipped` is True and `skipped_steps` counts it, on every worker alike.
 
 Where the gradients live: when every parameter is on one CUDA device and gtopk_hvd was built
 with its CUDA kernels, the fused buffer, the residual and the velocity live on that device; the
@@ -85,16 +88,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                                      p.is_floating_point()) for p in self._parameters])
         self.backward_passes_per_step = arguments.passes
         self._device = _state_device(self._parameters)
+        self._step_device = _step_device(self._device)
         self._hvd, self._transport_choice = hvd, transport
-        # Residual and velocity: numpy on the CPU (as the step's buffers are there), else torch.
         self._sparse = SparseStep(
             arguments.compression, layout.sizes, resolve_for_horovod(transport, hvd),
-            average=arguments.average, predivide=arguments.predivide,
-            device=self._device if self._device.type == "cuda" else None,
+            average=arguments.average, predivide=arguments.predivide, device=self._step_device,
             layout=layout.signature, options={"passes": arguments.passes})
         self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
+        self._skipped = False  # the last synchronize() was skipped for a NaN/Inf
         self.last_stats = None
         register_for_join(self)
 
@@ -105,11 +108,12 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._sparse = follow_horovod(self._sparse, self._transport_choice, self._hvd)
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
-        # On the CPU the step runs on numpy views of the buffers: one array type inside it.
-        self._sparse.update(_host_view(gradient), _host_view(update), clear_gradient=True)
+        self._sparse.update(_step_array(gradient, self._step_device),
+                            _step_array(update, self._step_device), clear_gradient=True)
         self._fused.cleared(gradient)
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
+        self._skipped = self.last_stats.skipped
         self._synchronized = True
 
     def join(self) -> int:
@@ -119,7 +123,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         yet synchronized are dropped; the model does not move (broadcast from the returned
         rank afterwards)."""
         self._fused.zero_grad(True)
-        self._synchronized = False
+        self._synchronized = self._skipped = False
         return self._sparse.join()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -127,7 +131,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         ends the iteration: an update from a synchronize() whose step() never came (a loss
         scaler skipped it) is dropped, and the next step() synchronizes the new gradients."""
         self._fused.zero_grad(set_to_none)
-        self._synchronized = False
+        self._synchronized = self._skipped = False
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -151,9 +155,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 "optimizer after setting requires_grad=True on every parameter that will train "
                 "(one may stop requiring grad later), or build a new one.")
 
+    @property
+    def skipped_steps(self) -> int:
+        """Sparse steps skipped for a NaN/Inf on some worker (module docstring), in this
+        process."""
+        return self._sparse.skipped_steps
+
     def step(self, closure: Any = None) -> Any:
         """synchronize() unless already done or inside skip_synchronize(), then the wrapped
-        optimizer's step on the update."""
+        optimizer's step on the update; no step, and None, when the sparse step was skipped
+        for a NaN/Inf (module docstring)."""
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -165,6 +176,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             else:
                 self.synchronize()
         self._synchronized = False
+        if self._skipped:
+            self._skipped = False
+            return None
         return super(self.__class__, self).step(closure)
 
     def state_dict(self) -> dict:
@@ -183,9 +197,17 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             self._sparse.load_state_dict(sparse)  # tensors on any device, or numpy arrays
 
 
-def _host_view(buffer: torch.Tensor) -> Any:
-    """A CPU buffer as a numpy array sharing its memory; a GPU buffer as it is."""
-    return buffer if buffer.is_cuda else buffer.numpy()
+def _step_device(device: torch.device) -> torch.device | None:
+    """Where the sparse step keeps the residual and velocity: on the parameters' GPU in torch
+    tensors, or None: in numpy arrays on the host, where the step then runs on numpy views of
+    the CPU buffers (one array type inside it)."""
+    return device if device.type == "cuda" else None
+
+
+def _step_array(buffer: torch.Tensor, step_device: torch.device | None) -> Any:
+    """A fused buffer as the step takes it: the tensor itself for a step on a device, else a
+    numpy array sharing its memory."""
+    return buffer if step_device is not None else buffer.numpy()
 
 
 def _state_device(parameters: list[torch.Tensor]) -> torch.device:
