@@ -13,12 +13,15 @@ from __future__ import annotations
 import io
 import pickle
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from helpers import margins
+from helpers.device_like import device_like, device_like_cpu
 from helpers.mpi_launcher import MPI_PROGRAMS, REPO_ROOT, run_with_time_limit, torchrun_command
 from helpers.reference import topk_reference
 
@@ -105,6 +108,26 @@ def one_worker(tmp_path_factory: pytest.TempPathFactory) -> None:
         dist.destroy_process_group()
 
 
+@pytest.fixture(params=["host", "device-like"])
+def buffers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """How a test makes its bucket buffers. host: CPU buffers, the step on numpy; device-like:
+    the path of a GPU bucket (the state in torch tensors), on CPU tensors that refuse numpy
+    conversions (tests/helpers/device_like.py)."""
+    if request.param == "host":
+        yield lambda tensor: tensor
+        return
+    from gtopk_hvd.torch import ddp
+
+    monkeypatch.setattr(ddp, "_step_device", lambda device: device)
+    with device_like_cpu():
+        yield device_like
+
+
+def host(array: Any) -> np.ndarray:
+    """A step's residual as a numpy copy, from either state."""
+    return array.cpu().numpy() if isinstance(array, torch.Tensor) else array.copy()
+
+
 class Bucket:
     """What gtopk_hook reads of a dist.GradBucket."""
 
@@ -164,7 +187,8 @@ def reference_step(residual: np.ndarray, gradient: np.ndarray, k: int) -> np.nda
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_hook_warms_up_then_steps_like_numpy(one_worker: None, dtype: torch.dtype) -> None:
+def test_hook_warms_up_then_steps_like_numpy(one_worker: None, dtype: torch.dtype,
+                                             buffers: Any) -> None:
     parameters = [torch.zeros(30, 2, dtype=dtype), torch.zeros(40, dtype=dtype)]
     d, k = 100, 5
     state = GTopkHookState(density=0.05, start_iter=3)
@@ -176,13 +200,13 @@ def test_hook_warms_up_then_steps_like_numpy(one_worker: None, dtype: torch.dtyp
         if step >= state.start_iter:
             update = reference_step(residual, gradient.to(torch.float32).numpy(), k)
             expected = torch.from_numpy(update).to(dtype)
-        buffer = gradient.clone()
+        buffer = buffers(gradient.clone())
         (got,) = run_hook(state, [Bucket(0, parameters, buffer)])
         assert got.dtype == dtype and got.data_ptr() == buffer.data_ptr()
         assert torch.equal(got, expected), f"step {step}"
         assert state.iter == step + 1
         assert bool(state.last_stats) == (step >= state.start_iter)
-    np.testing.assert_array_equal(state.buckets[0].step.residual, residual)
+    np.testing.assert_array_equal(host(state.buckets[0].step.residual), residual)
     assert state.last_stats[0].k == k and state.last_stats[0].step == 6
 
 
@@ -199,7 +223,8 @@ def test_iterations_count_on_the_last_bucket(one_worker: None) -> None:
 
 
 @pytest.mark.parametrize("rule", ["propagate", "raise"])
-def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) -> None:
+def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str,
+                                                   buffers: Any) -> None:
     """propagate: every bucket of the iteration comes back all NaN and no residual or count
     moves (the hook decides at the last bucket for all); raise: FloatingPointError."""
     state = GTopkHookState(density=0.5, start_iter=2, nonfinite=rule)
@@ -209,11 +234,11 @@ def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) 
         values = [torch.arange(n, dtype=torch.float32) + step for n in (4, 6)]
         if bad:
             values[1][2] = float("inf")
-        return [Bucket(i, parameters[i], v, last=i == 1) for i, v in enumerate(values)]
+        return [Bucket(i, parameters[i], buffers(v), last=i == 1) for i, v in enumerate(values)]
 
     for step in range(4):
         run_hook(state, buckets(step))
-    residuals = {i: b.step.residual.copy() for i, b in state.buckets.items()}
+    residuals = {i: host(b.step.residual) for i, b in state.buckets.items()}
     steps = {i: b.step.step_count for i, b in state.buckets.items()}
     if rule == "raise":
         with pytest.raises(FloatingPointError, match="non-finite"):
@@ -221,13 +246,65 @@ def test_an_inf_in_the_last_bucket_skips_or_raises(one_worker: None, rule: str) 
         return
     got = run_hook(state, buckets(4, bad=True))
     assert all(torch.isnan(g).all() for g in got)
-    assert state.iter == 4
+    assert state.iter == 4 and state.last_iteration_skipped
     for i, bucket in state.buckets.items():
         sparse = bucket.step
-        assert sparse.residual.tobytes() == residuals[i].tobytes()
+        assert host(sparse.residual).tobytes() == residuals[i].tobytes()
         assert sparse.step_count == steps[i] and sparse.last_stats.skipped
     got = run_hook(state, buckets(5))
     assert all(torch.isfinite(g).all() for g in got) and state.iter == 5
+    assert not state.last_iteration_skipped
+
+
+def test_when_the_hook_raises_every_held_future_fails(one_worker: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """nonfinite="propagate" holds the buckets until the last: a step that raises there, or a
+    bucket refused midway, fails every held future with the error (none is left for DDP to
+    wait on) and holds nothing; the next iteration then runs normally."""
+    from gtopk_hvd.torch import ddp
+
+    state = GTopkHookState(density=0.5, start_iter=2)
+    parameters = [[torch.zeros(4)], [torch.zeros(6)], [torch.zeros(5)]]
+
+    def buckets(step: int) -> list[Bucket]:
+        return [Bucket(i, parameters[i], torch.arange(n, dtype=torch.float32) + step,
+                       last=i == 2) for i, n in enumerate((4, 6, 5))]
+
+    def hook_all(iteration: list[Bucket]) -> tuple[list[torch.futures.Future], Exception]:
+        futures = []
+        for bucket in iteration:
+            try:
+                futures.append(gtopk_hook(state, bucket))
+            except Exception as error:  # noqa: BLE001 - the test inspects it
+                return futures, error
+        raise AssertionError("the hook did not raise")
+
+    for step in range(3):
+        run_hook(state, buckets(step))
+    step_in_place = ddp._step_in_place
+
+    def failing_step(*args: object, **kwargs: object) -> None:
+        raise TypeError("a step that fails")
+
+    monkeypatch.setattr(ddp, "_step_in_place", failing_step)
+    futures, error = hook_all(buckets(3))
+    assert isinstance(error, TypeError) and len(futures) == 2
+    for future in futures:
+        assert future.done()
+        with pytest.raises(TypeError, match="a step that fails"):
+            future.wait()
+    assert state.pending == []
+    monkeypatch.setattr(ddp, "_step_in_place", step_in_place)
+
+    changed = buckets(4)
+    changed[1] = Bucket(1, [torch.zeros(3), torch.zeros(3)], torch.ones(6), last=False)
+    futures, error = hook_all(changed)
+    assert "bucket 1 changed" in str(error) and len(futures) == 1
+    with pytest.raises(RuntimeError, match="bucket 1 changed"):
+        futures[0].wait()
+    assert state.pending == []
+    got = run_hook(state, buckets(5))
+    assert all(torch.isfinite(g).all() for g in got)
 
 
 def test_a_bucket_that_changes_is_refused(one_worker: None) -> None:

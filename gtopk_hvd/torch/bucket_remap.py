@@ -130,11 +130,15 @@ class BucketRemap:
         return {int(index): [pieces[c][q] for c, q in record["places"][index]]
                 for index in sorted(record["places"])}
 
-    def release(self) -> None:
-        """Completes every held future with its bucket's buffer; holds nothing after."""
+    def release(self, error: BaseException | None = None) -> None:
+        """Completes every held future with its bucket's buffer, or fails it with `error`;
+        holds nothing after."""
         held, self.held = self.held, []
         for _, buffer, future in held:
-            future.set_result(buffer)
+            if error is None:
+                future.set_result(buffer)
+            elif not future.done():
+                future.set_exception(error)
 
 
 def parameter_views(bucket: Any, buffer: torch.Tensor) -> list[torch.Tensor]:

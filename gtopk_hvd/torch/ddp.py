@@ -41,6 +41,16 @@ The steps run at the last bucket instead of as each bucket arrives: they block i
 either way. nonfinite="raise": each bucket steps as it arrives and every worker raises
 FloatingPointError at the first NaN/Inf.
 
+Without a loss scaler (bfloat16 autocast, or float32), the all-NaN gradients of a skipped
+iteration reach the optimizer, which DDP does not own: step only when the iteration was applied,
+`if not state.last_iteration_skipped: optimizer.step()`, or use gtopk_hvd's torch
+DistributedOptimizer, which does not apply a step it skipped.
+
+When the hook raises (a step's error, a bucket that changed, a transport that failed), every
+bucket future it still holds fails with the same exception and nothing stays held: the error
+surfaces from backward(), and neither DDP nor the next iteration waits on a future that will never
+complete.
+
 DDP builds its final buckets only after its first iteration, so (as PowerSGD does) the first
 `start_iter` iterations (default 2, at least 2) run DDP's plain all-reduce average over the
 process group; the sparse steps start after. A bucket whose layout changes later raises an
@@ -118,6 +128,8 @@ class GTopkHookState:
     compression     the sparse configuration (`SparseCompression`)
     start_iter      DDP iterations of plain all-reduce before the sparse steps
     iter            DDP iterations so far (one skipped for a NaN/Inf does not count)
+    last_iteration_skipped  whether the last complete iteration was skipped for a NaN/Inf
+                    (its gradients all NaN: do not step the optimizer without a scaler)
     buckets         DDP bucket index -> `HookBucket` (layout, SparseStep) of each bucket that
                     has stepped
     seen_buckets    DDP bucket index -> (layout, parameter sizes) of each final bucket seen,
@@ -138,9 +150,9 @@ class GTopkHookState:
     this process only.
     """
 
-    __slots__ = ("active_transport", "buckets", "compression", "iter", "pending",
-                 "process_group", "remap", "restored_buckets", "restored_indices", "seen_buckets",
-                 "start_iter", "transport")
+    __slots__ = ("active_transport", "buckets", "compression", "iter", "last_iteration_skipped",
+                 "pending", "process_group", "remap", "restored_buckets", "restored_indices",
+                 "seen_buckets", "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
@@ -172,15 +184,25 @@ class GTopkHookState:
 
     def reset_process_state(self) -> None:
         """Starts afresh all but the settings and iter: the buckets' steps, the restored bucket
-        states, the remap, the held buckets, the resolved transport (`load_state_dict` then
-        sets what a checkpoint holds)."""
+        states, the remap, the held buckets, the resolved transport, last_iteration_skipped
+        (`load_state_dict` then sets what a checkpoint holds)."""
         self.active_transport: Transport | None = None
+        self.last_iteration_skipped = False
         self.buckets: dict[int, HookBucket] = {}
         self.seen_buckets: dict[int, tuple[Layout, list[int]]] = {}
         self.restored_buckets: dict[int, dict] = {}
         self.restored_indices: set[int] = set()
         self.remap = BucketRemap()
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
+
+    def fail_held(self, error: BaseException) -> None:
+        """Fails every bucket future the hook holds (this iteration's, and a restored state's
+        construction-time ones) with `error`; holds nothing after."""
+        pending, self.pending = self.pending, []
+        for _, _, future in pending:
+            if not future.done():
+                future.set_exception(error)
+        self.remap.release(error)
 
     # -- checkpoint -----------------------------------------------------------------------
 
@@ -286,9 +308,8 @@ class GTopkHookState:
                         device: torch.device, saved: dict | None) -> SparseStep:
         """A SparseStep for bucket `index` (from its saved state, if any), kept in
         `buckets`."""
-        on_gpu = device.type == "cuda" and ops.cuda_built
         sparse = SparseStep(self.compression, sizes, self.get_transport(),
-                            device=device if on_gpu else None,
+                            device=_step_device(device),
                             layout=f"DDP bucket {index}: {layout}", what="DDP parameter")
         if saved is None or "residual" not in saved:
             sparse.step_count = self.iter  # the warm-up counts DDP iterations
@@ -352,7 +373,16 @@ def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
                ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradient becomes the sparse update averaged over
     the workers (module docstring); plain all-reduce for the first state.start_iter
-    iterations."""
+    iterations. If it raises, every future it held fails with the error first."""
+    try:
+        return _hook(state, bucket)
+    except BaseException as error:
+        state.fail_held(error)
+        raise
+
+
+def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """gtopk_hook's work."""
     buffer = bucket.buffer()
     layout = _layout(bucket)
     state.get_transport()  # resolved and checked at the first call
@@ -381,6 +411,7 @@ def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
         future = _done(buffer)
     if bucket.is_last():
         state.iter += int(applied)  # a skipped iteration does not count (module docstring)
+        state.last_iteration_skipped = not applied
         remap.end_iteration()
     return future
 
@@ -401,8 +432,9 @@ def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Ten
     state.pending.append((sparse, buffer, future))
     if not last:
         return future, True
+    applied = state.step_together([(held, held_buffer) for held, held_buffer, _ in
+                                   state.pending])
     pending, state.pending = state.pending, []
-    applied = state.step_together([(held, held_buffer) for held, held_buffer, _ in pending])
     for _, held_buffer, held_future in pending:
         held_future.set_result(held_buffer)
     return future, applied
@@ -428,16 +460,22 @@ def _step_remapped(state: GTopkHookState) -> bool:
 
 # -- the step ---------------------------------------------------------------------------
 
+def _step_device(device: torch.device) -> torch.device | None:
+    """Where a bucket's step keeps its residual and velocity: the bucket's GPU, in torch
+    tensors, when gtopk_hvd's CUDA kernels are built; else None: numpy on the host."""
+    return device if device.type == "cuda" and ops.cuda_built else None
+
+
 def _step_in_place(sparse: SparseStep, buffer: torch.Tensor, skip: bool | None = None) -> None:
     """buffer := the averaged sparse update of the gradient it holds (any float dtype); all NaN
     if skip (`SparseStep.step`'s skip)."""
     work = buffer if buffer.dtype == torch.float32 and buffer.is_contiguous() else (
         buffer.to(torch.float32).contiguous())
-    if not work.is_cuda:
+    if sparse.backend.name == "torch":  # the state is on the bucket's device
+        sparse.update(work, work, clear_gradient=True, skip=skip)
+    elif not work.is_cuda:
         array = work.detach().numpy()
         sparse.update(array, array, clear_gradient=True, skip=skip)
-    elif ops.cuda_built:
-        sparse.update(work, work, clear_gradient=True, skip=skip)
     else:  # a GPU without gtopk_hvd's CUDA kernels: the step on the host
         array = work.detach().cpu().numpy()
         sparse.update(array, array, clear_gradient=True, skip=skip)
