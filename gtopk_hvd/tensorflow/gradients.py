@@ -102,15 +102,18 @@ def _refuse_xla() -> None:
 
 def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Sequence[Any],
                      arguments: Arguments, average_passes: bool = False,
-                     transport: Transport | str | None = None) -> tuple[list[Any], Any]:
+                     transport: Transport | str | None = None, apply_skipped: bool = True
+                     ) -> tuple[list[Any], Any]:
     """The sparse all-reduce of `gradients` (one per source, None allowed): module docstring.
 
     Returns (reduced gradients, applied): tensors shaped and typed like the sources, one for
     every source, also where this worker's gradient was None (it contributed zeros: module
     docstring), and whether this call completed a step. With passes > 1, the first
     passes - 1 calls of every `passes` only accumulate locally, return zeros and applied False.
+    A step skipped for a NaN/Inf returns all-NaN gradients with applied True when
+    apply_skipped (a loss scaler checks them next and skips), else zeros and applied False.
     `applied` is a Python bool eagerly, and inside a tf.function a scalar bool tensor (the
-    constant True when passes == 1).
+    constant True when passes == 1 and apply_skipped).
     """
     gradients, sources = list(gradients), list(sources)
     if len(gradients) != len(sources):
@@ -121,12 +124,12 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
 
     def numpy_step(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         update = state.step(flat, passes, average_passes)
-        if update is None:
+        if update is None or (not apply_skipped and state.last_stats.skipped):
             return np.zeros(d, dtype=np.float32), np.array(False)
         return update, np.array(True)
 
-    return fused_host_call(numpy_step, gradients, shapes, dtypes, passes,
-                           "gtopk_sparse_allreduce")
+    return fused_host_call(numpy_step, gradients, shapes, dtypes,
+                           passes if apply_skipped else 0, "gtopk_sparse_allreduce")
 
 
 def fused_host_call(numpy_step: Any, gradients: Sequence[Any], shapes: Sequence[tf.TensorShape],
@@ -136,7 +139,7 @@ def fused_host_call(numpy_step: Any, gradients: Sequence[Any], shapes: Sequence[
     the host, and the update split back into tensors shaped and typed as `shapes` / `dtypes`:
     directly when eager, through tf.py_function (named `name`) inside a tf.function (module
     docstring). `applied`: a Python bool eagerly; in a graph a bool tensor (the constant True
-    when passes == 1)."""
+    when passes == 1: pass 0 when a step may come back not applied for another reason)."""
     sizes = [int(shape.num_elements()) for shape in shapes]
     flat = _fuse(gradients, sizes)
     if tf.executing_eagerly():

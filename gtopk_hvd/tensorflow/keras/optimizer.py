@@ -28,7 +28,10 @@ Loss scaling: wrap the LossScaleOptimizer, `DistributedOptimizer(LossScaleOptimi
 subclass of it, so the gradients are reduced first and the scaler then checks the reduced ones,
 the same on every worker; a step skipped for a NaN/Inf on any worker (the compression's
 nonfinite="propagate") reaches it as all-NaN gradients, it skips the update and lowers its scale
-everywhere. Under the mixed_float16 policy a plain optimizer is put in a LossScaleOptimizer here
+everywhere. Without a loss scaler (bfloat16, float32) such a step is not applied: no variable of
+the model or of the wrapped optimizer changes but `iterations` (it counts calls, as above), on
+every worker alike, and `last_stats.skipped` says so. Under the mixed_float16 policy a plain
+optimizer is put in a LossScaleOptimizer here
 (Keras' compile would otherwise wrap ours the other way round, checking each worker's own
 gradients before the reduction).
 
@@ -79,12 +82,14 @@ class _Reduction:
     """What the optimizer does to a gradient list before applying it."""
 
     def __init__(self, arguments: Arguments, average_passes: bool, sparse_as_dense: bool,
-                 transport: Transport | str | None, groups: Any = None) -> None:
+                 transport: Transport | str | None, groups: Any = None,
+                 loss_scaled: bool = False) -> None:
         self.arguments = arguments
         self.average_passes = average_passes
         self.sparse_as_dense = sparse_as_dense
         self.transport = transport
         self.groups = groups
+        self.loss_scaled = loss_scaled  # a skipped step goes to the scaler, else is not applied
 
         self.local = _LocalGradients(arguments.passes, average_passes)
 
@@ -112,7 +117,8 @@ class _Reduction:
                 ) -> tuple[list[Any], Any]:
         if self.arguments.sparse:
             return sparse_allreduce(state, gradients, variables, self.arguments,
-                                    self.average_passes, self.transport)
+                                    self.average_passes, self.transport,
+                                    apply_skipped=self.loss_scaled)
         return dense_allreduce(gradients, variables, self.arguments, self.sparse_as_dense,
                                self.groups), True
 
@@ -257,6 +263,16 @@ class _KerasDistributedOptimizer:
         return self.gtopk_state.last_stats
 
 
+def _loss_scale_optimizer_class(keras3: bool) -> type:
+    if keras3:
+        import keras
+
+        return keras.optimizers.LossScaleOptimizer
+    import tf_keras
+
+    return tf_keras.mixed_precision.LossScaleOptimizer
+
+
 def _loss_scaled_under_mixed_float16(optimizer: Any, keras3: bool) -> Any:
     """`optimizer` in a LossScaleOptimizer when the global policy is mixed_float16 and it is not
     one already. Keras' compile would otherwise wrap the distributed optimizer in one, whose
@@ -267,13 +283,12 @@ def _loss_scaled_under_mixed_float16(optimizer: Any, keras3: bool) -> Any:
     if keras3:
         import keras
 
-        loss_scale_optimizer, policy = (keras.optimizers.LossScaleOptimizer,
-                                        keras.mixed_precision.global_policy())
+        policy = keras.mixed_precision.global_policy()
     else:
         import tf_keras
 
-        loss_scale_optimizer, policy = (tf_keras.mixed_precision.LossScaleOptimizer,
-                                        tf_keras.mixed_precision.global_policy())
+        policy = tf_keras.mixed_precision.global_policy()
+    loss_scale_optimizer = _loss_scale_optimizer_class(keras3)
     if policy.name == "mixed_float16" and not isinstance(optimizer, loss_scale_optimizer):
         return loss_scale_optimizer(optimizer)
     return optimizer
@@ -337,9 +352,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         key: value for source in (_Common, methods) for key, value in source.__dict__.items()
         if key not in ("__dict__", "__weakref__")})
     distributed = cls.from_config(optimizer.get_config())
-    distributed._gtopk_reduction = _Reduction(arguments, average_aggregated_gradients,
-                                              sparse_as_dense, transport,
-                                              groups if groups is not None else num_groups or None)
+    distributed._gtopk_reduction = _Reduction(
+        arguments, average_aggregated_gradients, sparse_as_dense, transport,
+        groups if groups is not None else num_groups or None,
+        loss_scaled=isinstance(optimizer, _loss_scale_optimizer_class(keras3)))
     distributed.gtopk_state = GTopkState()
     if arguments.sparse and backward_passes_per_step > 1:
         distributed._agg_helper = _AggregationProgress(distributed.gtopk_state)
