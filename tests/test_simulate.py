@@ -1,9 +1,12 @@
 """The simulated cluster (gtopk_hvd.simulate, the "local" transport) is the real algorithm.
 
-- examples/simulated_cluster.py at P = 2, 4, 6, 8 ends with weights bitwise identical to
+- examples/simulated_cluster.py at P = 2, 6 and 8 ends with weights bitwise identical to
   examples/pytorch_lm.py under mpirun with the same seeds and shards for Top-k and gTop-k, and
-  equal to float rounding for dense (Horovod's all-reduce sums in its own order); the same for
-  the digits CNN (examples/pytorch_digits.py) at P = 3 and 8.
+  equal to float rounding for dense (Horovod's all-reduce sums in its own order; at P = 6); the
+  same for the digits CNN (examples/pytorch_digits.py): Top-k, gTop-k and dense at P = 3,
+  gTop-k at P = 8. P = 2 and 8 are powers of two (gTop-k's tree is complete), 3 and 6 are not
+  (a partner is missing in a round); each mpirun launch starts every rank with torch and
+  Horovod, so the matrix is what covers those cases once each.
 - The local transport: messages and collectives as the real transports; a worker that fails
   ends every worker's wait at once (no hang) with the cause; "local" outside a worker names
   the fix.
@@ -46,9 +49,11 @@ def simulated(workers: int, compression: str, save: Path) -> str:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers", [2, 4, 6, 8])
-def test_simulated_lm_equals_the_mpirun_job(workers: int, tmp_path: Path) -> None:
-    for compression in ("topk", "gtopk", "none"):
+@pytest.mark.parametrize("workers,compressions", [
+    (2, ("topk", "gtopk")), (6, ("topk", "gtopk", "none")), (8, ("topk", "gtopk"))])
+def test_simulated_lm_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
+                                            tmp_path: Path) -> None:
+    for compression in compressions:
         output = run_mpi("examples/pytorch_lm.py", workers, "--compression", compression,
                          "--batch-size", str(PER_WORKER_BATCH), "--save",
                          str(tmp_path / f"mpi_{compression}.npz"), *LM_OPTIONS, timeout_s=300)
@@ -72,9 +77,10 @@ DIGITS_OPTIONS = ["--epochs", "1", "--density", "0.05", "--quiet"]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers", [3, 8])
-def test_simulated_digits_cnn_equals_the_mpirun_job(workers: int, tmp_path: Path) -> None:
-    for compression in ("topk", "gtopk", "none"):
+@pytest.mark.parametrize("workers,compressions", [(3, ("topk", "gtopk", "none")), (8, ("gtopk",))])
+def test_simulated_digits_cnn_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
+                                                    tmp_path: Path) -> None:
+    for compression in compressions:
         output = run_mpi("examples/pytorch_digits.py", workers, "--compression", compression,
                          "--batch-size", "8", "--checkpoint", str(tmp_path / "mpi"),
                          *DIGITS_OPTIONS, timeout_s=300)
