@@ -50,7 +50,8 @@ def simulated(workers: int, compression: str, save: Path) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("workers,compressions", [
-    (2, ("topk", "gtopk")), (6, ("topk", "gtopk", "none")), (8, ("topk", "gtopk"))])
+    (2, ("topk", "gtopk")), (6, ("topk", "gtopk", "none")), (8, ("topk", "gtopk"))],
+    ids=["P2", "P6", "P8"])
 def test_simulated_lm_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
                                             tmp_path: Path) -> None:
     for compression in compressions:
@@ -77,7 +78,8 @@ DIGITS_OPTIONS = ["--epochs", "1", "--density", "0.05", "--quiet"]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers,compressions", [(3, ("topk", "gtopk", "none")), (8, ("gtopk",))])
+@pytest.mark.parametrize("workers,compressions", [(3, ("topk", "gtopk", "none")), (8, ("gtopk",))],
+                         ids=["P3", "P8"])
 def test_simulated_digits_cnn_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
                                                     tmp_path: Path) -> None:
     for compression in compressions:
