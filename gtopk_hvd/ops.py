@@ -354,10 +354,13 @@ def restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> 
                         value_view.value_type)
 
 
-def mark_survivors(local_indices: Any, global_indices: Any) -> np.ndarray:
-    """Boolean mask over the index-sorted local set: local_indices[j] is in global_indices."""
+def mark_survivors(local_indices: Any, global_indices: Any) -> Any:
+    """Boolean mask over the index-sorted local set: local_indices[j] is in global_indices
+    (sorted too). A numpy array; for CUDA tensors a bool tensor on their device."""
     if _plain_numpy(local_indices, global_indices):
         return _C.mark_survivors(local_indices, global_indices).view(np.bool_)
+    if is_cuda(local_indices) and is_cuda(global_indices):
+        return _cuda_mark_survivors(local_indices, global_indices)
     local = as_numpy(_to_cpu(local_indices), "local_indices", values=False)
     global_ = as_numpy(_to_cpu(global_indices), "global_indices", values=False)
     return _C.mark_survivors(local.array, global_.array).view(np.bool_)
@@ -578,6 +581,17 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
                                values.data_ptr(), _stream(device), workspace.data_ptr(),
                                workspace.numel())
     return indices[:n], values[:n]
+
+
+def _cuda_mark_survivors(local_indices: Any, global_indices: Any) -> Any:
+    """A binary search of each local index in the sorted global set, on the device."""
+    import torch
+
+    if global_indices.numel() == 0:
+        return torch.zeros(local_indices.numel(), dtype=torch.bool, device=local_indices.device)
+    position = torch.searchsorted(global_indices, local_indices)
+    position.clamp_(max=global_indices.numel() - 1)
+    return global_indices[position] == local_indices
 
 
 def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> None:

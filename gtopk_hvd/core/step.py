@@ -150,6 +150,16 @@ class SparseStep:
         (`count_nonfinite_workers`; the DDP hook, one count per iteration over all buckets)
         and says whether to skip this one.
         """
+        result = self._step(gradient, clear_gradient, skip)
+        if result is None:
+            return None
+        to_host = self.backend.to_host
+        return tuple(x if isinstance(x, np.ndarray) else to_host(x) for x in result)
+
+    def _step(self, gradient: Any, clear_gradient: bool, skip: bool | None
+              ) -> tuple[Any, Any] | None:
+        """`step`, its result where the scheme left it: host arrays, or the backend's tensors
+        where the reduction ran on the device."""
         self._check_agreement()
         config = self.compression
         check_seconds = check_wait_seconds = 0.0
@@ -181,7 +191,7 @@ class SparseStep:
 
         exchange = self.scheme.exchange(gradient, self.residual, budget, self.step_count,
                                         clear_in_pass)
-        if config.nonfinite == "raise" and not np.isfinite(exchange.values).all():
+        if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
             raise FloatingPointError(
                 f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} "
                 "on at least one worker; every worker raises here")
@@ -193,7 +203,7 @@ class SparseStep:
         stats = exchange.stats
         self.last_stats = StepStats(
             step=self.step_count, density=budget.density, k=budget.k,
-            global_entries=int(exchange.indices.size), bytes_sent=stats.bytes_sent,
+            global_entries=len(exchange.indices), bytes_sent=stats.bytes_sent,
             bytes_received=stats.bytes_received,
             select_seconds=prepare_seconds + exchange.select_seconds,
             communicate_seconds=stats.comm_seconds + check_wait_seconds,
@@ -208,7 +218,7 @@ class SparseStep:
         out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the backend's
         type (it may be the gradient itself, with clear_gradient). Times the write as
         last_stats.write_seconds."""
-        result = self.step(gradient, clear_gradient, skip)
+        result = self._step(gradient, clear_gradient, skip)
         start = time.perf_counter()
         if result is None:
             out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars

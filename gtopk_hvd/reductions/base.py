@@ -37,7 +37,14 @@ class Reduction(ABC):
 
     @abstractmethod
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
-        """The global set of this worker's index-sorted local set (at most k entries)."""
+        """The global set of this worker's index-sorted local set (at most k entries): host
+        numpy arrays; or, where `takes_tensors_on` the sets' device, torch tensors there with
+        exactly k entries, and then the result (survived included) is tensors there too."""
+
+    def takes_tensors_on(self, device: Any) -> bool:
+        """Whether `reduce` takes k-entry sets as torch tensors on `device`, sending and merging
+        them there (no host copy). Default: host arrays only."""
+        return False
 
 
 REDUCTIONS: Registry[type[Reduction]] = Registry("reduction")

@@ -258,11 +258,26 @@ class GTopkReduction(Reduction):
 
     def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
         super().__init__(transport, index_dtype, wire_dtype)
-        self._reducers: dict[int, GTopkReducer] = {}
+        self._reducers: dict[tuple[int, bool], GTopkReducer] = {}
 
-    def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
-        reducer = self._reducers.get(k)
+    def takes_tensors_on(self, device: Any) -> bool:
+        """On the transport's tensor device (`gtopk_hvd.reductions.gtopk_device`)."""
+        if self.transport.tensor_device is None:
+            return False
+        import torch
+
+        return torch.device(self.transport.tensor_device) == torch.device(device)
+
+    def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
+        on_device = framework_of(values) == "torch"
+        reducer = self._reducers.get((k, on_device))
         if reducer is None:
-            reducer = self._reducers[k] = GTopkReducer(k, self.index_dtype, self.wire_dtype,
-                                                       self.transport)
+            if on_device:
+                from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
+
+                reducer = DeviceGTopkReducer(k, self.index_dtype, self.wire_dtype,
+                                             self.transport, values.device)
+            else:
+                reducer = GTopkReducer(k, self.index_dtype, self.wire_dtype, self.transport)
+            self._reducers[(k, on_device)] = reducer
         return reducer.allreduce(indices, values)

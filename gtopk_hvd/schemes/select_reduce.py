@@ -13,6 +13,10 @@ With `exact` (Compression.gtopk(density, exact=True)), after the reduction found
 so no worker's contribution at I is lost in an intermediate merge (gTop-k's subtlety), for
 8k (P-1)/P more bytes per worker.
 
+Where the state is in torch tensors on the device a reduction takes tensors from (gTop-k over
+torch.distributed: a GPU under NCCL), the selected set stays there: the reduction sends and
+merges it on the device, and the residual is restored there (`Reduction.takes_tensors_on`).
+
 Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
 with its own k_i (`gtopk_hvd.density`) and joins the sets. The sparsifier and the reduction
 are chosen by name (`config.sparsifier`, `config.reduction`; no reduction: the sparsifier's
@@ -67,6 +71,11 @@ class SelectReduce(Scheme):
         local_indices, local_values = self._select(gradient, residual, budget, step,
                                                    clear_gradient)
         select_seconds = time.perf_counter() - start
+        if self._reduce_on_device(local_values, budget.k):
+            result = self.reduction.reduce(local_indices, local_values, budget.k)
+            ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+            return Exchange(result.indices, result.values, local_indices, result.stats,
+                            select_seconds)
         to_host = self.backend.to_host
         host_indices, host_values = to_host(local_indices), to_host(local_values)
         result = self.reduction.reduce(host_indices, host_values, budget.k)
@@ -80,6 +89,14 @@ class SelectReduce(Scheme):
         taken = np.union1d(host_indices, result.indices).astype(self.index_dtype, copy=False)
         return Exchange(result.indices, values, self.backend.index(taken), result.stats,
                         select_seconds)
+
+    def _reduce_on_device(self, local_values: Any, k: int) -> bool:
+        """Whether the reduction takes the selected set where it lies (the state's device, a
+        GPU under NCCL): its transport sends tensors from there, the set has k entries, and
+        no exact sum follows (that one sums on the host)."""
+        return (self.backend.name == "torch" and not self.config.exact
+                and len(local_values) == k
+                and self.reduction.takes_tensors_on(self.backend.device))
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
                 clear_gradient: bool) -> tuple[Any, Any]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,20 @@ class Transport(ABC):
         transports; a collective one, e.g. Horovod's alltoall, joins sending nothing).
         `tag` names the phase; messages of one phase match by (source, tag).
         """
+
+    tensor_device: Any = None
+    """The torch device whose tensors `sendrecv_tensors` sends as they are (torch.distributed:
+    the process group's, a GPU under NCCL), or None: this transport sends host arrays only."""
+
+    def sendrecv_tensors(self, send: Sequence[Any], dest: int | None, receive: Sequence[Any],
+                         source: int | None, tag: int) -> None:
+        """`sendrecv` for torch tensors on `tensor_device`, without a host copy: sends the
+        tensors `send` to dest while receiving into the tensors `receive` from source, which
+        match the sender's in number, shape and dtype (the schedule fixes them on both sides).
+        dest or source may be None; a phase without a partner is a no-op. The receive is
+        complete, on the tensors' stream, when it returns (a GPU's host need not wait)."""
+        raise NotImplementedError(f"{type(self).__name__} sends host arrays only "
+                                  "(tensor_device is None)")
 
     @abstractmethod
     def allgather(self, local: np.ndarray) -> np.ndarray:

@@ -7,7 +7,9 @@ process-wide instance over the default group.
 
 The reductions pass host numpy arrays; they are wrapped as tensors without a copy
 (`torch.from_numpy`). With the NCCL backend, whose tensors must be on the current CUDA device,
-each buffer is copied to that device and the result back.
+each buffer is copied to that device and the result back. `sendrecv_tensors` sends tensors that
+are already on the group's device (`tensor_device`: the current GPU under NCCL, the CPU under
+Gloo) as they are: gTop-k's rounds on a GPU's state, with no host copy.
 
 Point to point (`sendrecv`): the receiver knows only its buffer's capacity, and Gloo silently
 receives a shorter message into a longer buffer (what lies past the message is garbage, and
@@ -22,6 +24,7 @@ two partners that both send first do not deadlock.
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,7 @@ class TorchDistributedTransport(Transport):
             raise ValueError("this process is not a member of the process group given")
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if dist.get_backend(process_group) == "nccl" else torch.device("cpu"))
+        self.tensor_device = self.device
         self._length_out = np.zeros(1, dtype=np.int64)
         self._length_in = np.zeros(1, dtype=np.int64)
         self._bound = WaitBound(self.abort, wait_timeout_s)
@@ -92,6 +96,22 @@ class TorchDistributedTransport(Transport):
             self._exchange(payload_out, dest if payload_out is not None else None,
                            payload_in, source if payload_in is not None else None, tag)
         return received
+
+    def sendrecv_tensors(self, send: Sequence[torch.Tensor], dest: int | None,
+                         receive: Sequence[torch.Tensor], source: int | None, tag: int) -> None:
+        operations = []
+        if dest is not None:
+            operations += [dist.P2POp(dist.isend, tensor, self._peer(dest), self.group, tag)
+                           for tensor in send]
+        if source is not None:
+            operations += [dist.P2POp(dist.irecv, tensor, self._peer(source), self.group, tag)
+                           for tensor in receive]
+        if not operations:
+            return
+        with self._bound.waiting(f"torch.distributed tensors tag {tag} (to {dest}, from "
+                                 f"{source})"):
+            for work in dist.batch_isend_irecv(operations):
+                work.wait()
 
     def allgather(self, local: np.ndarray) -> np.ndarray:
         local = np.ascontiguousarray(local)

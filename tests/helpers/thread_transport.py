@@ -69,6 +69,19 @@ class ThreadTransport(Transport):
         receive[:len(message)] = np.frombuffer(message, dtype=np.uint8)
         return len(message)
 
+    tensor_device = "cpu"  # sendrecv_tensors takes CPU tensors (a GPU transport's path)
+
+    def sendrecv_tensors(self, send: list, dest: int | None, receive: list, source: int | None,
+                         tag: int) -> None:
+        if dest is not None:
+            self.group.link(self.rank, dest, tag).put([t.detach().clone() for t in send])
+        if source is not None:
+            message = self.group.link(source, self.rank, tag).get(timeout=30)
+            assert [(t.shape, t.dtype) for t in message] == [(t.shape, t.dtype)
+                                                             for t in receive], "mismatch"
+            for target, arrived in zip(receive, message):
+                target.copy_(arrived)
+
     def allgather(self, local: np.ndarray) -> np.ndarray:
         return np.stack(self.group.exchange(self.rank, np.array(local, copy=True)))
 

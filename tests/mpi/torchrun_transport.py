@@ -7,7 +7,8 @@ reductions through this transport are checked against numpy by tests/mpi/mpi_gto
 recording wrapper, tests/helpers/counting_transport.py) sends each step's reduction through it
 (gTop-k's schedule of messages, Top-k's all-gathers, with their bytes), and its update equals the
 mean of every rank's gradient, gathered by torch.distributed's all_gather_object (not through the
-transport) and averaged in numpy.
+transport) and averaged in numpy. With the step's state in CPU tensors, gTop-k's sets go
+through `sendrecv_tensors` as tensors, bit for bit the host path's result.
 
 `--abort` instead makes the last rank call transport.abort while the others wait in a
 collective: torchrun must end them all and exit non-zero.
@@ -125,6 +126,33 @@ def check_sparse_step(transport: TorchDistributedTransport) -> None:
                                        rtol=1e-5, atol=1e-7, err_msg=what)
 
 
+def check_reduction_on_tensors(transport: TorchDistributedTransport) -> None:
+    """The sparse step with its state in torch tensors on the group's device (the CPU under
+    Gloo, a GPU under NCCL): gTop-k's sets go through sendrecv_tensors and merge there
+    (`gtopk_hvd.reductions.gtopk_device`), bit for bit what the host path gives."""
+    import torch
+
+    from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
+
+    rank, sizes = transport.rank, [500, 300]
+    for wire_dtype in ("float32", "float16"):
+        compression = Compression.gtopk(0.05, wire_dtype=wire_dtype)
+        on_host = SparseStep(compression, sizes, transport)
+        on_tensors = SparseStep(compression, sizes, transport, device="cpu")
+        for step in range(3):
+            gradient = np.random.default_rng([rank, step, 9]).standard_normal(
+                sum(sizes)).astype(np.float32)
+            want = on_host.step(gradient.copy())
+            got = on_tensors.step(torch.from_numpy(gradient.copy()))
+            what = f"{wire_dtype}, step {step}, rank {rank}"
+            assert np.array_equal(got[0], want[0]), what
+            assert got[1].tobytes() == want[1].tobytes(), what
+            assert on_tensors.last_stats.bytes_sent == on_host.last_stats.bytes_sent, what
+        assert on_tensors.residual.numpy().tobytes() == on_host.residual.tobytes()
+        reducers = on_tensors.scheme.reduction._reducers.values()
+        assert transport.size == 1 or any(isinstance(r, DeviceGTopkReducer) for r in reducers)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     transport = TorchDistributedTransport()
@@ -140,6 +168,7 @@ def main() -> None:
     check_operations(transport)
     check_subgroup()
     check_sparse_step(transport)
+    check_reduction_on_tensors(transport)
     dist.barrier()
     if rank == 0:
         print(f"torch.distributed transport ok on {size} workers", flush=True)

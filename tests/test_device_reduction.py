@@ -1,0 +1,88 @@
+"""gTop-k's reduction on the state's device (`gtopk_hvd.reductions.gtopk_device`), on workers
+that are threads (tests/helpers/thread_transport.py, whose `sendrecv_tensors` takes CPU tensors,
+as torch.distributed takes a GPU's under NCCL), with CPU tensors that refuse numpy conversions
+outside the kernel layer (tests/helpers/device_like.py): every P's schedule (powers of two and
+folds), every wire dtype, equals the host reduction bit for bit (indices, values, residuals,
+bytes), and the global set never leaves the tensors. Under torchrun the same through
+torch.distributed: tests/mpi/torchrun_transport.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.device_like import device_like, device_like_cpu
+from helpers.thread_transport import ThreadGroup
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
+from gtopk_hvd.reductions.gtopk import GTopkReducer
+from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
+
+torch = pytest.importorskip("torch")
+SIZES = [700, 1, 299]
+
+
+def run(compression: object, workers: int, on_device: bool, steps: int = 4) -> list:
+    """Every worker's (updates, residual, bytes sent, reducer types) as numpy."""
+
+    def work(transport: object) -> tuple:
+        state = SparseStep(compression, SIZES, transport, device="cpu" if on_device else None)
+        updates, sent = [], []
+        for step in range(steps):
+            gradient = np.random.default_rng([transport.rank, step]).standard_normal(
+                sum(SIZES)).astype(np.float32) * (1 + step)
+            out = np.empty(sum(SIZES), np.float32)
+            if on_device:
+                out = device_like(torch.from_numpy(out))
+                gradient = device_like(torch.from_numpy(gradient))
+            update = state.update(gradient, out, clear_gradient=True)
+            updates.append(update.cpu().numpy() if on_device else update.copy())
+            sent.append(state.last_stats.bytes_sent)
+        residual = state.residual.cpu().numpy() if on_device else state.residual.copy()
+        reducers = {type(r) for r in getattr(state.scheme.reduction, "_reducers", {}).values()}
+        return updates, residual, sent, reducers
+
+    if not on_device:
+        return ThreadGroup(workers).run(work)
+    with device_like_cpu():
+        return ThreadGroup(workers).run(work)
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("workers", [2, 3, 5, 8])
+def test_device_reduction_equals_the_host_one_bit_for_bit(workers: int, wire_dtype: str) -> None:
+    compression = Compression.gtopk(0.03, wire_dtype=wire_dtype, momentum_correction=True)
+    host, device = run(compression, workers, False), run(compression, workers, True)
+    for rank, ((updates, residual, sent, _), (d_updates, d_residual, d_sent, reducers)) in (
+            enumerate(zip(host, device, strict=True))):
+        assert reducers == {DeviceGTopkReducer}, reducers
+        for step, (want, got) in enumerate(zip(updates, d_updates, strict=True)):
+            assert got.tobytes() == want.tobytes(), (rank, step)
+        assert d_residual.tobytes() == residual.tobytes(), rank
+        assert d_sent == sent, rank
+    assert all(np.count_nonzero(u) for u in device[0][0])
+
+
+def test_the_global_set_stays_in_tensors() -> None:
+    """step() hands host arrays to its caller; inside, the reduction's result is tensors."""
+
+    def work(transport: object) -> tuple:
+        state = SparseStep(Compression.gtopk(0.05), SIZES, transport, device="cpu")
+        gradient = device_like(torch.arange(sum(SIZES), dtype=torch.float32))
+        inside = state._step(gradient, False, None)
+        return type(inside[0]), type(inside[1])
+
+    with device_like_cpu():
+        for types in ThreadGroup(4).run(work):
+            assert all(issubclass(t, torch.Tensor) for t in types), types
+
+
+@pytest.mark.parametrize("compression", [Compression.gtopk(0.05, exact=True),
+                                         Compression.topk(0.05)], ids=["exact", "topk"])
+def test_other_reductions_stay_on_the_host_path(compression: object) -> None:
+    """Exact gTop-k sums on the host, Top-k's all-gather takes host arrays: both still equal
+    their numpy state bit for bit (tests/test_sparse_state_devices.py) and use no device
+    reducer."""
+    for _, _, _, reducers in run(compression, 3, True, steps=2):
+        assert DeviceGTopkReducer not in reducers
+        assert reducers <= {GTopkReducer}
