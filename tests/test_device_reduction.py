@@ -77,12 +77,31 @@ def test_the_global_set_stays_in_tensors() -> None:
             assert all(issubclass(t, torch.Tensor) for t in types), types
 
 
-@pytest.mark.parametrize("compression", [Compression.gtopk(0.05, exact=True),
-                                         Compression.topk(0.05)], ids=["exact", "topk"])
-def test_other_reductions_stay_on_the_host_path(compression: object) -> None:
-    """Exact gTop-k sums on the host, Top-k's all-gather takes host arrays: both still equal
-    their numpy state bit for bit (tests/test_sparse_state_devices.py) and use no device
-    reducer."""
-    for _, _, _, reducers in run(compression, 3, True, steps=2):
-        assert DeviceGTopkReducer not in reducers
-        assert reducers <= {GTopkReducer}
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_topk_allgather_on_tensors_equals_the_host_one_bit_for_bit(
+        workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Top-k's all-gather of the sets as tensors, merged in rank order there: the host's sums
+    in rank order, bit for bit; bytes as a ring all-gather of the sets (no counts gathered)."""
+    from gtopk_hvd.reductions import allgather
+
+    calls = []
+    gather = allgather.allgather_tensors
+    monkeypatch.setattr(allgather, "allgather_tensors",
+                        lambda *args: calls.append(1) or gather(*args))
+    compression = Compression.topk(0.03, momentum_correction=True)
+    host, device = run(compression, workers, False), run(compression, workers, True)
+    assert len(calls) == workers * 4
+    k = -(-3 * sum(SIZES) // 100)
+    for (updates, residual, _, _), (d_updates, d_residual, d_sent, _) in zip(host, device,
+                                                                          strict=True):
+        for want, got in zip(updates, d_updates, strict=True):
+            assert got.tobytes() == want.tobytes()
+        assert d_residual.tobytes() == residual.tobytes()
+        assert d_sent == [(4 + 4) * k * (workers - 1)] * 4
+
+
+def test_exact_gtopk_stays_on_the_host_path() -> None:
+    """Exact gTop-k sums on the host: it still equals its numpy state bit for bit
+    (tests/test_sparse_state_devices.py) and uses no device reducer."""
+    for _, _, _, reducers in run(Compression.gtopk(0.05, exact=True), 3, True, steps=2):
+        assert reducers == {GTopkReducer}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
+from gtopk_hvd import ops
+from gtopk_hvd._arrays import framework_of
 from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
 from gtopk_hvd.reductions.result import ReductionStats, SparseResult
 from gtopk_hvd.transports import Transport, resolve_transport
@@ -54,11 +57,48 @@ def allgather_sets(transport: Transport, indices: np.ndarray, values: np.ndarray
     return SparseResult(union, summed, np.ones(indices.size, bool), stats)
 
 
+def allgather_tensors(transport: Transport, indices: Any, values: Any) -> SparseResult:
+    """`allgather_sets` for k-entry sets held as torch tensors on the transport's tensor device
+    (or any device for one worker): one all-gather of the indices and one of the values, there,
+    then the sets merged in rank order by `ops.merge_topk` with room for every entry, so each
+    value is the sum of the workers' values in rank order, bit for bit the host result (whose
+    sums start from +0.0: the final + 0.0 turns a lone -0.0 into +0.0 as there)."""
+    import torch
+
+    size, k = transport.size, len(values)
+    stats = ReductionStats(rounds=size - 1)
+    if size == 1:
+        return SparseResult(indices, values + 0.0, torch.ones(k, dtype=torch.bool,
+                                                               device=values.device), stats)
+    all_indices = torch.empty(size * k, dtype=indices.dtype, device=indices.device)
+    all_values = torch.empty(size * k, dtype=values.dtype, device=values.device)
+    start = time.perf_counter()
+    transport.allgather_tensors([indices, values], [all_indices, all_values])
+    stats.add_exchange(0.0, time.perf_counter() - start)
+    start = time.perf_counter()
+    union, summed = all_indices[:k], all_values[:k]
+    for rank in range(1, size):
+        part = slice(rank * k, (rank + 1) * k)
+        union, summed = ops.merge_topk(union, summed, all_indices[part], all_values[part],
+                                       size * k)
+    stats.merge_seconds = time.perf_counter() - start
+    entry = indices.element_size() + 4
+    stats.bytes_received = stats.bytes_sent = entry * k * (size - 1)
+    stats.messages_sent = 2 * (size - 1)
+    return SparseResult(union, summed + 0.0, torch.ones(k, dtype=torch.bool,
+                                                        device=values.device), stats)
+
+
 @REDUCTIONS.register("allgather")
 class AllgatherReduction(Reduction):
     """Every worker's set, summed; values travel as float32 (other wire dtypes are refused)."""
 
     wire_dtypes = ("float32",)
 
-    def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
+    def takes_tensors_on(self, device: Any) -> bool:
+        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
+
+    def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
+        if framework_of(values) == "torch":
+            return allgather_tensors(self.transport, indices, values)
         return allgather_sets(self.transport, indices, values)

@@ -261,12 +261,9 @@ class GTopkReduction(Reduction):
         self._reducers: dict[tuple[int, bool], GTopkReducer] = {}
 
     def takes_tensors_on(self, device: Any) -> bool:
-        """On the transport's tensor device (`gtopk_hvd.reductions.gtopk_device`)."""
-        if self.transport.tensor_device is None:
-            return False
-        import torch
-
-        return torch.device(self.transport.tensor_device) == torch.device(device)
+        """On the transport's tensor device, or anywhere for one worker (no message is sent):
+        `gtopk_hvd.reductions.gtopk_device`."""
+        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
 
     def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
         on_device = framework_of(values) == "torch"

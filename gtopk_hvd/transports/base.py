@@ -56,6 +56,20 @@ class Transport(ABC):
         raise NotImplementedError(f"{type(self).__name__} sends host arrays only "
                                   "(tensor_device is None)")
 
+    def allgather_tensors(self, local: Sequence[Any], gathered: Sequence[Any]) -> None:
+        """`allgather` for torch tensors on `tensor_device`: gathered[j] (size x the length of
+        local[j], the same on every worker) = every worker's local[j], in rank order."""
+        raise NotImplementedError(f"{type(self).__name__} gathers host arrays only "
+                                  "(tensor_device is None)")
+
+    def takes_tensors_on(self, device: Any) -> bool:
+        """Whether the tensor operations take tensors on `device` as they are."""
+        if self.tensor_device is None:
+            return False
+        import torch
+
+        return torch.device(self.tensor_device) == torch.device(device)
+
     @abstractmethod
     def allgather(self, local: np.ndarray) -> np.ndarray:
         """Stacks every worker's equal-shaped array: result[r] is worker r's."""

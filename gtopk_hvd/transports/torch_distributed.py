@@ -113,6 +113,13 @@ class TorchDistributedTransport(Transport):
             for work in dist.batch_isend_irecv(operations):
                 work.wait()
 
+    def allgather_tensors(self, local: Sequence[torch.Tensor],
+                          gathered: Sequence[torch.Tensor]) -> None:
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        with self._bound.waiting("torch.distributed all-gather of tensors"):
+            for source, target in zip(local, gathered, strict=True):
+                gather(target, source, group=self.group)
+
     def allgather(self, local: np.ndarray) -> np.ndarray:
         local = np.ascontiguousarray(local)
         gathered = np.empty((self.size, *local.shape), dtype=local.dtype)

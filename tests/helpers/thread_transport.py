@@ -82,6 +82,13 @@ class ThreadTransport(Transport):
             for target, arrived in zip(receive, message):
                 target.copy_(arrived)
 
+    def allgather_tensors(self, local: list, gathered: list) -> None:
+        import torch
+
+        everyone = self.group.exchange(self.rank, [t.detach().clone() for t in local])
+        for j, target in enumerate(gathered):
+            target.copy_(torch.cat([tensors[j] for tensors in everyone]))
+
     def allgather(self, local: np.ndarray) -> np.ndarray:
         return np.stack(self.group.exchange(self.rank, np.array(local, copy=True)))
 
