@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -84,10 +85,16 @@ def nccl_home() -> str:
 
 
 def main() -> None:
-    if sys.argv[1] == "nccl-home":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["machine", "build", "nccl-home"])
+    parser.add_argument("json", nargs="?", help="where to write the facts (machine, build)")
+    args = parser.parse_args()
+    if args.what == "nccl-home":
         print(nccl_home())
         return
-    what, path = sys.argv[1], sys.argv[2]
+    if not args.json:
+        parser.error(f"{args.what} needs the JSON path")
+    what, path = args.what, args.json
     facts = {"machine": machine, "build": build}[what]()
     with open(path, "w") as file:
         json.dump(facts, file, indent=1)

@@ -194,6 +194,8 @@ def main() -> None:
                      gpu=torch.cuda.get_device_name() if dev.cuda else None,
                      sizes={}, granularity=None)
     out.save()
+    skipped = {(item.partition("@")[0], int(float(item.partition("@")[2])))
+               for item in args.skip_slow}
     for size in args.sizes:
         d = int(size)
         k = max(1, int(args.density * d))
@@ -208,7 +210,7 @@ def main() -> None:
             entry["floors_error"] = error_record(error)
         out.save()
         for name in args.schemes:
-            if f"{name}@{size:g}" in args.skip_slow or f"{name}@{d}" in args.skip_slow:
+            if (name, d) in skipped:
                 entry["schemes"][name] = {"skipped": "listed in --skip-slow (host-bound)"}
                 continue
             try:
