@@ -276,7 +276,8 @@ class Report:
             self.add("horovod_amp", f"{run['scheme']}, size {horovod.get('size')}",
                      f"skipped {run.get('skipped_steps', 0)} of {run.get('steps_done', 0)} steps"
                      + (f"; raised {run['error'][:200]}" if raised else
-                        f"; loss {run['first_loss']:.3f} -> {run['last_loss']:.3f}"),
+                        f"; loss {run['first_loss']:.3f} -> {run['last_loss']:.3f}"
+                        if "last_loss" in run else "; not finished"),
                      "trains, no exception",
                      not raised and bool(run.get("trained")) and run.get("finite_loss", True))
 
@@ -438,10 +439,20 @@ def main() -> None:
     parser.add_argument("--md", type=Path, required=True)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
-    report = Report(args.work)
-    report.evaluate()
-    args.md.write_text(report.markdown())
-    args.json.write_text(json.dumps(report.as_json(), indent=1, default=str))
+    try:
+        report = Report(args.work)
+        report.evaluate()
+        args.md.write_text(report.markdown())
+        args.json.write_text(json.dumps(report.as_json(), indent=1, default=str))
+    except Exception:  # a report of some kind must come back: the raw stages and the error
+        import traceback
+
+        stages = (args.work / "stages.tsv").read_text() if (args.work / "stages.tsv").is_file() \
+            else ""
+        args.md.write_text("# GPU check report (the report writer failed)\n\n```\n"
+                           f"{traceback.format_exc()}```\n\nstages.tsv:\n\n```\n{stages}```\n"
+                           "\nThe stages' JSON and logs are in gpu_logs.tar.gz.\n")
+        raise
 
 
 if __name__ == "__main__":
