@@ -26,6 +26,7 @@ worker's vector of d values:
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time sketched SGD's sketch and recovery (slow: numpy)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the vectors live (cuda: a GPU and the CUDA kernels)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the rows (d, pass, seconds, selected) to PATH")
 
 
 def micro_pass(gradient: Any, residual: Any, end: int, tau: float, k: int) -> Any:
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> None:
               f"{'selected':>10}")
     print(header)
     print("-" * len(header))
+    records = []
     for size in args.sizes:
         d = int(size)
         rows = rows_for(d, args.density, args.workers, args.repeats, args.sketch, args.device)
@@ -127,3 +131,8 @@ def run(args: argparse.Namespace) -> None:
             ratio = f"{extra / topk:13.2f}" if name not in ("read", "accumulate") else " " * 13
             print(f"{d:>12,} {name:14} {seconds * 1e3:9.2f} {extra * 1e3:13.2f} {ratio} "
                   f"{selected:>10,}", flush=True)
+            records.append({"device": args.device, "d": d, "pass": name, "seconds": seconds,
+                            "selected": int(selected)})
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(records, file, indent=1)

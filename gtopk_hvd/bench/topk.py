@@ -8,6 +8,7 @@ extension was built with CUDA. Data: Gaussian float32 (gradients are close to th
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 
@@ -23,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of ours and the floor")
     parser.add_argument("--torch-repeats", type=int, default=2, help="timed runs of torch.topk")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the rows (seconds) to PATH")
 
 
 def cpu_rows(d: int, densities: list[float], repeats: int, torch_repeats: int) -> list[dict]:
@@ -89,3 +92,6 @@ def run(args: argparse.Namespace) -> None:
           f"CUDA kernels built: {ops.cuda_built}; GPU: {torch.cuda.is_available()}; "
           f"CPU SIMD: {_C.simd_level()} (ours, float32)")
     print_table(rows)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(rows, file, indent=1)

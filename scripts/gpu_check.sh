@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# The one-command GPU check (issue 38): on a lent GPU machine, in the repository's root,
+#
+#     bash scripts/gpu_check.sh            # writes $OUT/gpu_report.md, gpu_report.json,
+#                                          # gpu_logs.tar.gz (every stage's log and JSON),
+#                                          # gpu_check.log (this script's console)
+#
+# Stages, the most valuable first, each under its own `timeout` and cut to what is left of the
+# budget; a stage that fails or times out is recorded and the next one runs; the report is
+# rewritten after every stage, so a call killed at its limit still brings one back:
+#
+#   machine        nvidia-smi, Python, torch, CUDA, nvcc (scripts/gpu_machine.py)
+#   horovod_build  Horovod 0.28.1 with NCCL from .gpu_bundle/ (scripts/gpu_bundle.sh made it
+#                  here): started in the background at once (nice 19, make -j$GPU_CHECK_HOROVOD_JOBS),
+#                  waited for before horovod_run
+#   build          the extension: pip install --no-build-isolation --no-deps -e . (then
+#                  setup.py build_ext --inplace if that fails)
+#   ddp_e2e        ResNet-50 under DDP at P = 1, every scheme x float32 / fp16+GradScaler /
+#                  bf16, host syncs per step (scripts/gpu_e2e.py)
+#   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
+#                  memory, exact / sketch / granularity (scripts/gpu_step.py)
+#   bench_memory   python -m gtopk_hvd.bench memory, when this tree has it
+#   bench_topk     python -m gtopk_hvd.bench topk --device cuda
+#   bench_select   python -m gtopk_hvd.bench select --device cuda
+#   horovod_run    gtopk_hvd's torch DistributedOptimizer under Horovod, float32 and the AMP
+#                  recipe (scripts/gpu_horovod.py)
+#   tests          pytest -n: test_ops_cuda, test_sparse_state_devices, test_shared_types,
+#                  test_ops (interrupted with SIGINT at its box: the counts so far are kept)
+#
+# Then scripts/gpu_report.py: every figure beside its target. Environment:
+#   OUT                      where the report goes (default results/tmp/gpu_check)
+#   GPU_CHECK_DEVICE=cpu     a dry run on a machine without a GPU: tiny sizes, no builds (the
+#                            extension already built is used), the bundle only unpacked and patched
+#   GPU_CHECK_BUDGET_S       the script's own deadline in seconds (default 540; the device's
+#                            call limit is 600)
+#   GPU_CHECK_PYTHON         the Python (default python3)
+#   GPU_CHECK_BUNDLE         the bundle folder (default .gpu_bundle)
+#   GPU_CHECK_HOROVOD_JOBS   make jobs of the background Horovod build (default 8)
+#   GPU_CHECK_STAGES         only these stages, e.g. "machine build tests" (default: all)
+#   GPU_CHECK_WORK           the work folder (default: a new /tmp/gpu_check.XXXXXX)
+# docs/gpu.md has the device call.
+set -uo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT" || exit 1
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+PY="${GPU_CHECK_PYTHON:-python3}"
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+OUT_DIR="${OUT:-$REPO_ROOT/results/tmp/gpu_check}"
+BUNDLE="${GPU_CHECK_BUNDLE:-$REPO_ROOT/.gpu_bundle}"
+HOROVOD_JOBS="${GPU_CHECK_HOROVOD_JOBS:-8}"
+STAGES="${GPU_CHECK_STAGES:-machine horovod_build build ddp_e2e step_memory bench_memory bench_topk bench_select horovod_run tests}"
+JOBS="$(nproc)"
+BASE="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
+FIG="$BASE/figures"         # what the report reads (and gpu_logs.tar.gz carries back)
+HVD_DIR="$BASE/horovod"     # the Horovod build (not carried back)
+REPORT_RESERVE=15           # seconds kept for the last report
+START=$SECONDS
+mkdir -p "$OUT_DIR" "$FIG/logs" "$HVD_DIR"
+exec > >(tee -a "$OUT_DIR/gpu_check.log") 2>&1
+export DEVICE PY FIG HVD_DIR BUNDLE JOBS HOROVOD_JOBS REPO_ROOT
+export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+case "$DEVICE" in cuda|cpu) ;; *) echo "GPU_CHECK_DEVICE must be cuda or cpu" >&2; exit 2;; esac
+
+COMMIT="$(git rev-parse HEAD 2>/dev/null || cat "$BUNDLE/commit.txt" 2>/dev/null || echo unknown)"
+STARTED="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
+# -- bookkeeping --------------------------------------------------------------------------
+
+elapsed() { echo $((SECONDS - START)); }
+remaining() { echo $((BUDGET - (SECONDS - START) - REPORT_RESERVE)); }
+wanted() { [[ " $STAGES " == *" $1 "* ]]; }
+
+record_stage() {  # name status rc seconds box note
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6//$'\t'/ }" >>"$FIG/stages.tsv"
+}
+
+last_line() {  # the last non-empty line of a stage's log, for the stages table
+    grep -v '^[[:space:]]*$' "$FIG/logs/$1.log" 2>/dev/null | tail -n 1 | cut -c1-240 | tr -d '|'
+}
+
+write_report() {
+    printf '{"commit": "%s", "started": "%s", "device": "%s", "budget_s": %s, "elapsed_s": %s, "overlap_note": "%s"}\n' \
+        "$COMMIT" "$STARTED" "$DEVICE" "$BUDGET" "$(elapsed)" "$OVERLAP_NOTE" >"$FIG/meta.json"
+    "$PY" scripts/gpu_report.py "$FIG" --md "$OUT_DIR/gpu_report.md" --json "$OUT_DIR/gpu_report.json" \
+        >"$FIG/logs/report.log" 2>&1 || echo "   (the report writer failed: $FIG/logs/report.log)"
+    tar -czf "$OUT_DIR/gpu_logs.tar.gz" -C "$FIG" . 2>/dev/null
+}
+
+# run_stage NAME BOX_S [--signal SIG] COMMAND...: the command under `timeout` (its whole process
+# group), its output in logs/NAME.log; exit 99 means "skipped" (the log's last line says why).
+run_stage() {
+    local name=$1 box=$2 signal=TERM
+    shift 2
+    if [[ $1 == --signal ]]; then signal=$2; shift 2; fi
+    wanted "$name" || return 0
+    local left
+    left=$(remaining)
+    if (( left < 10 )); then
+        record_stage "$name" skipped "" 0 "$box" "no time left in the ${BUDGET} s budget"
+        write_report
+        return 0
+    fi
+    (( box > left )) && box=$left
+    echo "== [$(elapsed) s] $name (time box $box s)"
+    local began=$SECONDS rc status
+    timeout -s "$signal" -k 20 "$box" "$@" >"$FIG/logs/$name.log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=ok ;;
+        99) status=skipped ;;
+        124|137) status=timeout ;;
+        *) status=failed ;;
+    esac
+    record_stage "$name" "$status" "$rc" $((SECONDS - began)) "$box" "$(last_line "$name")"
+    tail -n 4 "$FIG/logs/$name.log" | sed 's/^/   /'
+    echo "   -> $status (exit $rc, $((SECONDS - began)) s)"
+    write_report
+}
+
+# -- stages (exported: `timeout` runs them in a fresh bash) ------------------------------------
+
+stage_machine() {
+    "$PY" scripts/gpu_machine.py machine "$FIG/machine.json"
+}
+
+nccl_home() {
+    "$PY" scripts/gpu_machine.py nccl-home
+}
+
+stage_horovod_build() {
+    set -e
+    local sdist="$BUNDLE/horovod-0.28.1.tar.gz"
+    if [[ ! -f $sdist ]]; then
+        echo "no Horovod sdist in $BUNDLE: run scripts/gpu_bundle.sh on the development machine and carry .gpu_bundle"
+        return 1
+    fi
+    rm -rf "$HVD_DIR/src" "$HVD_DIR/deps" && mkdir -p "$HVD_DIR/src"
+    tar -xzf "$sdist" -C "$HVD_DIR/src"
+    "$PY" scripts/patch_horovod.py "$HVD_DIR/src/horovod-0.28.1"
+    # Horovod's setup imports cffi (and cffi pycparser); nothing can be fetched there.
+    local as_there=()  # a dry run's Python need not be the 3.12 the wheels are for
+    [[ $DEVICE == cpu ]] && as_there=(--only-binary=:all: --python-version 3.12 --implementation cp
+                                      --platform manylinux2014_x86_64)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile "${as_there[@]}" \
+        --target "$HVD_DIR/deps" "$BUNDLE"/cffi-*.whl "$BUNDLE"/pycparser-*.whl
+    if [[ $DEVICE == cpu ]]; then
+        echo "dry run: the sdist unpacked and patched, cffi and pycparser installed; no compile"
+        return 99
+    fi
+    local nccl
+    nccl=$(nccl_home)
+    echo "NCCL: $nccl"
+    [[ -f $nccl/include/nccl.h ]] || echo "warning: no $nccl/include/nccl.h"
+    [[ -e $nccl/lib/libnccl.so ]] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
+    cd "$HVD_DIR/src/horovod-0.28.1"
+    env PYTHONPATH="$HVD_DIR/deps:$PYTHONPATH" MAKEFLAGS="-j$HOROVOD_JOBS" \
+        CXXFLAGS="-include cstdint -include string -include stdexcept -include memory -include limits -include functional -include algorithm" \
+        HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$nccl" HOROVOD_NCCL_LINK=SHARED \
+        HOROVOD_BUILD_CUDA_CC_LIST=90 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 \
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+        "$PY" -m pip wheel --no-build-isolation --no-deps -w "$HVD_DIR/wheel" .
+    ls -la "$HVD_DIR"/wheel/horovod-*.whl
+}
+
+stage_build() {
+    if [[ $DEVICE == cpu ]]; then
+        echo "dry run: no build; the extension already built in gtopk_hvd/ is used"
+    elif ! GTOPK_BUILD_JOBS=$JOBS "$PY" -m pip install --no-build-isolation --no-deps -e .; then
+        echo "pip install -e . failed; trying setup.py build_ext --inplace"
+        GTOPK_BUILD_JOBS=$JOBS "$PY" setup.py build_ext --inplace || return
+    fi
+    "$PY" scripts/gpu_machine.py build "$FIG/build.json"
+}
+
+stage_ddp_e2e() {
+    if [[ $DEVICE == cpu ]]; then
+        "$PY" scripts/gpu_e2e.py --device cpu --model tiny --batch 8 --steps 3 --warmup 1 \
+            --syncs --json "$FIG/e2e.json"
+    else
+        "$PY" scripts/gpu_e2e.py --syncs --json "$FIG/e2e.json"
+    fi
+}
+
+stage_step_memory() {
+    if [[ $DEVICE == cpu ]]; then
+        "$PY" scripts/gpu_step.py --device cpu --sizes 2e5 --steps 2 --json "$FIG/step.json"
+    else
+        "$PY" scripts/gpu_step.py --json "$FIG/step.json"
+    fi
+}
+
+stage_bench_memory() {
+    if ! "$PY" -m gtopk_hvd.bench memory -h >"$FIG/logs/bench_memory_help.txt" 2>&1; then
+        echo "python -m gtopk_hvd.bench memory is not in this tree; the peak memory per scheme is step_memory's"
+        return 99
+    fi
+    local args=()
+    grep -q -- '--device' "$FIG/logs/bench_memory_help.txt" && args+=(--device "$DEVICE")
+    grep -q -- '--json' "$FIG/logs/bench_memory_help.txt" && args+=(--json "$FIG/bench_memory.json")
+    "$PY" -m gtopk_hvd.bench memory "${args[@]}"
+}
+
+stage_bench_topk() {
+    if [[ $DEVICE == cpu ]]; then
+        "$PY" -m gtopk_hvd.bench topk --device cpu --sizes 1e5 --densities 0.001 --json "$FIG/topk.json"
+    else
+        "$PY" -m gtopk_hvd.bench topk --device cuda --sizes 1e7 1e8 1e9 --densities 0.001 0.01 \
+            --json "$FIG/topk.json"
+    fi
+}
+
+stage_bench_select() {
+    if [[ $DEVICE == cpu ]]; then
+        "$PY" -m gtopk_hvd.bench select --device cpu --sizes 1e5 --workers 1 --json "$FIG/select.json"
+    else
+        "$PY" -m gtopk_hvd.bench select --device cuda --sizes 25.6e6 1e8 --workers 1 16 \
+            --json "$FIG/select.json"
+    fi
+}
+
+stage_horovod_run() {
+    if [[ $DEVICE == cpu ]]; then
+        if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
+            echo "dry run: no Horovod in this Python"
+            return 99
+        fi
+        "$PY" scripts/gpu_horovod.py --device cpu --model tiny --batch 8 --warmup 1 --steps 2 \
+            --amp-steps 12 --json "$FIG/horovod.json"
+        return
+    fi
+    local wheels=("$HVD_DIR"/wheel/horovod-*.whl) wheel nccl
+    wheel=${wheels[0]}
+    if [[ ! -f $wheel ]]; then
+        echo "no Horovod wheel: the horovod_build stage made none (its log: logs/horovod_build.log)"
+        return 1
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$HVD_DIR/site" "$wheel" || return
+    nccl=$(nccl_home)
+    PYTHONPATH="$HVD_DIR/site:$HVD_DIR/deps:$PYTHONPATH" LD_LIBRARY_PATH="$nccl/lib:${LD_LIBRARY_PATH:-}" \
+        "$PY" scripts/gpu_horovod.py --json "$FIG/horovod.json"
+}
+
+stage_tests() {
+    local files=(tests/test_ops_cuda.py tests/test_sparse_state_devices.py tests/test_shared_types.py tests/test_ops.py)
+    local workers=$(( JOBS > 2 ? JOBS - 2 : 1 ))
+    (( workers > 14 )) && workers=14
+    local args=(-q -rfE -p no:cacheprovider)
+    [[ $DEVICE == cpu ]] && files=(tests/test_shared_types.py)
+    "$PY" -c "import xdist" 2>/dev/null && args+=(-n "$workers")
+    # worksteal (xdist >= 3.2) rebalances the long full-sort references between workers
+    "$PY" -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" \
+        2>/dev/null && args+=(--dist worksteal)
+    "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 170)
+    "$PY" -m pytest "${args[@]}" "${files[@]}"
+}
+
+export -f stage_machine nccl_home stage_horovod_build stage_build stage_ddp_e2e \
+    stage_step_memory stage_bench_memory stage_bench_topk stage_bench_select stage_horovod_run \
+    stage_tests
+
+# -- the background Horovod build --------------------------------------------------------------
+
+OVERLAP_NOTE="Horovod was not built in this run"
+HVD_PID=""
+HVD_BEGAN=$SECONDS
+start_horovod_build() {
+    wanted horovod_build || return 0
+    OVERLAP_NOTE="Horovod builds in the background (nice 19, make -j$HOROVOD_JOBS) from t = $(elapsed) s while the stages before horovod_run run; its duration is in the stages table"
+    HVD_BEGAN=$SECONDS
+    echo "== [$(elapsed) s] horovod_build started in the background (log: logs/horovod_build.log)"
+    ( nice -n 19 timeout -k 20 $((BUDGET - 120)) bash -c stage_horovod_build \
+        >"$FIG/logs/horovod_build.log" 2>&1
+      echo $? >"$HVD_DIR/build.rc" ) &
+    HVD_PID=$!
+}
+
+finish_horovod_build() {
+    wanted horovod_build || return 0
+    [[ -n $HVD_PID ]] || return 0
+    while [[ ! -f $HVD_DIR/build.rc ]] && (( $(remaining) > 30 )); do sleep 2; done
+    local rc status
+    if [[ -f $HVD_DIR/build.rc ]]; then
+        rc=$(cat "$HVD_DIR/build.rc")
+        case $rc in 0) status=ok ;; 99) status=skipped ;; 124|137) status=timeout ;; *) status=failed ;; esac
+    else
+        rc=""; status=timeout
+        kill -- "$HVD_PID" 2>/dev/null
+    fi
+    wait "$HVD_PID" 2>/dev/null
+    record_stage horovod_build "$status" "$rc" $((SECONDS - HVD_BEGAN)) $((BUDGET - 120)) \
+        "$(last_line horovod_build)"
+    echo "== [$(elapsed) s] horovod_build -> $status (exit $rc, $((SECONDS - HVD_BEGAN)) s)"
+    write_report
+}
+
+# -- the run -------------------------------------------------------------------------------
+
+echo "gpu_check: device mode $DEVICE, budget $BUDGET s, report in $OUT_DIR, work in $BASE"
+run_stage machine 30 bash -c stage_machine
+start_horovod_build
+run_stage build 240 bash -c stage_build
+run_stage ddp_e2e 200 bash -c stage_ddp_e2e
+run_stage step_memory 120 bash -c stage_step_memory
+run_stage bench_memory 60 bash -c stage_bench_memory
+run_stage bench_topk 60 bash -c stage_bench_topk
+run_stage bench_select 45 bash -c stage_bench_select
+finish_horovod_build
+run_stage horovod_run 120 bash -c stage_horovod_run
+run_stage tests 400 --signal INT bash -c stage_tests
+write_report
+echo "gpu_check: done in $(elapsed) s; report: $OUT_DIR/gpu_report.md"
+grep -E '^Targets:' "$OUT_DIR/gpu_report.md" || true

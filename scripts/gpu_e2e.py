@@ -1,0 +1,290 @@
+"""The DDP hook end to end: ResNet-50 training steps under DDP at P = 1, every scheme against DDP's
+own all-reduce, in float32, bfloat16 autocast and float16 autocast with GradScaler.
+
+    python scripts/gpu_e2e.py --json e2e.json                       # on a GPU (NCCL)
+    python scripts/gpu_e2e.py --device cpu --model tiny --batch 8 --steps 3 --json e2e.json
+
+One process, a one-worker process group (NCCL on a GPU, Gloo on the CPU). Per (precision,
+scheme): a fresh model (same seed), DDP (bucket_cap_mb default), `gtopk_hook` with the scheme's
+compression (none for "dense": DDP's all-reduce, the baseline), SGD(momentum 0.9), one fixed
+synthetic batch. Steps: DDP's `start_iter` = 2 dense iterations and one sparse step as warm-up
+(more while the configuration's time allows), then up to --steps timed steps, each from
+zero_grad to the optimizer's step, the device synchronised before and after. The median over
+the timed steps that were not skipped is the figure; its ratio to the dense baseline of the same
+precision is the target's (<= 1.03: within +3%).
+
+float16: GradScaler starts at --init-scale (2^24: the first steps overflow, so the skip path
+runs); a step counts as skipped when the scale drops. An exception in a configuration (e.g. the
+sparse path's TypeError at the first overflow) is recorded with its traceback and the next
+configuration runs.
+
+Host synchronisations (--syncs, float32 only): after the timed steps, two more steps are run
+twice: once under torch.cuda.set_sync_debug_mode("warn"), counting the warnings torch raises
+(synchronisations torch itself makes: .item(), .cpu(), nonzero, ...), once under
+torch.profiler, counting the CUDA runtime calls that block the host (cuda*Synchronize,
+synchronous cudaMemcpy), which also sees those made inside gtopk_hvd's extension.
+
+The JSON (written after every configuration): {"model", "device", ..., "runs": [{precision,
+scheme, median_s, ratio_to_dense, timed_steps, skipped_steps, losses, error?, syncs?}]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gpu_common import JsonRecord, dump_stacks_on_term, ensure_parent, error_record, make_model
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gtopk_hvd import ops
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+
+SCHEMES: dict[str, Any] = {
+    "dense": None,
+    "gtopk-0.001": lambda: Compression.gtopk(0.001),
+    "gtopk-0.01": lambda: Compression.gtopk(0.01),
+    "topk-0.001": lambda: Compression.topk(0.001),
+    "micro-0.001": lambda: Compression.micro(0.001),
+    "exdyna-0.001": lambda: Compression.exdyna(0.001),
+    "gtopk-exact-0.001": lambda: Compression.gtopk(0.001, exact=True),
+    "sketch-0.001": lambda: Compression.sketch(0.001),
+}
+PRECISIONS = ("float32", "bfloat16-amp", "float16-amp")  # the one known to raise last
+START_ITER = 2
+SYNC_PROFILE_STEPS = 2
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                  "cudaMemcpy", "cudaMemcpy2D", "cuStreamSynchronize", "cuCtxSynchronize",
+                  "cuEventSynchronize", "cuMemcpyDtoH", "cuMemcpyHtoD")
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--model", choices=["resnet50", "tiny"], default="resnet50")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="sparse steps before timing (after DDP's start_iter dense ones)")
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
+                        choices=list(PRECISIONS))
+    parser.add_argument("--config-budget-s", type=float, default=20.0,
+                        help="seconds one configuration may take: a slow scheme gets fewer "
+                             "warm-up and timed steps (at least one timed)")
+    parser.add_argument("--init-scale", type=float, default=2.0**24,
+                        help="GradScaler's first scale (float16)")
+    parser.add_argument("--syncs", action="store_true",
+                        help="count host synchronisations per step (float32 runs)")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    return parser.parse_args()
+
+
+class Run:
+    """One (precision, scheme) configuration's model, optimizer and step."""
+
+    def __init__(self, args: argparse.Namespace, precision: str, scheme: str,
+                 device: torch.device) -> None:
+        torch.manual_seed(0)
+        module, input_shape, classes, _ = make_model(args.model)
+        module = module.to(device)
+        self.device = device
+        self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.state = None
+        if SCHEMES[scheme] is not None:
+            self.state = GTopkHookState(compression=SCHEMES[scheme](), start_iter=START_ITER)
+            self.ddp.register_comm_hook(self.state, gtopk_hook)
+        self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        generator = torch.Generator().manual_seed(1)
+        self.x = torch.randn(args.batch, *input_shape, generator=generator).to(device)
+        self.y = torch.randint(0, classes, (args.batch,), generator=generator).to(device)
+        self.precision = precision
+        self.autocast_dtype = {"float16-amp": torch.float16,
+                               "bfloat16-amp": torch.bfloat16}.get(precision)
+        self.scaler = (torch.amp.GradScaler(device.type, init_scale=args.init_scale)
+                       if precision == "float16-amp" else None)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> tuple[float, bool]:
+        """One training step: (loss, skipped by the scaler)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(self.ddp(self.x), self.y)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            return float(loss.detach()), False
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        scale = self.scaler.get_scale()
+        self.scaler.update()
+        return float(loss.detach()), self.scaler.get_scale() < scale
+
+    def timed_step(self) -> tuple[float, float, bool]:
+        self.synchronize()
+        start = time.perf_counter()
+        loss, skipped = self.step()
+        self.synchronize()
+        return time.perf_counter() - start, loss, skipped
+
+
+def measure(run: Run, args: argparse.Namespace, record: dict) -> None:
+    """Warm-up and timed steps within the configuration's budget; fills `record`."""
+    began = time.perf_counter()
+    budget = args.config_budget_s
+    times: list[float] = []
+    skipped_flags: list[bool] = []
+    losses: list[float] = []
+    warmup_total = START_ITER + args.warmup
+    step = 0
+    while True:
+        # DDP's dense iterations and the first sparse step are never timed; further warm-up
+        # steps are dropped once half the configuration's budget is spent (a slow scheme).
+        timed = step >= warmup_total or (step > START_ITER and
+                                         time.perf_counter() - began > budget / 2)
+        seconds, loss, skipped = run.timed_step()
+        step += 1
+        record["steps_done"] = step
+        record["skipped_steps"] = record.get("skipped_steps", 0) + int(skipped)
+        losses.append(loss)
+        if not timed and step == START_ITER + 1 and seconds > budget / 2:
+            # A scheme whose first sparse step alone takes half the budget (the sketch, host
+            # numpy): that step is its figure; allocation is noise next to it.
+            timed = True
+            record["note"] = "the first sparse step is the figure (slow scheme, no warm-up)"
+        if timed:
+            times.append(seconds)
+            skipped_flags.append(skipped)
+        if len(times) >= args.steps or (times and time.perf_counter() - began > budget):
+            break
+    kept = [t for t, s in zip(times, skipped_flags) if not s] or times
+    record.update(median_s=statistics.median(kept), timed_steps=len(times),
+                  timed_skipped=sum(skipped_flags), min_s=min(kept), max_s=max(kept),
+                  first_loss=losses[0], last_loss=losses[-1],
+                  finite_loss=all(map(_finite, losses[-3:])),
+                  seconds=time.perf_counter() - began)
+
+
+def _finite(value: float) -> bool:
+    return value == value and abs(value) != float("inf")
+
+
+def count_syncs(run: Run, slow: bool) -> dict:
+    """Host synchronisations per step (module docstring), over SYNC_PROFILE_STEPS steps each
+    way; a slow configuration (seconds a step): one step, the profiler's count alone."""
+    steps = 1 if slow else SYNC_PROFILE_STEPS
+    result: dict[str, Any] = {"steps": steps}
+    if run.device.type == "cuda" and not slow:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    for _ in range(steps):
+                        run.step()
+                    torch.cuda.synchronize()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            messages = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+            result["torch_sync_warnings_per_step"] = len(messages) / steps
+            result["torch_sync_warning_sample"] = sorted(Counter(
+                m.splitlines()[0][:160] for m in messages).items())[:8]
+        except Exception as error:  # noqa: BLE001 - recorded, the other count still runs
+            result["torch_sync_warnings_error"] = error_record(error)["error"]
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if run.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as profiler:
+            for _ in range(steps):
+                run.step()
+            run.synchronize()
+        calls = Counter(event.name for event in profiler.events()
+                        if "Synchronize" in event.name or "Memcpy" in event.name
+                        or "memcpy" in event.name)
+        blocking = sum(n for name, n in calls.items() if name in BLOCKING_CALLS)
+        result["runtime_blocking_calls_per_step"] = blocking / steps
+        result["runtime_calls_per_step"] = {name: n / steps
+                                            for name, n in sorted(calls.items())}
+    except Exception as error:  # noqa: BLE001 - recorded
+        result["profiler_error"] = error_record(error)["error"]
+    return result
+
+
+def init_group(device: torch.device) -> None:
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="gpu_e2e_"), "store"), 1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0,
+                            world_size=1)
+
+
+def main() -> None:
+    args = parse_arguments()
+    dump_stacks_on_term()
+    ensure_parent(args.json)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_e2e: --device cuda but torch sees no GPU")
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    _, _, _, model_name = make_model(args.model)
+    out = JsonRecord(args.json, model=model_name, device=str(device), batch=args.batch,
+                     steps=args.steps, warmup=args.warmup, start_iter=START_ITER,
+                     init_scale=args.init_scale, cuda_kernels=ops.cuda_built,
+                     gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
+                     backend="nccl" if device.type == "cuda" else "gloo", runs=[])
+    init_group(device)
+    out.save()
+    try:
+        for precision in args.precisions:
+            dense = None
+            for scheme in args.schemes:
+                record: dict[str, Any] = {"precision": precision, "scheme": scheme}
+                out.data["runs"].append(record)
+                print(f"== {precision} {scheme}", flush=True)
+                run = None
+                try:
+                    run = Run(args, precision, scheme, device)
+                    measure(run, args, record)
+                    if args.syncs and precision == "float32":
+                        record["syncs"] = count_syncs(run, record["median_s"] > 1.0)
+                except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
+                    record.update(error_record(error))
+                    print(f"   FAILED: {record['error']}", flush=True)
+                finally:
+                    del run
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                if scheme == "dense" and "median_s" in record:
+                    dense = record["median_s"]
+                if dense and "median_s" in record:
+                    record["ratio_to_dense"] = record["median_s"] / dense
+                if "median_s" in record:
+                    print(f"   median {record['median_s'] * 1e3:.2f} ms over "
+                          f"{record['timed_steps']} steps, ratio to dense "
+                          f"{record.get('ratio_to_dense', float('nan')):.3f}, skipped "
+                          f"{record['skipped_steps']}"
+                          + (f", syncs {record['syncs']}" if "syncs" in record else ""),
+                          flush=True)
+                out.save()
+    finally:
+        out.save()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
