@@ -132,7 +132,7 @@ class SparseCompression:
     made: the types and ranges here, the names and what the scheme can do against the
     registries (`gtopk_hvd.schemes.check_config`). Errors: `gtopk_hvd.options`."""
 
-    reduction: str | None
+    reduction: str | None  # None: the sparsifier's default_reduction (filled in when made)
     density: float
     wire_dtype: str = "float32"
     warmup_densities: tuple[float, ...] = ()
@@ -154,6 +154,11 @@ class SparseCompression:
         from gtopk_hvd.schemes import check_config  # the implementations load on first use
 
         check_config(self)
+        if self.scheme == SELECT_REDUCE and self.reduction is None:  # one configuration, one value
+            from gtopk_hvd.sparsifiers import SPARSIFIERS
+
+            default = SPARSIFIERS.get(self.sparsifier).default_reduction
+            object.__setattr__(self, "reduction", default)
 
     @property
     def name(self) -> str:
@@ -161,12 +166,9 @@ class SparseCompression:
         for a sparsifier and reduction that match no named scheme)."""
         if self.scheme != SELECT_REDUCE:
             return self.scheme
-        from gtopk_hvd.sparsifiers import SPARSIFIERS
-
-        reduction = self.reduction or SPARSIFIERS.get(self.sparsifier).default_reduction
         for name, fixed in PRESETS.items():
-            if (self.sparsifier, self.exact) == (fixed["sparsifier"], fixed["exact"]) and (
-                    reduction == (fixed["reduction"] or "allreduce")):
+            if (self.sparsifier, self.reduction, self.exact) == (
+                    fixed["sparsifier"], fixed["reduction"], fixed["exact"]):
                 return name
         return SELECT_REDUCE
 
@@ -399,9 +401,18 @@ class Compression:
         return _registered(name, density, options)
 
 
+_OWN_DEFAULTS = {"threshold": None, "controller": "histogram", "blocks": 1024, "balance": 0.05,
+                 "rows": 5, "columns": None, "second_round": True}
+"""The defaults of Compression.micro / .exdyna / .sketch's own arguments: left out of the
+configuration, so that Compression.micro(d) == Compression.scheme("micro", d)."""
+
+
 def _registered(name: str, density: float, options: dict[str, Any], **own: Any
                 ) -> SparseCompression:
-    """A registered scheme's configuration (`scheme` may not be given again)."""
+    """A registered scheme's configuration (`scheme` may not be given again; own options at
+    their defaults, of the default's type, are left out)."""
+    own = {option: value for option, value in own.items()
+           if not (type(value) is type(_OWN_DEFAULTS[option]) and value == _OWN_DEFAULTS[option])}
     choice = choice_for(name)
     if "scheme" in options:
         _refuse_fixed("scheme", options["scheme"], choice, name,

@@ -15,7 +15,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gtopk": {"sparsifier": "topk", "reduction": "gtopk", "exact": False},
     "gtopk-exact": {"sparsifier": "topk", "reduction": "gtopk", "exact": True},
     "topk": {"sparsifier": "topk", "reduction": "allgather", "exact": False},
-    "randomk": {"sparsifier": "randomk", "reduction": None, "exact": False},
+    "randomk": {"sparsifier": "randomk", "reduction": "allreduce", "exact": False},
 }
 """The named schemes that run the "select-reduce" family (a registered sparsifier, then a
 registered reduction): the fields each fixes."""

@@ -87,7 +87,7 @@ import torch.distributed as dist
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
 from gtopk_hvd.core import SparseStep, StepStats, count_nonfinite_workers
-from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, one_of, refuse
+from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
@@ -524,7 +524,7 @@ def _check_transport_argument(transport: Any) -> None:
     if transport is None or isinstance(transport, Transport):
         return
     allowed = ("None (the default: torch.distributed over the process group), "
-               f"{one_of(HOOK_TRANSPORTS)} or a gtopk_hvd Transport")
+               f"{', '.join(map(repr, HOOK_TRANSPORTS))} or a gtopk_hvd Transport")
     if not isinstance(transport, str):
         refuse("transport", allowed, transport, wrong_type=True)
     if transport in HOOK_TRANSPORTS:
