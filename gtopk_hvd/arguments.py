@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gtopk_hvd.compression import Compression, DenseCompression, SparseCompression
+from gtopk_hvd.compression import SCHEME_NAMES, Compression, DenseCompression, SparseCompression
+from gtopk_hvd.options import check_integer, check_number, refuse
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ def parse_arguments(hvd: Any, compression: object, op: object = None,
     compression = _ours(hvd, compression)
     op = hvd.Average if op is None else op
     process_set = hvd.global_process_set if process_set is None else process_set
-    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
-            or backward_passes_per_step < 1):
-        raise ValueError(f"backward_passes_per_step must be an integer >= 1, "
-                         f"got {backward_passes_per_step!r}")
+    check_integer("backward_passes_per_step", backward_passes_per_step, 1,
+                  fix="backward passes accumulated before each step (Horovod's default 1)")
+    check_number("gradient_predivide_factor", gradient_predivide_factor, 0.0, float("inf"),
+                 low_open=True, fix="Horovod's default is 1.0")
     if isinstance(compression, SparseCompression):
         if num_groups or groups is not None:
             raise NotImplementedError(
@@ -59,9 +60,12 @@ def parse_arguments(hvd: Any, compression: object, op: object = None,
                                       "allreduced on its own")
     else:
         framework = hvd.__name__.split(".")[-1]
-        raise ValueError(f"unknown compression {compression!r}; use gtopk_hvd.{framework}."
-                         "Compression.none, .fp16, .topk(density) or .gtopk(density) (or "
-                         f"horovod.{framework}.Compression.none / .fp16)")
+        refuse("compression", f"one of gtopk_hvd.{framework}.Compression's choices: .none, "
+               ".fp16 (dense), .gtopk(density), .topk(density), .sparse(density, ...), "
+               ".micro(density), .exdyna(density), .sketch(density) or .scheme(name, density) "
+               f"(names: {', '.join(SCHEME_NAMES)})", compression,
+               f"horovod.{framework}.Compression.none / .fp16 are taken too",
+               wrong_type=True)
     if not (dense_by_horovod and isinstance(compression, DenseCompression)):
         kind = "sparse" if isinstance(compression, SparseCompression) else "dense"
         if op not in (hvd.Average, hvd.Sum):

@@ -1,6 +1,7 @@
 """Compression choices shared by the framework adapters (`gtopk_hvd.torch`, `.tensorflow`):
-plain, immutable data. Names are checked against the registries where a step is built
-(`gtopk_hvd.schemes.check_config`), not here.
+plain, immutable data, every option checked when the choice is made (types and ranges here,
+names and what the scheme can do against the registries: `gtopk_hvd.schemes.check_config`;
+the errors: `gtopk_hvd.options`).
 
     Compression.none              dense, through Horovod's allreduce
     Compression.fp16              dense in float16, through Horovod's allreduce
@@ -13,8 +14,13 @@ plain, immutable data. Names are checked against the registries where a step is 
     Compression.exdyna(density)   ExDyna: MiCRO with count-balancing block boundaries
     Compression.sketch(density)   sketched SGD: count sketch, heavy hitters, second round
     Compression.scheme(name, density, **options)
-                                  any registered scheme (`gtopk_hvd.schemes`), its own options
-                                  as keyword arguments
+                                  a scheme by its name (SCHEME_NAMES: gtopk, gtopk-exact,
+                                  topk, randomk, micro, exdyna, sketch) or any other registered
+                                  scheme (`gtopk_hvd.schemes`), its own options as keyword
+                                  arguments
+
+Each scheme has one name (SCHEME_NAMES), the one its configuration prints (`repr`,
+`SparseCompression.name`) and the planner and `bench schemes` take.
 
 Sparse choices carry their hyper-parameters:
     density                 k / d, in (0, 1]
@@ -36,9 +42,11 @@ Sparse choices carry their hyper-parameters:
                             all-reduce of every worker's accumulated values at I (k float32
                             values), applied instead of the reduction's sums, the residual
                             cleared at I on every worker: gTop-k's values lose no worker's
-                            contribution in an intermediate merge (select-reduce schemes)
-    scheme                  the scheme, a name in gtopk_hvd.schemes.SCHEMES ("select-reduce":
-                            the sparsifier, then the reduction)
+                            contribution in an intermediate merge (gTop-k only: Top-k's and
+                            random-k's reductions already sum every worker's values)
+    scheme                  the registered implementation, a name in gtopk_hvd.schemes.SCHEMES
+                            ("select-reduce": the sparsifier, then the reduction, which
+                            gtopk, gtopk-exact, topk and randomk are; `name` says which)
     options                 the scheme's own options, as sorted (name, value) pairs
     seed                    seeds sparsifiers that draw at random (the same on every worker)
     nonfinite               what a NaN or Inf gradient on any worker does (`NONFINITE_RULES`):
@@ -58,9 +66,25 @@ transform (it selects over all gradients fused, against a residual kept between 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from gtopk_hvd.options import (
+    OptionError,
+    OptionTypeError,
+    check_choice,
+    check_flag,
+    check_integer,
+    check_number,
+    refuse,
+)
+from gtopk_hvd.scheme_names import (
+    PRESETS,
+    SCHEME_NAMES,
+    SELECT_REDUCE,
+    call_for,
+    choice_for,
+)
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
 GRANULARITIES = ("model", "bucket")
@@ -97,12 +121,18 @@ def _framework_of(tensor: Any) -> str:
                     f"compressors), not {type(tensor).__name__}")
 
 
-@dataclass(frozen=True)
-class SparseCompression:
-    """A sparse choice's hyper-parameters (module docstring); checked for ranges and types
-    here, against the registries where the step is built."""
+_ALREADY_EXACT = {"topk": "Top-k's all-gather already sums every worker's values at the union",
+                  "randomk": "random-k's all-reduce already sums every worker's values",
+                  "gtopk-exact": "gtopk-exact is gTop-k with exact=True already"}
 
-    reduction: str | None
+
+@dataclass(frozen=True, repr=False)
+class SparseCompression:
+    """A sparse choice's hyper-parameters (module docstring), every one checked when it is
+    made: the types and ranges here, the names and what the scheme can do against the
+    registries (`gtopk_hvd.schemes.check_config`). Errors: `gtopk_hvd.options`."""
+
+    reduction: str | None  # None: the sparsifier's default_reduction (filled in when made)
     density: float
     wire_dtype: str = "float32"
     warmup_densities: tuple[float, ...] = ()
@@ -114,32 +144,47 @@ class SparseCompression:
     seed: int = 0
     nonfinite: str = "propagate"
     exact: bool = False
-    scheme: str = "select-reduce"
+    scheme: str = SELECT_REDUCE
     options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        for name, density in [("density", self.density)] + [
-                ("warmup density", d) for d in self.warmup_densities]:
-            if isinstance(density, bool) or not isinstance(density, (int, float)) or not (
-                    0.0 < density <= 1.0):
-                raise ValueError(f"{name} must be in (0, 1], got {density!r}")
-        if self.wire_dtype not in WIRE_VALUE_TYPES:
-            raise ValueError(f"wire_dtype must be one of {WIRE_VALUE_TYPES}, "
-                             f"got {self.wire_dtype!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.granularity not in GRANULARITIES:
-            raise ValueError(f"granularity (formerly `selection`) must be one of {GRANULARITIES}, "
-                             f"got {self.granularity!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if not isinstance(self.exact, bool):
-            raise ValueError(f"exact must be True or False, got {self.exact!r}")
-        if self.nonfinite not in NONFINITE_RULES:
-            raise ValueError(f"nonfinite must be one of {NONFINITE_RULES}, "
-                             f"got {self.nonfinite!r}")
+        check_fields(self)
+        object.__setattr__(self, "warmup_densities", tuple(self.warmup_densities))
+        object.__setattr__(self, "options", tuple(tuple(pair) for pair in self.options))
+        from gtopk_hvd.schemes import check_config  # the implementations load on first use
+
+        check_config(self)
+        if self.scheme == SELECT_REDUCE and self.reduction is None:  # one configuration, one value
+            from gtopk_hvd.sparsifiers import SPARSIFIERS
+
+            default = SPARSIFIERS.get(self.sparsifier).default_reduction
+            object.__setattr__(self, "reduction", default)
+
+    @property
+    def name(self) -> str:
+        """The scheme's one name (`SCHEME_NAMES`; a registered scheme's own name; "select-reduce"
+        for a sparsifier and reduction that match no named scheme)."""
+        if self.scheme != SELECT_REDUCE:
+            return self.scheme
+        for name, fixed in PRESETS.items():
+            if (self.sparsifier, self.reduction, self.exact) == (
+                    fixed["sparsifier"], fixed["reduction"], fixed["exact"]):
+                return name
+        return SELECT_REDUCE
+
+    def __repr__(self) -> str:
+        """How to make it: `Compression.scheme(<name>, <density>, <options not at default>)`."""
+        name = self.name
+        shown = [f"{name!r}", f"{self.density!r}"]
+        for field in fields(self):
+            if field.name in ("density", "scheme", "options") or (
+                    name in PRESETS and field.name in PRESETS[name]):
+                continue
+            value = getattr(self, field.name)
+            if value != (None if field.name == "reduction" else field.default):
+                shown.append(f"{field.name}={value!r}")
+        shown += [f"{option}={value!r}" for option, value in self.options]
+        return f"Compression.scheme({', '.join(shown)})"
 
     # Horovod's Compressor interface, only to refuse it: a sparse choice handed to Horovod's own
     # wrapper where gtopk_hvd.horovod_swap could not reach fails here with the fix, at the first
@@ -167,49 +212,151 @@ class SparseCompression:
                 "DistributedOptimizer`) keeps Horovod's original: call hvd.DistributedOptimizer.")
 
 
+def check_fields(config: SparseCompression) -> None:
+    """The types and ranges of the fields every sparse choice has (`gtopk_hvd.options`)."""
+    check_number("density", config.density, 0.0, 1.0, low_open=True,
+                 fix="k = ceil(density x d) of the d gradient entries are sent each step, "
+                     "e.g. density=0.01")
+    _check_warmup_densities(config.warmup_densities)
+    check_integer("warmup_steps", config.warmup_steps, 0,
+                  fix="optimizer steps per warm-up stage (0: no warm-up)")
+    check_choice("wire_dtype", config.wire_dtype, WIRE_VALUE_TYPES,
+                 fix="the dtype of the values on the wire")
+    check_flag("momentum_correction", config.momentum_correction)
+    check_number("momentum", config.momentum, 0.0, 1.0, high_open=True,
+                 fix="m of the momentum correction, e.g. momentum=0.9")
+    check_choice("granularity", config.granularity, GRANULARITIES,
+                 fix="selection= is granularity's older name; 'model' selects over every "
+                     "parameter fused, 'bucket' gives each parameter its share")
+    check_integer("seed", config.seed, 0, fix="the same seed on every worker")
+    check_choice("nonfinite", config.nonfinite, NONFINITE_RULES,
+                 fix="what a NaN or Inf gradient on any worker does")
+    check_flag("exact", config.exact, fix="exact=True is gTop-k's (Compression.gtopk)")
+    for option, value in (("scheme", config.scheme), ("sparsifier", config.sparsifier)):
+        if not isinstance(value, str):
+            refuse(option, "a registered name (a str)", value, wrong_type=True)
+    if config.reduction is not None and not isinstance(config.reduction, str):
+        refuse("reduction", "a registered name (a str) or None", config.reduction,
+               wrong_type=True)
+    if not isinstance(config.options, (tuple, list)):
+        refuse("options", "(name, value) pairs", config.options, wrong_type=True)
+
+
+def _check_warmup_densities(stages: Any) -> None:
+    """A tuple or list of densities, each in (0, 1]."""
+    if not isinstance(stages, (tuple, list)):
+        refuse("warmup_densities", "a tuple of densities in (0, 1]", stages,
+               "e.g. warmup_densities=gtopk_hvd.compression.DGC_WARMUP", wrong_type=True)
+    for stage, density in enumerate(stages):
+        check_number(f"warmup_densities[{stage}] (a warm-up density)", density, 0.0, 1.0,
+                     low_open=True, fix="each stage's density, e.g. DGC_WARMUP")
+
+
 _FIELDS = frozenset(SparseCompression.__dataclass_fields__) - {"options"}
+_FIXED_BY_CHOICE = ("scheme", "sparsifier", "reduction", "exact")
 
 
 def sparse_config(reduction: str | None, density: float, *, scheme_options: bool = False,
-                  **options: Any) -> SparseCompression:
+                  choice: str | None = None, **options: Any) -> SparseCompression:
     """A SparseCompression from keyword options, the one place every adapter makes one:
     `selection=` is taken as `granularity`'s older name; with scheme_options, options that are
-    not fields are the scheme's own (checked by the scheme where the step is built), else they
-    are refused (TypeError, as for any unknown keyword)."""
+    not fields are the scheme's own (checked against the scheme's `option_names`), else they
+    are refused (OptionTypeError, a TypeError, as for any unknown keyword). choice: what the
+    user called, for the messages (default: the Compression method of `reduction`)."""
     if "selection" in options:
         if "granularity" in options:
-            raise ValueError("give granularity= or its older name selection=, not both")
+            raise OptionError("gtopk_hvd: give granularity= or its older name selection=, "
+                              f"not both (got granularity={options['granularity']!r}, "
+                              f"selection={options['selection']!r}); keep granularity=")
         options["granularity"] = options.pop("selection")
-    own = ()
-    if scheme_options:
-        own = tuple(sorted((name, value) for name, value in options.items()
-                           if name not in _FIELDS))
-        options = {name: value for name, value in options.items() if name in _FIELDS}
+    own = tuple(sorted((name, value) for name, value in options.items() if name not in _FIELDS))
+    if own and not scheme_options:
+        _refuse_unknown_option(own[0], choice or _method_of(reduction))
+    options = {name: value for name, value in options.items() if name in _FIELDS}
     return SparseCompression(reduction, density, **options, options=own)
 
 
+def _method_of(reduction: str | None) -> str:
+    return {"gtopk": "Compression.gtopk", "allgather": "Compression.topk"}.get(
+        reduction, "Compression.sparse")
+
+
+def _refuse_unknown_option(option: tuple[str, Any], choice: str) -> None:
+    """OptionTypeError: `choice` (a select-reduce choice) has no option named option[0]."""
+    from gtopk_hvd.schemes import options_owners
+
+    name, value = option
+    owners = options_owners(name)
+    fix = (f"{name} is an option of {', '.join(owners)}: "
+           f"{call_for(owners[0], f'density, {name}={value!r}')}"
+           if owners else "check its spelling")
+    fixed = set(_FIXED_BY_CHOICE) - ({"exact"} if choice == "Compression.gtopk" else set())
+    if choice == "Compression.sparse":
+        fixed = {"scheme"}
+    allowed = sorted(_FIELDS - fixed - {"density"})
+    raise OptionTypeError(
+        f"gtopk_hvd: {choice} has no option {name} (got {name}={value!r}); its options are: "
+        f"{', '.join(allowed)}; {fix}")
+
+
+def _refuse_fixed(option: str, value: Any, choice: str, scheme: str, fix: str) -> None:
+    """OptionError: `choice` fixes `option` (it is the scheme `scheme`)."""
+    refuse(option, f"left out of {choice} (the scheme {scheme!r} fixes it)", value, fix)
+
+
+def _preset(name: str, density: float, options: dict[str, Any], choice: str
+            ) -> SparseCompression:
+    """One of PRESETS, refusing the options it fixes (exact: only gTop-k takes it)."""
+    for option in _FIXED_BY_CHOICE:
+        if option not in options or (option == "exact" and name == "gtopk"):
+            continue
+        value = options[option]
+        if option == "exact":
+            fix = (f"{_ALREADY_EXACT[name]}; exact=True is gTop-k's: "
+                   "Compression.gtopk(density, exact=True) or Compression.scheme('gtopk-exact', "
+                   "density)") if name != "gtopk-exact" else (
+                f"{_ALREADY_EXACT[name]}; plain gTop-k is Compression.gtopk(density)")
+        elif option == "scheme":
+            fix = f"for {value!r} use {call_for(value, 'density, ...')}"
+        else:
+            fix = (f"for another {option} use Compression.sparse(density, {option}={value!r}, "
+                   "...) (the registered sparsifier, then the registered reduction)")
+        _refuse_fixed(option, value, choice, name, fix)
+    fixed = dict(PRESETS[name])
+    if name == "gtopk":
+        fixed["exact"] = options.pop("exact", False)
+    return sparse_config(fixed.pop("reduction"), density, choice=choice, **options, **fixed)
+
+
 class Compression:
-    """The namespace users pass as `compression=` (mirrors horovod.*.Compression)."""
+    """The namespace users pass as `compression=` (mirrors horovod.*.Compression). Every
+    option is checked when the choice is made (`SparseCompression`)."""
 
     none = DenseCompression("none")
     fp16 = DenseCompression("fp16")
 
     @staticmethod
     def topk(density: float, **options: Any) -> SparseCompression:
-        """Top-k S-SGD (all-gather of local top-k sets). Options: see the module docstring."""
-        return sparse_config("allgather", density, **options)
+        """Top-k S-SGD (all-gather of local top-k sets), the scheme "topk". Options: see the
+        module docstring (not exact, sparsifier, reduction or scheme: Top-k fixes them)."""
+        return _preset("topk", density, options, "Compression.topk")
 
     @staticmethod
     def gtopk(density: float, **options: Any) -> SparseCompression:
-        """gTop-k S-SGD (global top-k by recursive doubling). Options: module docstring."""
-        return sparse_config("gtopk", density, **options)
+        """gTop-k S-SGD (global top-k by recursive doubling), the scheme "gtopk" ("gtopk-exact"
+        with exact=True). Options: module docstring (not sparsifier, reduction or scheme)."""
+        return _preset("gtopk", density, options, "Compression.gtopk")
 
     @staticmethod
     def sparse(density: float, sparsifier: str = "topk", reduction: str | None = None,
                **options: Any) -> SparseCompression:
         """A registered selection rule with a registered reduction (default: the one the
         sparsifier names, e.g. "randomk" -> "allreduce"). Options: module docstring."""
-        return sparse_config(reduction, density, **options, sparsifier=sparsifier)
+        if "scheme" in options:
+            _refuse_fixed("scheme", options["scheme"], "Compression.sparse", SELECT_REDUCE,
+                          f"use Compression.scheme({options['scheme']!r}, density, ...)")
+        return sparse_config(reduction, density, choice="Compression.sparse", **options,
+                             sparsifier=sparsifier)
 
     @staticmethod
     def micro(density: float, threshold: float | None = None, controller: str = "histogram",
@@ -217,8 +364,8 @@ class Compression:
         """MiCRO (`gtopk_hvd.schemes.micro`): threshold = the start (None: measured at the
         first step), controller = "histogram" (ours) or "multiplicative" (the authors').
         Other options: module docstring (momentum correction and warm-up apply)."""
-        return Compression.scheme("micro", density, threshold=threshold,
-                                  controller=controller, **options)
+        return _registered("micro", density, options, threshold=threshold,
+                           controller=controller)
 
     @staticmethod
     def exdyna(density: float, threshold: float | None = None, controller: str = "histogram",
@@ -226,23 +373,52 @@ class Compression:
         """ExDyna (`gtopk_hvd.schemes.exdyna`): MiCRO's options, plus `blocks` (the number of
         fine blocks) and `balance` (the count imbalance, as a fraction of the mean, that moves
         a boundary by one block)."""
-        return Compression.scheme("exdyna", density, threshold=threshold,
-                                  controller=controller, blocks=blocks, balance=balance,
-                                  **options)
+        return _registered("exdyna", density, options, threshold=threshold,
+                           controller=controller, blocks=blocks, balance=balance)
 
     @staticmethod
     def sketch(density: float, rows: int = 5, columns: int | None = None,
                second_round: bool = True, **options: Any) -> SparseCompression:
         """Sketched SGD (`gtopk_hvd.schemes.sketch`): a rows x columns count sketch (columns
         None: 10 k), and the second round of exact values (True) or the sketch's estimates."""
-        return Compression.scheme("sketch", density, rows=rows, columns=columns,
-                                  second_round=second_round, **options)
+        return _registered("sketch", density, options, rows=rows, columns=columns,
+                           second_round=second_round)
 
     @staticmethod
     def scheme(name: str, density: float, **options: Any) -> SparseCompression:
-        """A registered scheme (`gtopk_hvd.schemes`) by name; options that are not fields of
-        SparseCompression are the scheme's own. Options: module docstring."""
-        return sparse_config(None, density, scheme_options=True, **options, scheme=name)
+        """A scheme by name: one of SCHEME_NAMES (the same configuration as its method, e.g.
+        Compression.scheme("gtopk-exact", d) is Compression.gtopk(d, exact=True)), another
+        registered scheme (`gtopk_hvd.schemes`), or "select-reduce" (an alias of
+        Compression.sparse); options that are not fields of SparseCompression are the
+        scheme's own. Options: module docstring."""
+        if not isinstance(name, str):
+            refuse("scheme name", f"{', '.join(map(repr, SCHEME_NAMES))} or another registered "
+                   "name", name, wrong_type=True)
+        if name in PRESETS:
+            return _preset(name, density, options, f"Compression.scheme({name!r}, ...)")
+        if name == SELECT_REDUCE:
+            return Compression.sparse(density, **options)
+        return _registered(name, density, options)
+
+
+_OWN_DEFAULTS = {"threshold": None, "controller": "histogram", "blocks": 1024, "balance": 0.05,
+                 "rows": 5, "columns": None, "second_round": True}
+"""The defaults of Compression.micro / .exdyna / .sketch's own arguments: left out of the
+configuration, so that Compression.micro(d) == Compression.scheme("micro", d)."""
+
+
+def _registered(name: str, density: float, options: dict[str, Any], **own: Any
+                ) -> SparseCompression:
+    """A registered scheme's configuration (`scheme` may not be given again; own options at
+    their defaults, of the default's type, are left out)."""
+    own = {option: value for option, value in own.items()
+           if not (type(value) is type(_OWN_DEFAULTS[option]) and value == _OWN_DEFAULTS[option])}
+    choice = choice_for(name)
+    if "scheme" in options:
+        _refuse_fixed("scheme", options["scheme"], choice, name,
+                      f"use Compression.scheme({options['scheme']!r}, density, ...)")
+    return sparse_config(None, density, scheme_options=True, choice=choice, **own, **options,
+                         scheme=name)
 
 
 def compression_for(framework: str) -> type[Compression]:

@@ -55,6 +55,8 @@ MODELS = {  # parameters of well-known models, for --params
     "lstm-lm": 3_623_186,  # examples/pytorch_lm.py at its defaults
 }
 SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+"""The schemes modelled, by their names (`gtopk_hvd.compression.SCHEME_NAMES`, and "dense";
+random-k is not modelled)."""
 SKETCH_ROWS, SKETCH_COLUMNS_PER_K = 5, 10  # Compression.sketch's defaults
 MEASURE_AT_MOST = 1 << 25
 
@@ -187,7 +189,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="each scheme's achieved share of the link rate, fitted on emulated "
                              "links (results/links_scale/model.json; default: the full rate)")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES,
-                        default=["dense", "topk", "gtopk", "micro"])
+                        default=["dense", "topk", "gtopk", "micro"],
+                        help="the schemes to predict, by the names Compression.scheme takes "
+                             "(and dense)")
     args = parser.parse_args(argv)
     if not 0.0 < args.density <= 1.0:
         parser.error("--density must be in (0, 1]")

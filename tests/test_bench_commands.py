@@ -36,7 +36,8 @@ def test_bench_topk_prints_its_ratios_and_simd_level() -> None:
                    "--torch-repeats", "1", "--device", "cpu")
     assert f"CPU SIMD: {_C.simd_level()} (ours, float32)" in output, output
     row = next(line.split() for line in output.splitlines() if line.startswith("cpu "))
-    assert row[1:3] == ["200,000", "200"] and len(row) == 10, output
+    assert row[1:3] == ["200,000", "200"] and len(row) == 12, output
+    assert "hint ms: ours given threshold_hint" in output and " ours (" in output, output
 
 
 def test_bench_select_prints_every_pass_and_its_selected_count() -> None:

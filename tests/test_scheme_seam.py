@@ -157,12 +157,13 @@ def test_the_schemes_own_state_is_saved_and_restored_with_the_step() -> None:
     np.testing.assert_array_equal(second.residual, first.residual)
 
 
-def test_a_schemes_options_are_checked_where_the_step_is_built() -> None:
-    with pytest.raises(ValueError, match=r"has no options \['shares'\]"):
+def test_a_schemes_options_are_checked_when_the_configuration_is_made() -> None:
+    with pytest.raises(ValueError, match=r"has no option shares \(got shares=0.5\); the "
+                                         r"options of scheme 'test-partition-union' are: share"):
         check_config(Compression.scheme("test-partition-union", 0.1, shares=0.5))
     with pytest.raises(ValueError, match="share must be in"):
         check_config(Compression.scheme("test-partition-union", 0.1, share=2.0))
-    with pytest.raises(ValueError, match="unknown scheme 'nope'"):
+    with pytest.raises(ValueError, match="scheme must be one of 'gtopk', .*got str 'nope'"):
         check_config(Compression.scheme("nope", 0.1))
     with pytest.raises(TypeError):  # the built-in choices take no unknown keyword
         Compression.gtopk(0.1, shares=0.5)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from helpers.mpi_launcher import run_mpi
 from helpers.reference import gtopk_schedule_reference, magnitude_order, topk_reference
-from helpers.thread_transport import ThreadGroup, ThreadTransport
+from helpers.thread_transport import ThreadGroup
 
 import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd.compression import Compression
@@ -385,25 +385,24 @@ def test_micro_bytes_follow_the_formula() -> None:
 
 
 @pytest.mark.parametrize("option, message", [
-    ({"threshold": -1.0}, "threshold must be a positive number"),
-    ({"controller": "pid"}, "controller must be one of"),
-    ({"granularity": "bucket"}, "granularity='model'"),
-    ({"wire_dtype": "float16"}, "wire_dtype='float32'"),
+    ({"threshold": -1.0}, r"threshold must be a finite number > 0 or None, got float -1.0"),
+    ({"controller": "pid"}, "controller must be one of 'histogram', 'multiplicative', got str"),
+    ({"granularity": "bucket"}, "granularity must be 'model' for scheme 'micro'"),
+    ({"wire_dtype": "float16"}, "wire_dtype must be 'float32' for scheme 'micro'"),
 ])
-def test_bad_micro_options_are_refused_where_the_step_is_built(option: dict, message: str
-                                                                ) -> None:
+def test_bad_micro_options_are_refused_when_the_configuration_is_made(option: dict,
+                                                                       message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SparseStep(Compression.micro(0.01, **option), [100], ThreadTransport(ThreadGroup(1), 0))
+        Compression.micro(0.01, **option)
 
 
 def test_bad_sketch_and_exdyna_options_are_refused() -> None:
-    transport = ThreadTransport(ThreadGroup(1), 0)
-    with pytest.raises(ValueError, match="rows must be a positive integer"):
-        SparseStep(Compression.sketch(0.01, rows=0), [100], transport)
-    with pytest.raises(ValueError, match="blocks must be a positive integer"):
-        SparseStep(Compression.exdyna(0.01, blocks=0), [100], transport)
-    with pytest.raises(ValueError, match="balance must be in"):
-        SparseStep(Compression.exdyna(0.01, balance=1.5), [100], transport)
+    with pytest.raises(ValueError, match="rows must be an integer >= 1, got int 0"):
+        Compression.sketch(0.01, rows=0)
+    with pytest.raises(ValueError, match="blocks must be an integer >= 1, got int 0"):
+        Compression.exdyna(0.01, blocks=0)
+    with pytest.raises(ValueError, match=r"balance must be a number in \[0, 1\), got float 1.5"):
+        Compression.exdyna(0.01, balance=1.5)
     with pytest.raises(ValueError, match="exact must be True or False"):
         Compression.gtopk(0.01, exact="yes")
 

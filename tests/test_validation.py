@@ -13,7 +13,8 @@ from gtopk_hvd.transports.mpi import default_transport
     ({"density": 0.0}, "density"), ({"density": 2.0}, "density"),
     ({"density": 0.1, "wire_dtype": "float64"}, "wire_dtype"),
     ({"density": 0.1, "selection": "layer"}, "selection"),
-    ({"density": 0.1, "warmup_densities": (0.5, 0.0), "warmup_steps": 3}, "warmup density"),
+    ({"density": 0.1, "warmup_densities": (0.5, 0.0), "warmup_steps": 3},
+     r"warmup_densities\[1\]"),
     ({"density": 0.1, "momentum": 1.0}, "momentum"),
 ])
 def test_bad_hyper_parameters_are_named(options: dict, message: str) -> None:

@@ -27,11 +27,14 @@ MODELS = {"resnet20": 269_722, "vgg16": 14_728_266, "resnet50": 25_557_032}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS),
+                        help="models whose parameter count d is exchanged")
+    parser.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01],
+                        help="k / d")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each exchange")
     parser.add_argument("--wire-dtype", default="float32", choices=["float32", "float16",
-                                                                    "bfloat16"])
+                                                                    "bfloat16"],
+                        help="the sparse values' dtype on the wire")
     parser.add_argument("--transport", default="mpi", choices=LAUNCHABLE,
                         help="how the workers communicate (start them with its launcher)")
     parser.add_argument("--json", metavar="PATH", default=None,

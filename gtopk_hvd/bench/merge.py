@@ -24,11 +24,11 @@ RESNET50 = 25_557_032
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[25_557, 255_570, 2_555_703],
-                        help="entries per set (default: ResNet-50 at density 0.001, 0.01, 0.1)")
+                        help="entries per set (ResNet-50 at density 0.001, 0.01, 0.1)")
     parser.add_argument("--d", type=int, default=RESNET50, help="index range")
     parser.add_argument("--overlap", type=float, default=0.0,
                         help="fraction of b's indices that are also in a")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each merge")
 
 
 def make_sets(k: int, d: int, overlap: float,

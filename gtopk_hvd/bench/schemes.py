@@ -36,6 +36,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -47,24 +48,19 @@ from gtopk_hvd.reductions import dense_allreduce
 from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
-SCHEMES = {
-    "dense": None,
-    "topk": lambda density: Compression.topk(density),
-    "gtopk": lambda density: Compression.gtopk(density),
-    "gtopk-exact": lambda density: Compression.gtopk(density, exact=True),
-    "micro": lambda density: Compression.micro(density),
-    "exdyna": lambda density: Compression.exdyna(density),
-    "sketch": lambda density: Compression.sketch(density),
-}
+SCHEMES = {"dense": None, **{name: partial(Compression.scheme, name) for name in (
+    "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")}}
+"""The schemes by their names (`gtopk_hvd.compression.SCHEME_NAMES`; random-k has no formula
+here), each made by `Compression.scheme(name, density)`."""
 LATENCY_REPEATS = 200
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parameters", type=int, default=1_000_000, help="d")
-    parser.add_argument("--density", type=float, default=0.001)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--density", type=float, default=0.001, help="k / d")
+    parser.add_argument("--steps", type=int, default=6, help="steps per scheme")
     parser.add_argument("--schemes", nargs="+", default=[s for s in SCHEMES if s != "dense"],
-                        choices=list(SCHEMES))
+                        choices=list(SCHEMES), help="the schemes, by their names")
     parser.add_argument("--k-sets", metavar="NPZ", default=None,
                         help="each worker's recorded gradient (simulated_cluster.py "
                              "--record-k-sets) instead of a random one; d from the file")

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--density", type=float, default=0.001, help="k / d")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 16],
                         help="P of the MiCRO rows (worker 0's partition is d / P values)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each pass")
     parser.add_argument("--sketch", action="store_true",
                         help="also time sketched SGD's sketch and recovery (slow: numpy)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

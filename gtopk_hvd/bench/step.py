@@ -35,10 +35,13 @@ PHASES = ("check", "select", "communicate", "merge", "write")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--parameters", type=int, default=RESNET50)
-    parser.add_argument("--tensors", type=int, default=161)
-    parser.add_argument("--density", type=float, default=0.001)
-    parser.add_argument("--scheme", choices=["gtopk", "topk"], default="gtopk")
+    parser.add_argument("--parameters", type=int, default=RESNET50,
+                        help="d, the model's parameter count (ResNet-50's)")
+    parser.add_argument("--tensors", type=int, default=161,
+                        help="parameters tensors d is split into (ResNet-50's)")
+    parser.add_argument("--density", type=float, default=0.001, help="k / d")
+    parser.add_argument("--scheme", choices=["gtopk", "topk"], default="gtopk",
+                        help="the sparse scheme, by its name")
     parser.add_argument("--nonfinite", choices=["propagate", "raise"], default="propagate",
                         help="the compression's non-finite rule (raise: no check per step)")
     parser.add_argument("--steps", type=int, default=10, help="timed iterations (after 2 more)")

@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from gtopk_hvd.transports import Transport
 
+SPREAD_WARNING = 0.25
+"""A read pass whose repeats spread by more than this share of their median (min to max) marks
+the machine as loaded."""
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1,
-                   synchronize: Callable[[], None] = lambda: None) -> float:
-    """Median wall time of fn() over `repeats` runs after `warmup` runs."""
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall times of the repeats of one call: their median, fastest and slowest."""
+
+    median: float
+    low: float
+    high: float
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median: 0 on a quiet machine, large on a loaded one."""
+        return (self.high - self.low) / self.median if self.median > 0 else 0.0
+
+
+def timed(fn: Callable[[], object], repeats: int, warmup: int = 1,
+          synchronize: Callable[[], None] = lambda: None) -> Timing:
+    """Wall times of fn() over `repeats` runs after `warmup` runs."""
     for _ in range(warmup):
         fn()
     synchronize()
@@ -23,7 +43,31 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1,
         fn()
         synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return Timing(statistics.median(times), min(times), max(times))
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1,
+                   synchronize: Callable[[], None] = lambda: None) -> float:
+    """Median wall time of fn() over `repeats` runs after `warmup` runs."""
+    return timed(fn, repeats, warmup, synchronize).median
+
+
+def load_warning(read: Timing | None = None) -> str | None:
+    """A warning when the machine looks loaded (the 1-minute load average above the cores
+    this process may use, or the read pass's repeats spread by more than SPREAD_WARNING of
+    their median), else None: absolute times then drift, ratios less so."""
+    reasons = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > cores:
+        reasons.append(f"the load average ({load:.1f}) exceeds the {cores} cores")
+    if read is not None and read.spread > SPREAD_WARNING:
+        reasons.append(f"the read pass's repeats spread by {read.spread:.0%} of their median")
+    if not reasons:
+        return None
+    return (f"warning: the machine looks loaded ({'; '.join(reasons)}): the times are "
+            "unreliable; rerun on a quiet machine, or read the ratios only")
 
 
 def barrier(transport: Transport) -> None:

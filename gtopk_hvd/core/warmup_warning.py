@@ -26,15 +26,28 @@ _density_warning_issued = False
 
 
 def density_warning_text(compression: SparseCompression) -> str:
-    """The warning for an aggressive density without protection (names the fixes)."""
+    """The warning for an aggressive density without protection (names the fixes, and what of
+    the warm-up is missing)."""
     return (f"gtopk_hvd: density {compression.density:g} is below "
-            f"{WARMUP_DENSITY_THRESHOLD:g} with no warm-up (warmup_steps=0) and no momentum "
+            f"{WARMUP_DENSITY_THRESHOLD:g} with {missing_warmup(compression)} and no momentum "
             "correction: accuracy can drop silently (digits CNN, 4 workers, 30 epochs: gTop-k "
             "at 0.001 reached 0.750 test accuracy against 0.983 dense; 0.961 with momentum "
             "correction, 0.861 with the warm-up alone). Add a warm-up: warmup_steps=<steps per "
             "stage>, warmup_densities=gtopk_hvd.compression.DGC_WARMUP (DGC's exponentially "
             "decreasing density), and/or momentum_correction=True (with an optimizer without "
             "momentum of its own). This warning is shown once per process.")
+
+
+def missing_warmup(compression: SparseCompression) -> str:
+    """Why the warm-up is off, naming what is missing (warmup_steps, warmup_densities)."""
+    steps, stages = compression.warmup_steps, compression.warmup_densities
+    if steps and not stages:
+        return (f"no warm-up (warmup_steps={steps} but no warmup_densities: the warm-up has no "
+                "stages)")
+    if stages and not steps:
+        return (f"no warm-up (warmup_densities={tuple(stages)} but warmup_steps=0: each stage "
+                "lasts no step)")
+    return "no warm-up (warmup_steps=0 and no warmup_densities)"
 
 
 def needs_warmup_warning(compression: object) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gtopk_hvd.options import check_integer, check_number
 from gtopk_hvd.schemes.base import SCHEMES
 from gtopk_hvd.schemes.micro import Micro
 
@@ -35,13 +36,11 @@ class ExDyna(Micro):
     def check(cls, config: Any) -> None:
         super().check(config)
         options = dict(config.options)
-        blocks = options.get("blocks", 1024)
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-            raise ValueError(f"blocks must be a positive integer, got {blocks!r}")
-        balance = options.get("balance", 0.05)
-        if isinstance(balance, bool) or not isinstance(balance, (int, float)) or not (
-                0 <= balance < 1):
-            raise ValueError(f"balance must be in [0, 1), got {balance!r}")
+        check_integer("blocks", options.get("blocks", 1024), 1,
+                      fix="the number of fine blocks the partitions are made of (default 1024)")
+        check_number("balance", options.get("balance", 0.05), 0.0, 1.0, high_open=True,
+                     fix="the count imbalance, as a fraction of the mean, that moves a boundary "
+                         "(default 0.05)")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -40,6 +40,7 @@ import numpy as np
 import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at, sum_counted
@@ -55,12 +56,12 @@ class Micro(Scheme):
         check_fused_float32(config)
         options = dict(config.options)
         start = options.get("threshold")
-        if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float))
-                                  or not 0 < start < math.inf):
-            raise ValueError(f"threshold must be a positive number or None, got {start!r}")
-        if options.get("controller", "histogram") not in control.CONTROLLERS:
-            raise ValueError(f"controller must be one of {control.CONTROLLERS}, "
-                             f"got {options.get('controller')!r}")
+        if start is not None and not (is_number(start) and 0 < start < math.inf):
+            refuse("threshold", "a finite number > 0 or None", start,
+                   "the first step's threshold (a magnitude); None (the default) measures it "
+                   "at the first step", wrong_type=not is_number(start))
+        check_choice("controller", options.get("controller", "histogram"), control.CONTROLLERS,
+                     fix="'histogram' (ours, the default) or the authors' 'multiplicative'")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -32,6 +32,7 @@ import numpy as np
 
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.options import one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import sum_at
@@ -52,12 +53,16 @@ class SelectReduce(Scheme):
         name = reduction_name(config)
         reduction = REDUCTIONS.get(name)
         if reduction.needs_shared_indices and not sparsifier.shared_indices:
-            raise ValueError(f"reduction {name!r} sends no indices, so it needs a "
-                             f"sparsifier that picks the same ones on every worker; "
-                             f"{config.sparsifier!r} does not")
+            refuse("reduction", f"one that sends indices with sparsifier "
+                   f"{config.sparsifier!r}, which does not pick the same ones on every worker",
+                   name, f"reduction {name!r} sends no indices, so it needs a sparsifier that "
+                   "picks the same ones on every worker (e.g. 'randomk'), or use 'gtopk' / "
+                   "'allgather'")
         if config.wire_dtype not in reduction.wire_dtypes:
-            raise ValueError(f"reduction {name!r} sends values as "
-                             f"{reduction.wire_dtypes}, not wire_dtype={config.wire_dtype!r}")
+            refuse("wire_dtype", f"{one_of(reduction.wire_dtypes)} with reduction {name!r}",
+                   config.wire_dtype,
+                   "leave wire_dtype out, or use gTop-k (reduction 'gtopk'), which sends "
+                   "float16 and bfloat16")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

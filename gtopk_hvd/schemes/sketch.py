@@ -38,6 +38,7 @@ import numpy as np
 
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.options import check_flag, check_integer
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import check_fused_float32, sum_at, sum_counted
@@ -116,14 +117,14 @@ class Sketch(Scheme):
     def check(cls, config: Any) -> None:
         check_fused_float32(config)
         options = dict(config.options)
-        for name in ("rows", "columns"):
-            value = options.get(name, 5 if name == "rows" else None)
-            if value is None and name == "columns":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(options.get("second_round", True), bool):
-            raise ValueError("second_round must be True or False")
+        check_integer("rows", options.get("rows", 5), 1,
+                      fix="the count sketch's rows (default 5; odd is best)")
+        if options.get("columns") is not None:
+            check_integer("columns", options["columns"], 1,
+                          fix="the count sketch's columns, or None (the default): 10 k")
+        check_flag("second_round", options.get("second_round", True),
+                   fix="True (the default): exact values of the heavy hitters; False: the "
+                       "sketch's estimates")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd.backend import ArrayBackend
+from gtopk_hvd.options import refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.transports.base import Transport
 
@@ -32,11 +33,12 @@ def check_fused_float32(config: Any) -> None:
     and sends float32 values: what the union schemes need."""
     name = config.scheme
     if config.granularity != "model":
-        raise ValueError(f"scheme {name!r} works on the fused gradient: it needs "
-                         f"granularity='model', got {config.granularity!r}")
+        refuse("granularity", f"'model' for scheme {name!r}, which works on the fused "
+               "gradient", config.granularity, "leave granularity out (it is 'model' by default)")
     if config.wire_dtype != "float32":
-        raise ValueError(f"scheme {name!r} sums float32 values: it needs "
-                         f"wire_dtype='float32', got {config.wire_dtype!r}")
+        refuse("wire_dtype", f"'float32' for scheme {name!r}, which sums float32 values",
+               config.wire_dtype, "leave wire_dtype out, or use gTop-k (Compression.gtopk), "
+               "which sends float16 and bfloat16")
 
 
 def gather_indices(transport: Transport, mine: np.ndarray, stats: ReductionStats

@@ -85,8 +85,9 @@ import torch
 import torch.distributed as dist
 
 from gtopk_hvd import ops
-from gtopk_hvd.compression import SparseCompression, sparse_config
+from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
 from gtopk_hvd.core import SparseStep, StepStats, count_nonfinite_workers
+from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
@@ -116,7 +117,8 @@ class GTopkHookState:
     each bucket as a whole, "bucket" each parameter's share. start_iter: DDP iterations of plain
     all-reduce before the sparse steps (>= 2). transport: what the sparse reductions run on: a
     gtopk_hvd Transport, a registered name ("torch", "mpi", "horovod": `gtopk_hvd.transports`),
-    or None (the default: torch.distributed over process_group); its workers must be the
+    or None (the default: torch.distributed over process_group; for NCCL, make that group with
+    backend="nccl": "torch" / None is how the hook runs on NCCL); its workers must be the
     process group's (the same rank and size), or the first hook call raises (the constructor
     already, for a Transport object once torch.distributed is initialised).
 
@@ -160,18 +162,25 @@ class GTopkHookState:
                  **options: Any) -> None:
         if compression is None:
             compression = sparse_config(reduction or "gtopk",
-                                        0.01 if density is None else density, **options)
+                                        0.01 if density is None else density,
+                                        choice="GTopkHookState", **options)
         elif not isinstance(compression, SparseCompression):
-            raise TypeError(f"compression must be a sparse one (Compression.gtopk, .topk or "
-                            f".sparse), got {compression!r}; for dense gradients register no "
-                            "hook (DDP's own all-reduce)")
+            raise OptionTypeError(message(
+                "compression", "a sparse choice: Compression.gtopk, .topk, .sparse, .micro, "
+                ".exdyna, .sketch or .scheme(name, density) (names: "
+                f"{', '.join(SCHEME_NAMES)})", compression,
+                "for dense gradients register no hook (DDP's own all-reduce)"))
         elif density is not None or reduction is not None or options:
-            raise ValueError("give either compression= or density / reduction / options, "
-                             "not both")
+            given = [name for name, value in (("density", density), ("reduction", reduction))
+                     if value is not None] + sorted(options)
+            raise OptionError(f"gtopk_hvd: give either compression= or density / reduction / "
+                              f"options, not both (got compression={compression!r} and "
+                              f"{', '.join(given)}); put the options into the compression, "
+                              "e.g. Compression.gtopk(0.01, momentum_correction=True)")
         check_config(compression)
-        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
-            raise ValueError(f"start_iter must be an integer >= 2 (DDP rebuilds its buckets "
-                             f"after the first iteration), got {start_iter!r}")
+        check_integer("start_iter", start_iter, 2,
+                      fix="DDP rebuilds its buckets after the first iteration, so the sparse "
+                          "steps start at iteration 2 at the earliest")
         _check_transport_argument(transport)
         self.process_group = process_group
         self.transport = transport
@@ -502,14 +511,34 @@ def _done(buffer: torch.Tensor) -> torch.futures.Future:
     return future
 
 
+HOOK_TRANSPORTS = ("torch", "mpi", "horovod")
+"""The registered transport names that can serve the DDP hook ("local" is the simulated
+cluster's threads, not a process group's workers)."""
+
+TORCH_BACKENDS = ("nccl", "gloo", "ucc", "mpi", "cuda", "cpu")
+
+
 def _check_transport_argument(transport: Any) -> None:
+    """None, a Transport, or a name in HOOK_TRANSPORTS; a torch.distributed backend's name
+    (e.g. "nccl") is told to use "torch" over a process group of that backend."""
     if transport is None or isinstance(transport, Transport):
         return
-    if isinstance(transport, str):
-        TRANSPORTS.get(transport)  # raises for an unknown name, listing the known ones
+    allowed = ("None (the default: torch.distributed over the process group), "
+               f"{', '.join(map(repr, HOOK_TRANSPORTS))} or a gtopk_hvd Transport")
+    if not isinstance(transport, str):
+        refuse("transport", allowed, transport, wrong_type=True)
+    if transport in HOOK_TRANSPORTS:
+        TRANSPORTS.get(transport)
         return
-    raise TypeError(f"transport must be a gtopk_hvd Transport, one of the names "
-                    f"{TRANSPORTS.names()} or None, got {type(transport).__name__}")
+    fix = "unknown transport name"
+    if transport.lower() in TORCH_BACKENDS and transport != "mpi":
+        fix = (f"{transport!r} is a torch.distributed backend, not a transport: NCCL (or Gloo) "
+               "is transport=\"torch\" (or None, the default) over a process group made with "
+               f"dist.init_process_group(backend={transport.lower()!r})")
+    elif transport == "local":
+        fix = ("'local' is the simulated cluster's threads (gtopk_hvd.transports.local), which "
+               "cannot serve a DDP process group's workers")
+    refuse("transport", allowed, transport, fix)
 
 
 def _layout(bucket: Any) -> Layout:
