@@ -380,7 +380,7 @@ py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
 }
 
 // The rows of a count sketch's keys: a C-contiguous uint32 array of shape (rows, 2) with
-// 1 <= rows <= kMaxRows; columns >= 1.
+// 1 <= rows <= kMaxRows; 1 <= columns <= kMaxColumns.
 int sketch_rows(const py::array& keys, int64_t columns) {
     if (!py::isinstance<py::array_t<uint32_t>>(keys) || keys.itemsize() != 4 ||
         keys.ndim() != 2 || keys.shape(1) != 2 || !(keys.flags() & py::array::c_style)) {
@@ -392,8 +392,8 @@ int sketch_rows(const py::array& keys, int64_t columns) {
                               std::to_string(gtopk::sketch::kMaxRows) + " rows, got " +
                               std::to_string(rows));
     }
-    if (columns < 1) {
-        throw py::value_error("a count sketch needs columns >= 1, got " +
+    if (columns < 1 || columns > gtopk::sketch::kMaxColumns) {
+        throw py::value_error("a count sketch needs columns >= 1 and < 2^32, got " +
                               std::to_string(columns));
     }
     return static_cast<int>(rows);
@@ -475,6 +475,7 @@ void bind_types(py::module_& m) {
         .value("int32", IndexType::kInt32)
         .value("int64", IndexType::kInt64);
     m.attr("INT32_INDEX_LIMIT") = gtopk::kInt32IndexLimit;
+    m.attr("SKETCH_MAX_ROWS") = gtopk::sketch::kMaxRows;
     m.def("int32_indices_fit", &gtopk::int32_indices_fit, py::arg("d"),
           "True iff the indices 0 .. d-1 of a dense length d fit in int32 "
           "(d <= INT32_INDEX_LIMIT).");

@@ -187,8 +187,10 @@ def test_bad_arguments_are_refused() -> None:
         ops.sketch_table(gradient, residual, np.zeros((0, 2), np.uint32), 10)
     with pytest.raises(ValueError, match="1 to 64 rows"):
         ops.sketch_table(gradient, residual, sketch_keys(65), 10)
-    with pytest.raises(ValueError, match="columns >= 1"):
+    with pytest.raises(ValueError, match=r"columns >= 1 and < 2\^32"):
         ops.sketch_table(gradient, residual, keys, 0)
+    with pytest.raises(ValueError, match=r"columns >= 1 and < 2\^32"):
+        ops.sketch_table(gradient, residual, keys, 2**32)
     with pytest.raises(TypeError, match="float32"):
         ops.sketch_table(gradient.astype(np.float64), residual.astype(np.float64), keys, 10)
     with pytest.raises(ValueError, match="same length"):
@@ -233,7 +235,8 @@ def test_cuda_table_and_estimates_equal_the_cpu_bits(kind: str, d: int, rows: in
     gradient, residual = vector(kind, d), vector("normal", d)
     cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
     cpu_table = ops.sketch_table(cpu_gradient, cpu_residual, keys, columns, clear)
-    gpu_gradient, gpu_residual = torch.from_numpy(gradient).cuda(), torch.from_numpy(residual).cuda()
+    gpu_gradient = torch.from_numpy(gradient).cuda()
+    gpu_residual = torch.from_numpy(residual).cuda()
     gpu_table = ops.sketch_table(gpu_gradient, gpu_residual, keys, columns, clear)
     assert gpu_table.is_cuda
     assert_bits(gpu_table.cpu().numpy(), cpu_table)

@@ -74,12 +74,29 @@ Extremes accumulate(float* gradient, float* residual, int64_t d, bool clear) {
 // uint64, so that wrapping is defined and the adds commute), and the flags of non-finite terms
 // into flags (only read when the caller saw a non-finite entry). Atomic: relaxed atomic adds
 // into a table that other threads share.
+// Hashes of row (key0, key1) for the n entries from `first`, which lie in one 2^32 span (the
+// blocks start at multiples of 32): buckets, and sign masks (all ones where s_j(i) = -1).
+void hash_row(uint64_t first, int64_t n, uint32_t key0, uint32_t key1, uint32_t columns,
+              uint32_t* bucket, uint64_t* sign_mask) {
+    const uint32_t span0 = sketch::span_key(first, key0), span1 = sketch::span_key(first, key1);
+    const uint32_t low = static_cast<uint32_t>(first);
+    for (int64_t e = 0; e < n; ++e) {
+        const uint32_t lo = low + static_cast<uint32_t>(e);
+        bucket[e] = sketch::bucket_of_word(sketch::mix32(lo ^ span0), columns);
+        sign_mask[e] = uint64_t{0} - (sketch::mix32(lo ^ span1) >> 31);
+    }
+}
+
+// Adds s_j(i) q(i) for i in [begin, end) into sums (rows x columns, int64 as two's-complement
+// uint64, so that wrapping is defined and the adds commute), and the flags of non-finite terms
+// into flags (only when the caller saw a non-finite entry). Atomic: relaxed atomic adds into a
+// table that other threads share.
 template <bool Atomic>
 void add_terms(const float* acc, int64_t begin, int64_t end, const SketchShape& shape,
                double scale, bool nonfinite, uint64_t* sums, uint32_t* flags) {
-    uint64_t q[kStep];
-    int64_t bucket[kStep];
-    bool negate[kStep];
+    uint64_t q[kStep], sign_mask[kStep];
+    uint32_t bucket[kStep];
+    const uint32_t columns = static_cast<uint32_t>(shape.columns);
     for (int64_t b = begin; b < end; b += kStep) {
         const int64_t n = std::min(kStep, end - b);
         for (int64_t e = 0; e < n; ++e) {
@@ -90,15 +107,11 @@ void add_terms(const float* acc, int64_t begin, int64_t end, const SketchShape& 
                           : 0;
         }
         for (int j = 0; j < shape.rows; ++j) {
-            const uint32_t key0 = shape.keys[2 * j], key1 = shape.keys[2 * j + 1];
-            for (int64_t e = 0; e < n; ++e) {
-                const uint64_t i = static_cast<uint64_t>(b + e);
-                bucket[e] = sketch::bucket(i, key0, shape.columns);
-                negate[e] = sketch::negative(i, key1);
-            }
+            hash_row(static_cast<uint64_t>(b), n, shape.keys[2 * j], shape.keys[2 * j + 1],
+                     columns, bucket, sign_mask);
             uint64_t* row = sums + j * shape.columns;
             for (int64_t e = 0; e < n; ++e) {
-                const uint64_t term = negate[e] ? uint64_t{0} - q[e] : q[e];
+                const uint64_t term = (q[e] ^ sign_mask[e]) - sign_mask[e];  // -q where masked
                 if constexpr (Atomic) {
                     __atomic_fetch_add(&row[bucket[e]], term, __ATOMIC_RELAXED);
                 } else {
@@ -110,7 +123,8 @@ void add_terms(const float* acc, int64_t begin, int64_t end, const SketchShape& 
                 const float value = acc[b + e];
                 if (key_of(value) < kFloatInfKey) continue;
                 __atomic_fetch_or(&flags[j * shape.columns + bucket[e]],
-                                  sketch::nonfinite_flag(value, negate[e]), __ATOMIC_RELAXED);
+                                  sketch::nonfinite_flag(value, sign_mask[e] != 0),
+                                  __ATOMIC_RELAXED);
             }
         }
     }
@@ -155,18 +169,50 @@ void integer_sums(const float* acc, int64_t d, const SketchShape& shape, double 
     }
 }
 
-// The rows x kEstimateStep row values of entries [begin, begin + n), row-major.
-void gather_rows(const float* table, const SketchShape& shape, int64_t begin, int64_t n,
+// The rows x kEstimateStep row values s_j(i) S[j, h_j(i)] of entries [first, first + n),
+// row-major (first: a multiple of 32, so that the entries lie in one 2^32 span).
+void gather_rows(const float* table, const SketchShape& shape, uint64_t first, int64_t n,
                  float* values) {
+    uint32_t bucket[kEstimateStep];
+    uint64_t sign_mask[kEstimateStep];
     for (int j = 0; j < shape.rows; ++j) {
-        const uint32_t key0 = shape.keys[2 * j], key1 = shape.keys[2 * j + 1];
+        hash_row(first, n, shape.keys[2 * j], shape.keys[2 * j + 1],
+                 static_cast<uint32_t>(shape.columns), bucket, sign_mask);
         const float* row = table + j * shape.columns;
         float* out = values + j * kEstimateStep;
         for (int64_t e = 0; e < n; ++e) {
-            out[e] = sketch::row_value(row, static_cast<uint64_t>(begin + e), key0, key1,
-                                       shape.columns);
+            const float value = row[bucket[e]];
+            out[e] = sign_mask[e] != 0 ? -value : value;
         }
     }
+}
+
+// sketch::median of each of the n columns of values (rows x kEstimateStep), by the same rank
+// rule, 32 entries at a time (the loops over e vectorise; no data-dependent branches).
+void medians(const float* values, int rows, int64_t n, float* out) {
+    float lo[kEstimateStep] = {}, hi[kEstimateStep] = {};
+    bool any_nan[kEstimateStep] = {};
+    int rank[kEstimateStep];
+    for (int j = 0; j < rows; ++j) {
+        const float* v = values + j * kEstimateStep;
+        for (int64_t e = 0; e < n; ++e) {
+            rank[e] = 0;
+            any_nan[e] = any_nan[e] || v[e] != v[e];
+        }
+        for (int m = 0; m < rows; ++m) {
+            const float* other = values + m * kEstimateStep;
+            if (m < j) {
+                for (int64_t e = 0; e < n; ++e) rank[e] += other[e] <= v[e];
+            } else if (m > j) {
+                for (int64_t e = 0; e < n; ++e) rank[e] += other[e] < v[e];
+            }
+        }
+        for (int64_t e = 0; e < n; ++e) {
+            lo[e] = rank[e] == (rows - 1) / 2 ? v[e] : lo[e];
+            hi[e] = rank[e] == rows / 2 ? v[e] : hi[e];
+        }
+    }
+    for (int64_t e = 0; e < n; ++e) out[e] = sketch::median_of_middle(lo[e], hi[e], rows, any_nan[e]);
 }
 
 // est(i) computed into `estimate` as the selection engine reads each block (its first pass
@@ -187,16 +233,13 @@ struct EstimateSource {
         return sketch::median(values, shape.rows);
     }
 
+    // begin: a multiple of the engine's block (256).
     const float* block(int64_t begin, int64_t n) {
         float values[sketch::kMaxRows * kEstimateStep];
-        float column[sketch::kMaxRows];
         for (int64_t s = 0; s < n; s += kEstimateStep) {
             const int64_t m = std::min(kEstimateStep, n - s);
-            gather_rows(table, shape, begin + s, m, values);
-            for (int64_t e = 0; e < m; ++e) {
-                for (int j = 0; j < shape.rows; ++j) column[j] = values[j * kEstimateStep + e];
-                estimate[begin + s + e] = sketch::median(column, shape.rows);
-            }
+            gather_rows(table, shape, static_cast<uint64_t>(begin + s), m, values);
+            medians(values, shape.rows, m, estimate + begin + s);
         }
         return estimate + begin;
     }

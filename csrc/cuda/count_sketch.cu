@@ -38,9 +38,10 @@ struct SketchShape {
 };
 
 SketchShape shape_of(const uint32_t* keys, int rows, int64_t columns, const char* what) {
-    if (rows < 1 || rows > sketch::kMaxRows || columns < 1) {
+    if (rows < 1 || rows > sketch::kMaxRows || columns < 1 || columns > sketch::kMaxColumns) {
         throw std::invalid_argument(std::string("gtopk::cuda::") + what + ": need 1 <= rows <= " +
-                                    std::to_string(sketch::kMaxRows) + " and columns >= 1, got " +
+                                    std::to_string(sketch::kMaxRows) +
+                                    " and 1 <= columns < 2^32, got " +
                                     std::to_string(rows) + " x " + std::to_string(columns));
     }
     SketchShape shape{};

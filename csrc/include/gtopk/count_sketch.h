@@ -35,6 +35,7 @@
 namespace gtopk::sketch {
 
 constexpr int kMaxRows = 64;
+constexpr int64_t kMaxColumns = 0xFFFFFFFFll;  // buckets are 32-bit products' high halves
 constexpr uint32_t kFloatInfKey = 0x7F800000u;  // magnitude key of +-Inf; NaNs are above it
 constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;
 
@@ -49,12 +50,22 @@ GTOPK_HOST_DEVICE uint32_t mix32(uint32_t x) {
     return x ^ (x >> 16);
 }
 
+// key ^ mix32(hi32(i)): what word() xors into lo32(i); the same for every i of one 2^32 span.
+GTOPK_HOST_DEVICE uint32_t span_key(uint64_t i, uint32_t key) {
+    return key ^ mix32(static_cast<uint32_t>(i >> 32));
+}
+
 GTOPK_HOST_DEVICE uint32_t word(uint64_t i, uint32_t key) {
-    return mix32(static_cast<uint32_t>(i) ^ key ^ mix32(static_cast<uint32_t>(i >> 32)));
+    return mix32(static_cast<uint32_t>(i) ^ span_key(i, key));
+}
+
+// (word * columns) >> 32 for columns < 2^32: a 32 x 32 -> 64-bit product (vectorises).
+GTOPK_HOST_DEVICE uint32_t bucket_of_word(uint32_t w, uint32_t columns) {
+    return static_cast<uint32_t>((uint64_t{w} * columns) >> 32);
 }
 
 GTOPK_HOST_DEVICE int64_t bucket(uint64_t i, uint32_t key0, int64_t columns) {
-    return static_cast<int64_t>((uint64_t{word(i, key0)} * static_cast<uint64_t>(columns)) >> 32);
+    return bucket_of_word(word(i, key0), static_cast<uint32_t>(columns));
 }
 
 GTOPK_HOST_DEVICE bool negative(uint64_t i, uint32_t key1) { return (word(i, key1) >> 31) != 0; }
@@ -91,20 +102,33 @@ GTOPK_HOST_DEVICE uint32_t nonfinite_flag(float value, bool negate) {
     return (value > 0.0f) != negate ? kPositiveInf : kNegativeInf;
 }
 
-// The median of v[0..rows) as the header states; sorts v in place (insertion sort: rows is
-// small, and CPU and CUDA run this same code).
-GTOPK_HOST_DEVICE float median(float* v, int rows) {
-    for (int j = 0; j < rows; ++j) {
-        if (v[j] != v[j]) return float_of_bits(kCanonicalNanBits);
-    }
-    for (int j = 1; j < rows; ++j) {
-        const float x = v[j];
-        int m = j;
-        for (; m > 0 && x < v[m - 1]; --m) v[m] = v[m - 1];
-        v[m] = x;
-    }
-    const float middle = rows % 2 == 1 ? v[rows / 2] : (v[rows / 2 - 1] + v[rows / 2]) * 0.5f;
+// The rank of v[j] among v[0..rows) in the order (value, row): #{m < j : v[m] <= v[j]} +
+// #{m > j : v[m] < v[j]}; a permutation of 0..rows-1 when no value is NaN.
+GTOPK_HOST_DEVICE int rank_of(const float* v, int rows, int j) {
+    int rank = 0;
+    for (int m = 0; m < rows; ++m) rank += m < j ? (v[m] <= v[j]) : m > j ? (v[m] < v[j]) : 0;
+    return rank;
+}
+
+// The median from the middle order statistics: lo = rank (rows - 1) / 2, hi = rank rows / 2.
+GTOPK_HOST_DEVICE float median_of_middle(float lo, float hi, int rows, bool any_nan) {
+    if (any_nan) return float_of_bits(kCanonicalNanBits);
+    const float middle = rows % 2 == 1 ? hi : (lo + hi) * 0.5f;
     return middle == 0.0f ? 0.0f : middle;
+}
+
+// The median of v[0..rows) as the header states (ranks, no sorting: CPU and CUDA run this rule;
+// the CPU's block loop is the same rule over 32 entries at a time).
+GTOPK_HOST_DEVICE float median(const float* v, int rows) {
+    float lo = 0.0f, hi = 0.0f;
+    bool any_nan = false;
+    for (int j = 0; j < rows; ++j) {
+        any_nan = any_nan || v[j] != v[j];
+        const int rank = rank_of(v, rows, j);
+        lo = rank == (rows - 1) / 2 ? v[j] : lo;
+        hi = rank == rows / 2 ? v[j] : hi;
+    }
+    return median_of_middle(lo, hi, rows, any_nan);
 }
 
 // s_j(i) S[j, h_j(i)] for row j with keys (key0, key1).

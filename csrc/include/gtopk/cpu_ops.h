@@ -77,7 +77,7 @@ void mark_survivors(const Index* local_index, int64_t n_local, const Index* glob
                     int64_t n_global, uint8_t* survived);
 
 // Count sketch of sketched SGD (hashes, fixed-point sums, median: gtopk/count_sketch.h).
-// keys: rows x 2 uint32 (key0_j, key1_j), 1 <= rows <= sketch::kMaxRows; columns >= 1.
+// keys: rows x 2 uint32 (key0_j, key1_j), 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32.
 //
 // sketch_table: residual += gradient over [0, d) (gradient = 0 too if clear_gradient), and
 // table[j * columns + b] = S[j, b], the count sketch of the accumulated residual, float32.

@@ -82,7 +82,8 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // Count sketch of sketched SGD (gtopk/count_sketch.h): the tables and estimates of
 // cpu::sketch_table and cpu::sketch_select bit for bit (integer sums: the atomics' order does not
 // matter); the accumulated residual too but for NaN payloads. keys: host memory, rows x 2
-// uint32, 1 <= rows <= sketch::kMaxRows; columns >= 1. Neither call synchronises `stream`.
+// uint32, 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32. Neither call synchronises
+// `stream`.
 //
 // sketch_table: residual += gradient (gradient = 0 if clear_gradient), table (rows x columns
 // float32, device) = S of the accumulated residual: one pass over d, one read of d, one pass
