@@ -564,8 +564,9 @@ void bind_cuda(py::module_& m) {
                                               as_pointer(stream),
                                               Workspace{as_pointer(workspace), workspace_bytes});
     });
-    m.def("cuda_sketch_table_workspace_bytes", &gtopk::cuda::sketch_table_workspace_bytes,
-          py::arg("rows"), py::arg("columns"));
+    m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns) {
+        return gtopk::cuda::sketch_table_workspace_bytes(sketch_rows(keys, columns), columns);
+    }, py::arg("keys"), py::arg("columns"), "Workspace bytes of cuda_sketch_table.");
     m.def("cuda_sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d,
                                   const py::array& keys, int64_t columns, bool clear_gradient,
                                   uintptr_t table, uintptr_t stream, uintptr_t workspace,

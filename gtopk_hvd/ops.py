@@ -683,9 +683,9 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
                         f"{residual.dtype}")
     keys = _host_keys(keys)
     device = residual.device
-    table = torch.empty((len(keys), max(columns, 1)), dtype=torch.float32, device=device)
     with _on_device(device):
-        workspace = _workspace(_C.cuda_sketch_table_workspace_bytes(len(keys), columns), device)
+        workspace = _workspace(_C.cuda_sketch_table_workspace_bytes(keys, columns), device)
+        table = torch.empty((len(keys), columns), dtype=torch.float32, device=device)
         _C.cuda_sketch_table(gradient.data_ptr(), residual.data_ptr(), residual.numel(), keys,
                              columns, bool(clear_gradient), table.data_ptr(), _stream(device),
                              workspace.data_ptr(), workspace.numel())
