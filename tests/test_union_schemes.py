@@ -400,6 +400,8 @@ def test_bad_sketch_and_exdyna_options_are_refused() -> None:
     transport = ThreadTransport(ThreadGroup(1), 0)
     with pytest.raises(ValueError, match="rows must be a positive integer"):
         SparseStep(Compression.sketch(0.01, rows=0), [100], transport)
+    with pytest.raises(ValueError, match="rows must be at most 64"):
+        SparseStep(Compression.sketch(0.01, rows=65), [100], transport)
     with pytest.raises(ValueError, match="blocks must be a positive integer"):
         SparseStep(Compression.exdyna(0.01, blocks=0), [100], transport)
     with pytest.raises(ValueError, match="balance must be in"):
