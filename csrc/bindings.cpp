@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gtopk/count_sketch.h"
 #include "gtopk/cpu_ops.h"
 #include "gtopk/histogram_bins.h"
 #include "gtopk/types.h"
@@ -378,6 +379,81 @@ py::array threshold_indices(const py::array& x, int64_t begin, int64_t end,
     });
 }
 
+// The rows of a count sketch's keys: a C-contiguous uint32 array of shape (rows, 2) with
+// 1 <= rows <= kMaxRows; 1 <= columns <= kMaxColumns.
+int sketch_rows(const py::array& keys, int64_t columns) {
+    if (!py::isinstance<py::array_t<uint32_t>>(keys) || keys.itemsize() != 4 ||
+        keys.ndim() != 2 || keys.shape(1) != 2 || !(keys.flags() & py::array::c_style)) {
+        throw py::type_error("keys must be a C-contiguous uint32 array of shape (rows, 2)");
+    }
+    const int64_t rows = keys.shape(0);
+    if (rows < 1 || rows > gtopk::sketch::kMaxRows) {
+        throw py::value_error("a count sketch has 1 to " +
+                              std::to_string(gtopk::sketch::kMaxRows) + " rows, got " +
+                              std::to_string(rows));
+    }
+    if (columns < 1 || columns > gtopk::sketch::kMaxColumns) {
+        throw py::value_error("a count sketch needs columns >= 1 and < 2^32, got " +
+                              std::to_string(columns));
+    }
+    return static_cast<int>(rows);
+}
+
+void require_float32(const py::array& a, const char* name) {
+    if (!py::isinstance<py::array_t<float>>(a) || a.itemsize() != 4) {
+        throw py::type_error(std::string(name) + " must be float32 (the sketch sums float32)");
+    }
+}
+
+py::array_t<float> sketch_table(const py::array& gradient, py::array& residual,
+                                const py::array& keys, int64_t columns, bool clear_gradient) {
+    require_accumulation(gradient, residual, clear_gradient);
+    require_float32(residual, "residual");
+    const int rows = sketch_rows(keys, columns);
+    py::array_t<float> table({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(columns)});
+    float* g = static_cast<float*>(const_cast<void*>(gradient.data()));
+    float* r = static_cast<float*>(residual.mutable_data());
+    const auto* k = static_cast<const uint32_t*>(keys.data());
+    float* out = table.mutable_data();
+    {
+        py::gil_scoped_release release;
+        gtopk::cpu::sketch_table(g, r, residual.shape(0), k, rows, columns, clear_gradient, out);
+    }
+    return table;
+}
+
+py::tuple sketch_select(const py::array& table, const py::array& keys, int64_t columns,
+                        py::array& estimate, int64_t k) {
+    const int rows = sketch_rows(keys, columns);
+    require_contiguous_1d(table, "table");
+    require_float32(table, "table");
+    if (table.shape(0) != rows * columns) {
+        throw py::value_error("the table holds " + std::to_string(table.shape(0)) +
+                              " values, rows x columns = " + std::to_string(rows * columns));
+    }
+    require_contiguous_1d(estimate, "estimate");
+    require_float32(estimate, "estimate");
+    if (!estimate.writeable()) throw py::value_error("estimate must be writeable");
+    require_nonnegative(k);
+    const int64_t d = estimate.shape(0);
+    const int64_t n = std::min(k, d);
+    const auto* t = static_cast<const float*>(table.data());
+    const auto* key_words = static_cast<const uint32_t*>(keys.data());
+    float* est = static_cast<float*>(estimate.mutable_data());
+    py::array_t<float> values(n);
+    auto run = [&](auto index_tag) -> py::tuple {
+        using Index = decltype(index_tag);
+        py::array_t<Index> indices(n);
+        {
+            py::gil_scoped_release release;
+            gtopk::cpu::sketch_select<Index>(t, key_words, rows, columns, d, k, est,
+                                             indices.mutable_data(), values.mutable_data());
+        }
+        return py::make_tuple(indices, values);
+    };
+    return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
+}
+
 uint64_t read_pass(const py::array& x) {
     require_contiguous_1d(x, "x");
     const int64_t d = x.shape(0);
@@ -399,6 +475,7 @@ void bind_types(py::module_& m) {
         .value("int32", IndexType::kInt32)
         .value("int64", IndexType::kInt64);
     m.attr("INT32_INDEX_LIMIT") = gtopk::kInt32IndexLimit;
+    m.attr("SKETCH_MAX_ROWS") = gtopk::sketch::kMaxRows;
     m.def("int32_indices_fit", &gtopk::int32_indices_fit, py::arg("d"),
           "True iff the indices 0 .. d-1 of a dense length d fit in int32 "
           "(d <= INT32_INDEX_LIMIT).");
@@ -487,6 +564,31 @@ void bind_cuda(py::module_& m) {
                                               as_pointer(stream),
                                               Workspace{as_pointer(workspace), workspace_bytes});
     });
+    m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns) {
+        return gtopk::cuda::sketch_table_workspace_bytes(sketch_rows(keys, columns), columns);
+    }, py::arg("keys"), py::arg("columns"), "Workspace bytes of cuda_sketch_table.");
+    m.def("cuda_sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d,
+                                  const py::array& keys, int64_t columns, bool clear_gradient,
+                                  uintptr_t table, uintptr_t stream, uintptr_t workspace,
+                                  size_t workspace_bytes) {
+        const int rows = sketch_rows(keys, columns);
+        const auto* key_words = static_cast<const uint32_t*>(keys.data());
+        py::gil_scoped_release release;
+        gtopk::cuda::sketch_table(static_cast<float*>(as_pointer(gradient)),
+                                  static_cast<float*>(as_pointer(residual)), d, key_words, rows,
+                                  columns, clear_gradient, static_cast<float*>(as_pointer(table)),
+                                  as_pointer(stream),
+                                  Workspace{as_pointer(workspace), workspace_bytes});
+    });
+    m.def("cuda_sketch_estimate", [](uintptr_t table, const py::array& keys, int64_t columns,
+                                     int64_t d, uintptr_t estimate, uintptr_t stream) {
+        const int rows = sketch_rows(keys, columns);
+        const auto* key_words = static_cast<const uint32_t*>(keys.data());
+        py::gil_scoped_release release;
+        gtopk::cuda::sketch_estimate(static_cast<const float*>(as_pointer(table)), key_words,
+                                     rows, columns, d, static_cast<float*>(as_pointer(estimate)),
+                                     as_pointer(stream));
+    });
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,
                                       uintptr_t restore, int64_t n, uintptr_t stream) {
@@ -525,6 +627,12 @@ PYBIND11_MODULE(_C, m) {
     m.def("get_num_threads", &gtopk::cpu::max_threads);
     m.def("restore_residual", &restore_residual, py::arg("residual"), py::arg("index"),
           py::arg("value"), py::arg("restore"), py::arg("value_type"));
+    m.def("sketch_table", &sketch_table, py::arg("gradient"), py::arg("residual"),
+          py::arg("keys"), py::arg("columns"), py::arg("clear_gradient") = false,
+          "residual += gradient; the count sketch of the residual (rows x columns float32).");
+    m.def("sketch_select", &sketch_select, py::arg("table"), py::arg("keys"), py::arg("columns"),
+          py::arg("estimate"), py::arg("k"),
+          "estimate = the sketch's estimates; the top-k of |estimate| (indices, values).");
     m.def("read_pass", &read_pass, py::arg("x"),
           "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));

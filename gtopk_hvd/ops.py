@@ -36,6 +36,9 @@ __all__ = [
     "restore_residual",
     "mark_survivors",
     "all_finite",
+    "sketch_table",
+    "sketch_select",
+    "sketch_estimate",
     "set_num_threads",
     "get_num_threads",
     "cuda_built",
@@ -277,6 +280,79 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
     histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
     indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
     return indices.to(_torch_index_dtype(residual.numel())), histogram
+
+
+def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
+                 clear_gradient: bool = False) -> Any:
+    """Sketched SGD's count sketch fused with the accumulation (gtopk/count_sketch.h):
+
+        residual += gradient                        (gradient = 0 too if clear_gradient)
+        table[j, b] = S[j, b] = sum over i with h_j(i) = b of s_j(i) residual[i]
+
+    keys: (rows, 2) uint32 on the host (1 <= rows <= 64), the hash keys of each row: h_j(i) =
+    (word(i, key0_j) columns) >> 32, s_j(i) = -1 iff word(i, key1_j) >> 31, word(i, key) =
+    mix32(lo32(i) ^ key ^ mix32(hi32(i))). The sums are exact integer sums of rint(residual[i]
+    2^s), s = 62 - ceil(log2 d) - E (every finite |residual| < 2^E, E >= -126), each rounded
+    once to float32 (float64(sum) 2^-s, then float32): the table does not depend on threads or
+    device. A bucket with a NaN term, or with +Inf and -Inf terms, is NaN; with one infinity,
+    that infinity. float32 only; returns a (rows, columns) float32 array of the residual's kind
+    (numpy, or a torch tensor on its device). Two passes over d (one write), rows scattered adds
+    per entry.
+    """
+    columns = int(columns)
+    if is_cuda(gradient) or is_cuda(residual):
+        return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient)
+    gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
+    residual_view = as_numpy(residual, "residual", writeable=True)
+    table = _C.sketch_table(gradient_view.array, residual_view.array, _host_keys(keys), columns,
+                            bool(clear_gradient))
+    return like(table, residual_view)
+
+
+def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any) -> tuple[Any, Any]:
+    """The count sketch's heavy hitters: for every i < d = estimate's size
+
+        estimate[i] = est(i) = median over rows j of s_j(i) table[j, h_j(i)]
+
+    (odd rows: the middle value; even: (lo + hi) / 2 in float32; NaN if any row value is NaN;
+    a zero median is +0.0), then the top-min(k, d) of estimate by magnitude in the selection
+    order above: (indices, values = est there), sorted by index. table: (rows, columns) float32
+    (the all-reduced S of `sketch_table`), keys as there; estimate: a writeable float32 buffer
+    of d values (reused between steps) on the table's device. CPU: the estimates are computed
+    block by block inside the selection's first pass (one pass over d, rows table reads an
+    entry); CUDA: the estimate kernel, then `topk_abs` of the estimate.
+    """
+    k = check_count(k)
+    columns = _table_columns(table)
+    if is_cuda(estimate):
+        _cuda_sketch_estimate(table, keys, columns, estimate)
+        return _cuda_topk_abs(estimate, k)
+    table_view = as_numpy(table, "table")
+    estimate_view = as_numpy(estimate, "estimate", writeable=True)
+    indices, values = _C.sketch_select(table_view.array, _host_keys(keys), columns,
+                                       estimate_view.array, k)
+    return like(indices, estimate_view), like(values, estimate_view)
+
+
+def sketch_estimate(table: Any, keys: np.ndarray, estimate: Any) -> Any:
+    """estimate[i] = est(i) for every i (`sketch_select` without the selection); returns
+    estimate."""
+    if is_cuda(estimate):
+        _cuda_sketch_estimate(table, keys, _table_columns(table), estimate)
+    else:
+        sketch_select(table, keys, 0, estimate)
+    return estimate
+
+
+def _host_keys(keys: Any) -> np.ndarray:
+    """The sketch's keys as the kernels take them (the bindings check dtype and shape)."""
+    return np.ascontiguousarray(_to_numpy_any(keys))
+
+
+def _table_columns(table: Any) -> int:
+    if len(table.shape) != 2:
+        raise ValueError(f"the table must have shape (rows, columns), got {tuple(table.shape)}")
+    return int(table.shape[1])
 
 
 def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
@@ -608,3 +684,42 @@ def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: An
         _C.cuda_restore_residual(_cuda_value_type(values.dtype), _cuda_index_type(indices.dtype),
                                  residual.data_ptr(), indices.data_ptr(), values.data_ptr(),
                                  mask.data_ptr(), indices.numel(), _stream(device))
+
+
+def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
+                       clear_gradient: bool) -> Any:
+    import torch
+
+    _require_cuda_build()
+    _cuda_check_pair(gradient, residual)
+    if residual.dtype != torch.float32:
+        raise TypeError(f"residual must be float32 (the sketch sums float32), got "
+                        f"{residual.dtype}")
+    keys = _host_keys(keys)
+    device = residual.device
+    with _on_device(device):
+        workspace = _workspace(_C.cuda_sketch_table_workspace_bytes(keys, columns), device)
+        table = torch.empty((len(keys), columns), dtype=torch.float32, device=device)
+        _C.cuda_sketch_table(gradient.data_ptr(), residual.data_ptr(), residual.numel(), keys,
+                             columns, bool(clear_gradient), table.data_ptr(), _stream(device),
+                             workspace.data_ptr(), workspace.numel())
+    return table
+
+
+def _cuda_sketch_estimate(table: Any, keys: Any, columns: int, estimate: Any) -> None:
+    import torch
+
+    _require_cuda_build()
+    device = estimate.device
+    _cuda_check(estimate, "estimate", device)
+    table = torch.as_tensor(table, device=device)
+    _cuda_check(table, "table", device)
+    if estimate.dtype != torch.float32 or table.dtype != torch.float32:
+        raise TypeError("the table and the estimate must be float32")
+    keys = _host_keys(keys)
+    if table.numel() != len(keys) * columns:
+        raise ValueError(f"the table holds {table.numel()} values, rows x columns = "
+                         f"{len(keys) * columns}")
+    with _on_device(device):
+        _C.cuda_sketch_estimate(table.data_ptr(), keys, columns, estimate.numel(),
+                                estimate.data_ptr(), _stream(device))

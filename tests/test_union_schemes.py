@@ -399,6 +399,8 @@ def test_bad_micro_options_are_refused_when_the_configuration_is_made(option: di
 def test_bad_sketch_and_exdyna_options_are_refused() -> None:
     with pytest.raises(ValueError, match="rows must be an integer >= 1, got int 0"):
         Compression.sketch(0.01, rows=0)
+    with pytest.raises(ValueError, match=r"rows must be an integer in \[1, 64\], got int 65"):
+        Compression.sketch(0.01, rows=65)
     with pytest.raises(ValueError, match="blocks must be an integer >= 1, got int 0"):
         Compression.exdyna(0.01, blocks=0)
     with pytest.raises(ValueError, match=r"balance must be a number in \[0, 1\), got float 1.5"):

@@ -3,8 +3,8 @@ against our exact top-k and a read pass.
 
 Every pass reads the residual r (Gaussian float32, as gradients nearly are) with an all-zero
 gradient, so r stays the data between runs. `--device cuda`: the same rows on a GPU (torch
-tensors, every call synchronised before the clock stops), the sketch rows excepted. Rows, on one
-worker's vector of d values:
+tensors, every call synchronised before the clock stops). Rows, on one worker's vector of d
+values:
 
     read         one multi-threaded read of r (the floor of any pass; on a GPU torch.amax)
     accumulate   r += g alone (`ops.accumulate_threshold` over an empty partition): the pass every
@@ -17,10 +17,12 @@ worker's vector of d values:
                  candidates kept (the all-reduce of the histogram is communication, not timed)
     1-pass P=n   the authors' selection (controller="multiplicative"): the compare against the
                  carried threshold fused into the accumulation, no histogram, no second read
-    sketch       (with --sketch) 5 x 10k count sketch of r, and recovering the estimates of all
-                 d entries and their top-k (numpy)
+    sketch       (with --sketch) sketched SGD's step but the all-reduce: r += g with the 5 x 10k
+                 count sketch of r (`ops.sketch_table`), then the estimates of all d entries
+                 and their top-k (`ops.sketch_select`)
 
-"selection" = the row minus the accumulate row: what each scheme adds to the pass they share.
+"selection" = the row minus the accumulate row: what each scheme adds to the pass they share;
+"/ read" = the row over the read row: its cost in read passes of d.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="P of the MiCRO rows (worker 0's partition is d / P values)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each pass")
     parser.add_argument("--sketch", action="store_true",
-                        help="also time sketched SGD's sketch and recovery (slow: numpy)")
+                        help="also time sketched SGD's sketch and recovery")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the vectors live (cuda: a GPU and the CUDA kernels)")
     parser.add_argument("--json", metavar="PATH", default=None,
@@ -93,15 +95,21 @@ def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: b
         one_pass = lambda end=end, key=key: ops.accumulate_threshold(  # noqa: E731
             gradient, residual, 0, end, key, key, 0, 1)
         rows.append((f"1-pass P={p}", time(one_pass), len(one_pass()[0])))
-    if sketch and device == "cpu":
-        table = CountSketch(5, 10 * k, d, seed=0)
-
-        def sketch_step() -> None:
-            summed = table.sketch(residual)
-            ops.topk_abs(table.estimate(summed), k)
-
-        rows.append(("sketch 5x10k", median_seconds(sketch_step, 1, warmup=0), k))
+    if sketch:
+        rows.append(("sketch 5x10k", time(sketch_step(gradient, residual, k)), k))
     return rows
+
+
+def sketch_step(gradient: Any, residual: Any, k: int) -> Any:
+    """Sketched SGD's work on one worker at a step but the all-reduce: the accumulation with
+    the 5 x 10k table, the estimates and their top-k (the estimate buffer allocated once)."""
+    table = CountSketch(5, 10 * k, seed=0)
+    estimate = residual * 0
+
+    def step() -> None:
+        table.select(table.table(gradient, residual), k, estimate)
+
+    return step
 
 
 def run(args: argparse.Namespace) -> None:
@@ -116,7 +124,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{where}; density {args.density}; median of {args.repeats}; "
           "selection = row - accumulate")
     header = (f"{'d':>12} {'pass':14} {'ms':>9} {'selection ms':>13} {'/ topk fused':>13} "
-              f"{'selected':>10}")
+              f"{'/ read':>8} {'selected':>10}")
     print(header)
     print("-" * len(header))
     records = []
@@ -124,13 +132,13 @@ def run(args: argparse.Namespace) -> None:
         d = int(size)
         rows = rows_for(d, args.density, args.workers, args.repeats, args.sketch, args.device)
         times = {name: seconds for name, seconds, _ in rows}
-        accumulate = times["accumulate"]
+        accumulate, read = times["accumulate"], times["read"]
         topk = times["topk fused"] - accumulate
         for name, seconds, selected in rows:
             extra = seconds - accumulate
             ratio = f"{extra / topk:13.2f}" if name not in ("read", "accumulate") else " " * 13
             print(f"{d:>12,} {name:14} {seconds * 1e3:9.2f} {extra * 1e3:13.2f} {ratio} "
-                  f"{selected:>10,}", flush=True)
+                  f"{seconds / read:8.1f} {selected:>10,}", flush=True)
             records.append({"device": args.device, "d": d, "pass": name, "seconds": seconds,
                             "selected": int(selected)})
     if args.json:

@@ -3,9 +3,12 @@ all-reduced densely, its heavy hitters, and a second round for their exact value
 as "sketch").
 
 On worker p with acc_p = r_p + g_p (d entries), a table S of `rows` x `columns` and, for each row
-j, a bucket h_j(i) in [0, columns) and a sign s_j(i) in {-1, +1} drawn by hashing i with the
-configuration's seed (the same on every worker):
+j, a bucket h_j(i) in [0, columns) and a sign s_j(i) in {-1, +1} hashed from i and the row's two
+32-bit keys (drawn from the configuration's seed: the same on every worker), computed inside
+the kernels (gtopk/count_sketch.h), never stored:
 
+    word(i, key) = mix32(lo32(i) ^ key ^ mix32(hi32(i)))       (mix32: MurmurHash3's finaliser)
+    h_j(i) = (word(i, key0_j) columns) >> 32,   s_j(i) = -1 iff word(i, key1_j) >> 31
     S_p[j, b] = sum over i with h_j(i) = b of s_j(i) acc_p[i]       (sketches are linear)
     S = sum over p of S_p                                   (one dense all-reduce of rows x columns)
     est(i) = median over j of s_j(i) S[j, h_j(i)]           (every worker, all d entries)
@@ -14,18 +17,38 @@ configuration's seed (the same on every worker):
                      r_p = acc_p with r_p[I] = 0: applied + every residual = every gradient
     no second round: V = est(I), r_p[I] = 0: what the sketch misestimated at I is lost
 
+S_p is summed exactly: as the integers rint(acc_p[i] 2^s), s = 62 - ceil(log2 d) - E with every
+finite |acc_p| < 2^E (a resolution of about 2^-37 of the largest entry at d = 2^25), each bucket
+rounded once to float32, so that the table does not depend on the threads or the device (CPU and
+CUDA give the same bits). A NaN in acc_p makes its buckets NaN, so est is NaN at every index
+sharing a bucket with it (about rows d / columns of them) and those come first in the top-k (the
+NaN's own index among them while they number at most k). The median of an even number of rows is
+(lo + hi) / 2 in float32.
+
+Cost per step on every worker (`ops.sketch_table`, `ops.sketch_select`), in passes over d:
+    1   the accumulation r += g (read g and r, write r; g = 0 in it when clearing), with the
+        largest finite |acc| for the scale: the pass every error-feedback scheme makes
+    1   the table: a read of acc with `rows` scattered integer adds an entry
+    1   the estimates (`rows` hashed reads of the table an entry) written to a d-entry float32
+        buffer kept between steps, fused on the CPU with the top-k's first pass
+    0-1 the top-k's second read of the estimates (a wrong sampled guess; on a GPU: its one read)
+and O(rows columns + k) besides. Memory: the int64 sums of the table (plus, on the CPU, one per
+thread where they fit in 4d bytes), the estimate buffer. The scattered adds and hashed reads, not
+the reads of d, set the time: once the table outgrows the L2 cache they are random cache misses
+(docs/results.md: 1.2-2.1 s a step at d = 25.6M on two shared EPYC cores, 250-380 times a read
+pass, 4-5x faster than the numpy version it replaced).
+
 Bytes per worker per step: 8 rows columns (P-1)/P, plus 8k (P-1)/P for the second round. The
 table must be much larger than k for the heavy hitters to stand out (the authors: 5 x 10k),
-so it pays where d is much larger than 10 rows k. Recovering costs rows reads of the table at d
-positions per step on every worker. Options:
+so it pays where d is much larger than 10 rows k. Options:
 
-    rows          rows of the table (default 5; odd is best, the median of an even count is
-                  the mean of the middle two)
+    rows          rows of the table (default 5, at most 64; odd is best, the median of an even
+                  count is the mean of the middle two)
     columns       columns of the table (default: 10 k at the configured density)
     second_round  True (default) or False
 
-Needs granularity "model" and float32 on the wire; keeps no state between steps (the hashes
-follow from the seed).
+Needs granularity "model" and float32 on the wire and in the residual; keeps no state between
+steps but the estimate buffer (the hashes follow from the seed).
 """
 
 from __future__ import annotations
@@ -36,76 +59,37 @@ from typing import Any
 
 import numpy as np
 
-from gtopk_hvd import ops
+from gtopk_hvd import _C, ops
 from gtopk_hvd.density import Budget
-from gtopk_hvd.options import check_flag, check_integer
+from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.union import check_fused_float32, sum_at, sum_counted
 
-CACHE_ENTRIES = 1 << 24  # rows x d at most this: the buckets and signs (8 bytes an entry) are
-# kept between steps; beyond, they are hashed again at every step
-CHUNK = 1 << 20
+MAX_ROWS: int = int(_C.SKETCH_MAX_ROWS)
 
 
-def mix32(x: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finaliser (a bijection of uint32 that mixes every bit)."""
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(0x85EBCA6B)
-    x = x ^ (x >> np.uint32(13))
-    x = x * np.uint32(0xC2B2AE35)
-    return x ^ (x >> np.uint32(16))
+def sketch_keys(rows: int, seed: int) -> np.ndarray:
+    """The (rows, 2) uint32 hash keys (key0_j: buckets, key1_j: signs) of a seed."""
+    keys = np.random.default_rng([seed, 0x5EED]).integers(0, 2**32, (rows, 2), dtype=np.uint64)
+    return keys.astype(np.uint32)
 
 
 class CountSketch:
-    """The hashes of one table: buckets and signs of the indices [0, d) for each row."""
+    """One table's shape and hash keys; the kernels compute the hashes from them."""
 
-    def __init__(self, rows: int, columns: int, d: int, seed: int) -> None:
-        self.rows, self.columns, self.d = rows, columns, d
-        keys = np.random.default_rng([seed, 0x5EED]).integers(0, 2**32, (rows, 2),
-                                                               dtype=np.uint64)
-        self.keys = keys.astype(np.uint32)
-        self._cache = [self._hashes(j, 0, d) for j in range(rows)] if (
-            rows * d <= CACHE_ENTRIES) else None
+    def __init__(self, rows: int, columns: int, seed: int) -> None:
+        self.rows, self.columns = rows, columns
+        self.keys = sketch_keys(rows, seed)
 
-    def _hashes(self, row: int, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        index = np.arange(begin, end, dtype=np.uint32)
-        bucket = (mix32(index ^ self.keys[row, 0]).astype(np.uint64) * np.uint64(self.columns)
-                  >> np.uint64(32)).astype(np.int32)
-        sign = np.where(mix32(index ^ self.keys[row, 1]) >> np.uint32(31), -1.0, 1.0)
-        return bucket, sign.astype(np.float32)
+    def table(self, gradient: Any, residual: Any, clear_gradient: bool = False) -> Any:
+        """residual += gradient (gradient = 0 if clear_gradient); returns S_p of the residual,
+        (rows, columns) float32 where the residual lives."""
+        return ops.sketch_table(gradient, residual, self.keys, self.columns, clear_gradient)
 
-    def _chunks(self, row: int):
-        if self._cache is not None:
-            yield 0, self.d, *self._cache[row]
-            return
-        for begin in range(0, self.d, CHUNK):
-            end = min(self.d, begin + CHUNK)
-            yield begin, end, *self._hashes(row, begin, end)
-
-    def sketch(self, acc: np.ndarray) -> np.ndarray:
-        """S[j, b] = sum of s_j(i) acc[i] over h_j(i) = b, float32 (sums in float64)."""
-        table = np.zeros((self.rows, self.columns), np.float64)
-        for j in range(self.rows):
-            for begin, end, bucket, sign in self._chunks(j):
-                table[j] += np.bincount(bucket, weights=acc[begin:end] * sign,
-                                        minlength=self.columns)
-        return table.astype(np.float32)
-
-    def estimate(self, table: np.ndarray) -> np.ndarray:
-        """est(i) = median over rows of s_j(i) table[j, h_j(i)], float32, for all d."""
-        out = np.empty(self.d, np.float32)
-        for begin in range(0, self.d, CHUNK):
-            end = min(self.d, begin + CHUNK)
-            rows = np.empty((self.rows, end - begin), np.float32)
-            for j in range(self.rows):
-                if self._cache is not None:
-                    bucket, sign = (a[begin:end] for a in self._cache[j])
-                else:
-                    bucket, sign = self._hashes(j, begin, end)
-                rows[j] = table[j, bucket] * sign
-            out[begin:end] = np.median(rows, axis=0)
-        return out
+    def select(self, table: Any, k: int, estimate: Any) -> tuple[Any, Any]:
+        """estimate = est of the (summed) table; returns the top-k of |est| (indices, values)."""
+        return ops.sketch_select(table, self.keys, k, estimate)
 
 
 @SCHEMES.register("sketch")
@@ -117,8 +101,11 @@ class Sketch(Scheme):
     def check(cls, config: Any) -> None:
         check_fused_float32(config)
         options = dict(config.options)
-        check_integer("rows", options.get("rows", 5), 1,
-                      fix="the count sketch's rows (default 5; odd is best)")
+        rows = options.get("rows", 5)
+        check_integer("rows", rows, 1, fix="the count sketch's rows (default 5; odd is best)")
+        if rows > MAX_ROWS:
+            refuse("rows", f"an integer in [1, {MAX_ROWS}]", rows,
+                   "the kernels take the median of at most that many rows")
         if options.get("columns") is not None:
             check_integer("columns", options["columns"], 1,
                           fix="the count sketch's columns, or None (the default): 10 k")
@@ -133,24 +120,23 @@ class Sketch(Scheme):
         k = max(1, math.ceil(self.config.density * self.d))
         columns = options.get("columns") or 10 * k
         self.second_round = bool(options.get("second_round", True))
-        self.table = CountSketch(int(options.get("rows", 5)), int(columns), self.d,
-                                 self.config.seed)
+        self.sketch = CountSketch(int(options.get("rows", 5)), int(columns), self.config.seed)
+        self._estimate: Any = None
 
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool) -> Exchange:
         start = time.perf_counter()
         stats = ReductionStats()
-        residual += gradient
-        if clear_gradient:
-            gradient[:] = 0
-        acc = self.backend.to_host(residual)
-        table = self.table.sketch(acc)
+        table = self.backend.to_host(self.sketch.table(gradient, residual, clear_gradient))
         select_seconds = time.perf_counter() - start
         sum_counted(self.transport, table, stats)
         merge_start = time.perf_counter()
-        estimate = self.table.estimate(table)
-        union, estimated = ops.topk_abs(estimate, min(budget.k, self.d))
-        union = union.astype(self.index_dtype, copy=False)
+        if self._estimate is None:
+            self._estimate = self.backend.zeros(self.d)
+        indices, estimated = self.sketch.select(self.backend.from_host(table),
+                                                min(budget.k, self.d), self._estimate)
+        union = self.backend.to_host(indices).astype(self.index_dtype, copy=False)
+        estimated = self.backend.to_host(estimated)
         stats.merge_seconds += time.perf_counter() - merge_start
         taken = self.backend.index(union)
         if self.second_round:

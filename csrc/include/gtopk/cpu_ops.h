@@ -76,6 +76,26 @@ template <typename Index>
 void mark_survivors(const Index* local_index, int64_t n_local, const Index* global_index,
                     int64_t n_global, uint8_t* survived);
 
+// Count sketch of sketched SGD (hashes, fixed-point sums, median: gtopk/count_sketch.h).
+// keys: rows x 2 uint32 (key0_j, key1_j), 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32.
+//
+// sketch_table: residual += gradient over [0, d) (gradient = 0 too if clear_gradient), and
+// table[j * columns + b] = S[j, b], the count sketch of the accumulated residual, float32.
+// Two passes over d: the accumulation (with the largest finite magnitude, for the scale), then
+// the table's integer sums (per-thread tables where they fit, else relaxed atomic adds: integer
+// sums, so the result does not depend on the threads).
+void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
+                  int64_t columns, bool clear_gradient, float* table);
+
+// sketch_select: estimate[i] = est(i) for all i < d from the (summed) table, and the top-min(k,
+// d) entries of estimate by magnitude (magnitude_order.h) into (out_index, out_value), sorted
+// by index: the estimates are computed block by block inside the selection's first pass
+// (k = 0: the estimates only). One pass over d (rows table reads per entry), plus a second
+// read of estimate when the sampled threshold misses.
+template <typename Index>
+int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
+                      int64_t d, int64_t k, float* estimate, Index* out_index, float* out_value);
+
 // Benchmark floor: reads x once with all threads; returns the largest magnitude key.
 template <typename T> uint64_t read_pass(const T* x, int64_t d);
 

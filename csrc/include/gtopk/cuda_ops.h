@@ -79,4 +79,21 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
                           int64_t begin, int64_t end, uint64_t threshold, void* out_index,
                           void* stream, Workspace workspace = {});
 
+// Count sketch of sketched SGD (gtopk/count_sketch.h): the tables and estimates of
+// cpu::sketch_table and cpu::sketch_select bit for bit (integer sums: the atomics' order does not
+// matter); the accumulated residual too but for NaN payloads. keys: host memory, rows x 2
+// uint32, 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32. Neither call synchronises
+// `stream`.
+//
+// sketch_table: residual += gradient (gradient = 0 if clear_gradient), table (rows x columns
+// float32, device) = S of the accumulated residual: one pass over d, one read of d, one pass
+// over the table. sketch_estimate: estimate[i] = est(i) for i < d, one pass over d (then
+// topk_abs of the estimate selects).
+size_t sketch_table_workspace_bytes(int rows, int64_t columns);
+void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
+                  int64_t columns, bool clear_gradient, float* table, void* stream,
+                  Workspace workspace = {});
+void sketch_estimate(const float* table, const uint32_t* keys, int rows, int64_t columns,
+                     int64_t d, float* estimate, void* stream);
+
 }  // namespace gtopk::cuda

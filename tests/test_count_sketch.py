@@ -1,0 +1,286 @@
+"""Sketched SGD's count sketch kernels (ops.sketch_table, sketch_select, sketch_estimate) against
+the independent numpy reference (helpers/sketch_reference.py), bit for bit: the table's exact
+integer sums rounded once, the median of odd and even rows, NaN and Inf, thread counts, numpy
+and torch CPU alike; the CUDA kernels against the CPU ones (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.reference import topk_reference
+from helpers.sketch_reference import estimate_reference, table_reference
+
+from gtopk_hvd import ops
+
+RNG = np.random.default_rng(38)
+
+
+def sketch_keys(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([seed, 0x5EED]).integers(0, 2**32, (rows, 2),
+                                                          dtype=np.uint64).astype(np.uint32)
+
+
+def vector(kind: str, d: int) -> np.ndarray:
+    if kind == "normal":
+        x = RNG.standard_normal(d)
+    elif kind == "heavy_tailed":
+        x = RNG.standard_cauchy(d) * 1e3
+    elif kind == "tiny":
+        x = RNG.standard_normal(d) * 1e-42  # subnormal float32
+    elif kind == "zeros":
+        x = np.where(RNG.random(d) < 0.5, 0.0, -0.0)
+    elif kind == "huge":
+        x = RNG.standard_normal(d) * 1e36
+    elif kind == "mixed_scales":
+        x = RNG.standard_normal(d) * 10.0 ** RNG.integers(-30, 30, d)
+    else:
+        raise ValueError(kind)
+    return x.astype(np.float32)
+
+
+def table_of(acc: np.ndarray, keys: np.ndarray, columns: int) -> np.ndarray:
+    """The kernel's table of acc (accumulated into a zero residual)."""
+    residual = np.zeros_like(acc)
+    return ops.sketch_table(acc.copy(), residual, keys, columns)
+
+
+def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy_tailed", "tiny", "zeros", "huge",
+                                  "mixed_scales"])
+@pytest.mark.parametrize("d,rows,columns", [(1, 1, 1), (7, 2, 3), (1000, 5, 37),
+                                            (65_537, 4, 1000), (300_007, 3, 2999)])
+def test_table_equals_the_reference_bit_for_bit(kind: str, d: int, rows: int,
+                                                columns: int) -> None:
+    acc = vector(kind, d)
+    keys = sketch_keys(rows, d)
+    assert_bits(table_of(acc, keys, columns), table_reference(acc, keys, columns))
+
+
+@pytest.mark.parametrize("clear", [False, True])
+def test_table_accumulates_the_gradient_in_the_same_call(clear: bool) -> None:
+    d, keys = 100_003, sketch_keys(5)
+    gradient, residual = vector("normal", d), vector("normal", d)
+    expected = residual + gradient
+    original = gradient.copy()
+    table = ops.sketch_table(gradient, residual, keys, 500, clear_gradient=clear)
+    assert_bits(residual, expected)
+    assert_bits(gradient, np.zeros(d, np.float32) if clear else original)
+    assert_bits(table, table_reference(expected, keys, 500))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("columns", [300, 40_000], ids=["per-thread-tables", "atomic-adds"])
+def test_table_does_not_depend_on_the_threads(threads: int, columns: int) -> None:
+    d, keys = 200_001, sketch_keys(5, 1)
+    acc = vector("mixed_scales", d)
+    before = ops.get_num_threads()
+    try:
+        ops.set_num_threads(threads)
+        got = table_of(acc, keys, columns)
+    finally:
+        ops.set_num_threads(before)
+    assert_bits(got, table_reference(acc, keys, columns))
+
+
+def test_table_of_nonfinite_entries() -> None:
+    d, rows, columns = 5000, 3, 50
+    keys = sketch_keys(rows, 2)
+    acc = vector("normal", d)
+    acc[[10, 20]] = np.inf
+    acc[30] = -np.inf
+    acc[40] = np.nan
+    table = table_of(acc, keys, columns)
+    want = table_reference(acc, keys, columns)
+    assert_bits(table, want)
+    assert np.isnan(want).sum() >= rows and np.isinf(want).any()
+    finite = acc.copy()
+    finite[[10, 20, 30, 40]] = 0  # the other buckets: as if the non-finite entries were absent
+    clean = table_reference(finite, keys, columns)
+    assert_bits(table[np.isfinite(want)], clean[np.isfinite(want)])
+
+
+def random_table(rows: int, columns: int) -> np.ndarray:
+    """Ties, signed zeros, infinities and a NaN among normal values."""
+    table = RNG.integers(-3, 4, (rows, columns)).astype(np.float32)
+    table[:, ::7] = -0.0
+    table.flat[5] = np.inf
+    table.flat[11] = -np.inf
+    table.flat[-1] = np.nan
+    return table
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 9, 64])
+@pytest.mark.parametrize("d", [1, 100, 70_001])
+def test_estimate_is_the_median_of_rows_bit_for_bit(rows: int, d: int) -> None:
+    columns = 97
+    table, keys = random_table(rows, columns), sketch_keys(rows, rows)
+    estimate = np.full(d, 123.0, np.float32)
+    assert ops.sketch_estimate(table, keys, estimate) is estimate
+    want = estimate_reference(table, keys, d)
+    assert_bits(estimate, want)
+    assert not np.signbit(estimate[estimate == 0]).any()
+
+
+@pytest.mark.parametrize("rows", [3, 4])
+@pytest.mark.parametrize("d", [10, 65_536, 300_007])
+def test_select_is_the_top_k_of_the_estimates(rows: int, d: int) -> None:
+    columns = max(1, d // 50)
+    keys = sketch_keys(rows, d)
+    acc = vector("heavy_tailed", d)
+    table = table_of(acc, keys, columns)
+    want = estimate_reference(table, keys, d)
+    for k in sorted({0, 1, 3, d // 100, d // 17, d // 3, d, d + 1}):
+        estimate = np.empty(d, np.float32)
+        indices, values = ops.sketch_select(table, keys, k, estimate)
+        assert_bits(estimate, want)
+        expected = topk_reference(want, k)
+        assert indices.dtype == np.int32
+        np.testing.assert_array_equal(indices, expected)
+        assert_bits(values, want[expected])
+
+
+def test_a_nan_is_estimated_nan_and_selected_first() -> None:
+    d, rows, columns, k = 20_000, 5, 400, 600
+    keys = sketch_keys(rows, 3)
+    acc = vector("normal", d)
+    acc[1234] = np.nan
+    estimate = np.empty(d, np.float32)
+    indices, values = ops.sketch_select(table_of(acc, keys, columns), keys, k, estimate)
+    nan = np.flatnonzero(np.isnan(estimate))
+    assert 1234 in nan and nan.size <= k
+    assert set(nan) <= set(indices.tolist())
+    assert np.isnan(values).sum() == nan.size
+
+
+def test_torch_cpu_tensors_give_the_numpy_bits() -> None:
+    torch = pytest.importorskip("torch")
+    d, keys, columns = 50_001, sketch_keys(5, 4), 700
+    gradient, residual = vector("normal", d), vector("normal", d)
+    table = ops.sketch_table(gradient.copy(), residual.copy(), keys, columns)
+    torch_residual = torch.from_numpy(residual.copy())
+    torch_table = ops.sketch_table(torch.from_numpy(gradient.copy()), torch_residual, keys,
+                                   columns)
+    assert isinstance(torch_table, torch.Tensor)
+    assert_bits(torch_table.numpy(), table)
+    estimate, torch_estimate = np.empty(d, np.float32), torch.empty(d)
+    indices, values = ops.sketch_select(table, keys, 50, estimate)
+    torch_indices, torch_values = ops.sketch_select(torch_table, keys, 50, torch_estimate)
+    np.testing.assert_array_equal(torch_indices.numpy(), indices)
+    assert_bits(torch_values.numpy(), values)
+    assert_bits(torch_estimate.numpy(), estimate)
+
+
+def test_bad_arguments_are_refused() -> None:
+    d = 100
+    gradient, residual, estimate = (np.zeros(d, np.float32) for _ in range(3))
+    keys = sketch_keys(3)
+    table = np.zeros((3, 10), np.float32)
+    with pytest.raises(TypeError, match="uint32"):
+        ops.sketch_table(gradient, residual, keys.astype(np.int64), 10)
+    with pytest.raises(TypeError, match="shape"):
+        ops.sketch_table(gradient, residual, np.zeros((3, 3), np.uint32), 10)
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        ops.sketch_table(gradient, residual, np.zeros((0, 2), np.uint32), 10)
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        ops.sketch_table(gradient, residual, sketch_keys(65), 10)
+    with pytest.raises(ValueError, match=r"columns >= 1 and < 2\^32"):
+        ops.sketch_table(gradient, residual, keys, 0)
+    with pytest.raises(ValueError, match=r"columns >= 1 and < 2\^32"):
+        ops.sketch_table(gradient, residual, keys, 2**32)
+    with pytest.raises(TypeError, match="float32"):
+        ops.sketch_table(gradient.astype(np.float64), residual.astype(np.float64), keys, 10)
+    with pytest.raises(ValueError, match="same length"):
+        ops.sketch_table(gradient[:50], residual, keys, 10)
+    with pytest.raises(ValueError, match="rows x columns"):
+        ops.sketch_select(np.zeros((3, 9), np.float32), sketch_keys(2), 5, estimate)
+    with pytest.raises(ValueError, match="shape"):
+        ops.sketch_select(table.reshape(-1), keys, 5, estimate)
+    with pytest.raises(TypeError, match="float32"):
+        ops.sketch_select(table, keys, 5, estimate.astype(np.float64))
+    with pytest.raises(ValueError, match="writeable"):
+        frozen = estimate.copy()
+        frozen.flags.writeable = False
+        ops.sketch_select(table, keys, 5, frozen)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        ops.sketch_select(table, keys, -1, estimate)
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and ops.cuda_built
+
+
+cuda = pytest.mark.skipif(not _cuda_available(),
+                          reason="needs a CUDA GPU and an extension built with nvcc")
+
+
+@cuda
+@pytest.mark.parametrize("clear", [False, True])
+@pytest.mark.parametrize("kind", ["normal", "heavy_tailed", "tiny", "mixed_scales"])
+@pytest.mark.parametrize("d,rows,columns", [(1, 1, 1), (1000, 4, 37), (1_000_003, 5, 20_011)])
+def test_cuda_table_and_estimates_equal_the_cpu_bits(kind: str, d: int, rows: int,
+                                                     columns: int, clear: bool) -> None:
+    import torch
+
+    keys = sketch_keys(rows, d)
+    gradient, residual = vector(kind, d), vector("normal", d)
+    cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
+    cpu_table = ops.sketch_table(cpu_gradient, cpu_residual, keys, columns, clear)
+    gpu_gradient = torch.from_numpy(gradient).cuda()
+    gpu_residual = torch.from_numpy(residual).cuda()
+    gpu_table = ops.sketch_table(gpu_gradient, gpu_residual, keys, columns, clear)
+    assert gpu_table.is_cuda
+    assert_bits(gpu_table.cpu().numpy(), cpu_table)
+    assert_bits(gpu_residual.cpu().numpy(), cpu_residual)
+    assert_bits(gpu_gradient.cpu().numpy(), cpu_gradient)
+    for k in sorted({0, 1, d // 100, d // 3, d}):
+        cpu_estimate = np.empty(d, np.float32)
+        indices, values = ops.sketch_select(cpu_table, keys, k, cpu_estimate)
+        gpu_estimate = torch.empty(d, device="cuda")
+        gpu_indices, gpu_values = ops.sketch_select(gpu_table, keys, k, gpu_estimate)
+        assert_bits(gpu_estimate.cpu().numpy(), cpu_estimate)
+        np.testing.assert_array_equal(gpu_indices.cpu().numpy(), indices)
+        assert_bits(gpu_values.cpu().numpy(), values)
+
+
+@cuda
+def test_cuda_nonfinite_entries_and_even_rows() -> None:
+    import torch
+
+    d, rows, columns = 100_000, 4, 1000
+    keys = sketch_keys(rows, 5)
+    acc = vector("normal", d)
+    acc[[3, 4]] = np.inf
+    acc[5] = -np.inf
+    acc[6] = np.nan
+    gpu_table = ops.sketch_table(torch.zeros(d, device="cuda"), torch.from_numpy(acc).cuda(),
+                                 keys, columns)
+    want = table_reference(acc, keys, columns)
+    assert_bits(gpu_table.cpu().numpy(), want)
+    estimate = ops.sketch_estimate(gpu_table, keys, torch.empty(d, device="cuda"))
+    assert_bits(estimate.cpu().numpy(), estimate_reference(want, keys, d))
+
+
+@cuda
+def test_cuda_bad_arguments_are_refused() -> None:
+    import torch
+
+    d = 100
+    with pytest.raises(ValueError, match="1 to 64 rows"):
+        ops.sketch_table(torch.zeros(d, device="cuda"), torch.zeros(d, device="cuda"),
+                         sketch_keys(65), 10)
+    with pytest.raises(TypeError, match="float32"):
+        ops.sketch_table(torch.zeros(d, device="cuda", dtype=torch.float64),
+                         torch.zeros(d, device="cuda", dtype=torch.float64), sketch_keys(3), 10)
+    with pytest.raises(ValueError, match="rows x columns"):
+        ops.sketch_estimate(torch.zeros((3, 9), device="cuda"), sketch_keys(2),
+                            torch.empty(d, device="cuda"))
