@@ -1,5 +1,5 @@
 """python -m gtopk_hvd.bench COMMAND [options]: benchmarks of gtopk_hvd (COMMAND: topk, select,
-merge, step, comm, schemes)."""
+merge, step, comm, schemes, memory)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import importlib
 
 COMMANDS = {"topk": "topk", "select": "selection", "merge": "merge", "step": "step",
-            "comm": "comm", "schemes": "schemes"}
+            "comm": "comm", "schemes": "schemes", "memory": "memory"}
 """Command -> module of gtopk_hvd.bench (no module is named as a standard one: run as a script,
 this folder is first on sys.path)."""
 
