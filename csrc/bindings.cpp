@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtopk/count_sketch.h"
@@ -319,21 +320,28 @@ py::array_t<uint8_t> mark_survivors(const py::array& local_index, const py::arra
     return survived;
 }
 
-py::tuple accumulate_threshold(const py::array& gradient, py::array& residual, int64_t begin,
-                               int64_t end, uint64_t threshold_key, uint64_t histogram_base_key,
-                               int histogram_shift, int64_t n_bins,
+// gradient None: no accumulation, a read of residual's [begin, end) (cpu_ops.h).
+py::tuple accumulate_threshold(const std::optional<py::array>& gradient, py::array& residual,
+                               int64_t begin, int64_t end, uint64_t threshold_key,
+                               uint64_t histogram_base_key, int histogram_shift, int64_t n_bins,
                                const std::string& value_type, bool clear_gradient,
                                int64_t n_fine, int coarse_shift) {
-    require_accumulation(gradient, residual, clear_gradient);
-    const int64_t d = gradient.shape(0);
+    if (gradient) {
+        require_accumulation(*gradient, residual, clear_gradient);
+    } else {
+        require_contiguous_1d(residual, "residual");
+        clear_gradient = false;
+    }
+    const int64_t d = residual.shape(0);
     require_range(begin, end, d);
     gtopk::check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
     py::array_t<int64_t> histogram(n_bins);
-    return with_value_type<true>(value_type, gradient, [&](auto tag) -> py::tuple {
+    return with_value_type<true>(value_type, residual, [&](auto tag) -> py::tuple {
         using T = decltype(tag);
         using Key = gtopk::MagnitudeKey<T>;
         gtopk::check_keys_fit<Key>(threshold_key, histogram_base_key);
-        T* g = static_cast<T*>(const_cast<void*>(gradient.data()));
+        // Written only when clear_gradient, which required a writeable array above.
+        T* g = gradient ? static_cast<T*>(const_cast<void*>(gradient->data())) : nullptr;
         T* r = static_cast<T*>(residual.mutable_data());
         auto run = [&](auto index_tag) -> py::tuple {
             using Index = decltype(index_tag);
@@ -463,6 +471,53 @@ uint64_t read_pass(const py::array& x) {
     throw std::invalid_argument("read_pass takes float32 or float64");
 }
 
+// The largest magnitude key of x (+ y) over the finite values only or all (cpu_ops.h max_key).
+uint64_t max_key(const py::array& x, const std::optional<py::array>& y, bool finite_only,
+                 const std::string& value_type) {
+    require_contiguous_1d(x, "x");
+    if (y) {
+        require_contiguous_1d(*y, "y");
+        if (y->shape(0) != x.shape(0) || !y->dtype().is(x.dtype())) {
+            throw py::value_error("x and y must have the same length and dtype");
+        }
+    }
+    const int64_t n = x.shape(0);
+    return with_value_type<false>(value_type, x, [&](auto tag) -> py::object {
+        using T = decltype(tag);
+        const T* y_data = y ? static_cast<const T*>(y->data()) : nullptr;
+        if (!std::is_floating_point_v<T> && y_data != nullptr) {
+            throw py::type_error("max_key adds y to x for float32 / float64 only");
+        }
+        uint64_t key;
+        {
+            py::gil_scoped_release release;
+            key = gtopk::cpu::max_key<T>(static_cast<const T*>(x.data()), y_data, n, finite_only);
+        }
+        return py::int_(key);
+    }).template cast<uint64_t>();
+}
+
+// The sorted union of two strictly increasing index arrays of one dtype (cpu_ops.h).
+py::array sorted_union(const py::array& a, const py::array& b) {
+    require_contiguous_1d(a, "a");
+    require_contiguous_1d(b, "b");
+    if (!a.dtype().is(b.dtype())) throw py::type_error("a and b must have the same dtype");
+    return with_index_type(a, [&](auto index_tag) -> py::object {
+        using Index = decltype(index_tag);
+        require_sorted_unique<Index>(a, "a");
+        require_sorted_unique<Index>(b, "b");
+        py::array_t<Index> out(a.shape(0) + b.shape(0));
+        int64_t n;
+        {
+            py::gil_scoped_release release;
+            n = gtopk::cpu::sorted_union<Index>(
+                static_cast<const Index*>(a.data()), a.shape(0),
+                static_cast<const Index*>(b.data()), b.shape(0), out.mutable_data());
+        }
+        return out[py::slice(0, n, 1)];
+    });
+}
+
 void bind_types(py::module_& m) {
     using gtopk::IndexType;
     using gtopk::ValueType;
@@ -589,6 +644,16 @@ void bind_cuda(py::module_& m) {
                                      rows, columns, d, static_cast<float*>(as_pointer(estimate)),
                                      as_pointer(stream));
     });
+    m.def("cuda_max_key_workspace_bytes", &gtopk::cuda::max_key_workspace_bytes,
+          py::arg("value_type"), py::arg("n"));
+    m.def("cuda_max_key", [](ValueType value_type, uintptr_t x, uintptr_t y, int64_t n,
+                             bool finite_only, uintptr_t stream, uintptr_t workspace,
+                             size_t workspace_bytes) {
+        py::gil_scoped_release release;
+        return gtopk::cuda::max_key(value_type, as_pointer(x), as_pointer(y), n, finite_only,
+                                    as_pointer(stream),
+                                    Workspace{as_pointer(workspace), workspace_bytes});
+    }, "The largest magnitude key of x (+ y; y = 0: none), finite values only if asked.");
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,
                                       uintptr_t restore, int64_t n, uintptr_t stream) {
@@ -636,6 +701,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("read_pass", &read_pass, py::arg("x"),
           "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));
+    m.def("max_key", &max_key, py::arg("x"), py::arg("y"), py::arg("finite_only"),
+          py::arg("value_type"),
+          "The largest magnitude key of x (+ y) over every value, or over the finite ones only.");
+    m.def("sorted_union", &sorted_union, py::arg("a"), py::arg("b"),
+          "The sorted union of two strictly increasing index arrays (a linear merge).");
     m.def("simd_level", &gtopk::cpu::simd_level,
           "Vector paths of the CPU kernels: 'avx512', 'avx2' or 'scalar' (float32 top-k and "
           "float32/int32 merge; other types run scalar loops).");

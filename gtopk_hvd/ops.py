@@ -39,6 +39,8 @@ __all__ = [
     "sketch_table",
     "sketch_select",
     "sketch_estimate",
+    "sorted_union",
+    "add_divided",
     "set_num_threads",
     "get_num_threads",
     "cuda_built",
@@ -111,9 +113,15 @@ def accumulate_select(
         residual[indices] = 0
         gradient[:] = 0                     (only if clear_gradient, in the same pass)
 
-    float32 / float64; gradient and residual of the same length and dtype.
+    float32 / float64; gradient and residual of the same length and dtype. gradient None: the
+    residual already holds the accumulated gradient (the same result: `topk_abs` of it, zeroed
+    there).
     """
     k = check_count(k)
+    if gradient is None:  # the residual already holds the accumulated gradient
+        indices, values = topk_abs(residual, k, threshold_hint)
+        residual[indices.long() if framework_of(indices) == "torch" else indices] = 0
+        return indices, values
     if is_cuda(gradient) or is_cuda(residual):
         return _cuda_accumulate_select(gradient, residual, k, clear_gradient)
     gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
@@ -142,22 +150,30 @@ def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
     the host). float32 / float64. CUDA tensors: the CUDA kernels (one pass over d, then one
     read of [begin, end) to write the indices in order), or torch operations on their device
     where gtopk_hvd was built without them.
+
+    gradient None: no accumulation; the histogram and the selection of `residual` as it is, a
+    read of [begin, end) only (what `magnitude_histogram` and a pre-accumulated residual need).
     """
-    if (is_cuda(gradient) or is_cuda(residual)) and cuda_built:
+    if gradient is None:
+        clear_gradient = False
+    on_gpu = is_cuda(residual) or (gradient is not None and is_cuda(gradient))
+    if on_gpu and cuda_built:
         return _cuda_accumulate_threshold(gradient, residual, begin, end, threshold_key,
                                           histogram_base_key, histogram_shift, n_bins,
                                           clear_gradient, n_fine, coarse_shift)
-    if is_cuda(gradient) or is_cuda(residual):
+    if on_gpu:
         return _torch_accumulate_threshold(gradient, residual, begin, end, threshold_key,
                                            histogram_base_key, histogram_shift, n_bins,
                                            clear_gradient, n_fine, coarse_shift)
-    gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
-    residual_view = as_numpy(residual, "residual", writeable=True)
+    gradient_array = None
+    if gradient is not None:
+        gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
+    residual_view = as_numpy(residual, "residual", writeable=gradient is not None)
     indices, histogram = _C.accumulate_threshold(
-        gradient_view.array, residual_view.array, int(begin), int(end), int(threshold_key),
-        int(histogram_base_key), int(histogram_shift), int(n_bins), gradient_view.value_type,
+        gradient_array, residual_view.array, int(begin), int(end), int(threshold_key),
+        int(histogram_base_key), int(histogram_shift), int(n_bins), residual_view.value_type,
         bool(clear_gradient), int(n_fine), int(coarse_shift))
-    return like(indices, gradient_view), histogram
+    return like(indices, residual_view), histogram
 
 
 def histogram_bin(offset: Any, histogram_shift: int, n_bins: int, n_fine: int = -1,
@@ -186,38 +202,87 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
                                      view.value_type), view)
 
 
+def threshold_histogram(x: Any, begin: int, end: int, base_key: int, shift: int, n_bins: int,
+                        n_fine: int = -1, coarse_shift: int = 0) -> np.ndarray:
+    """The histogram of `accumulate_threshold` over x[begin:end) without accumulating: one read
+    of the range by the same kernel (float32 / float64, numpy or torch), no temporary."""
+    no_selection = (1 << (8 * _itemsize(x))) - 1  # above every key: nothing is selected
+    return accumulate_threshold(None, x, begin, end, no_selection, base_key, shift, n_bins,
+                                n_fine=n_fine, coarse_shift=coarse_shift)[1]
+
+
+def _itemsize(x: Any) -> int:
+    return x.element_size() if framework_of(x) == "torch" else x.dtype.itemsize
+
+
 def keep_at_or_above(x: Any, indices: Any, threshold_key: int) -> Any:
     """The entries of `indices` (sorted) where magnitude_key(x) >= threshold_key (numpy or
     torch, float32)."""
-    if framework_of(x) == "torch":
+    if is_cuda(x):
         return indices[_torch_keys(x[indices]) >= threshold_key]
-    keys = x[indices].view(np.uint32) & np.uint32(0x7FFFFFFF)
-    return indices[keys >= np.uint32(threshold_key)]
+    host = as_numpy(x, "x").array
+    keys = host[as_numpy(indices, "indices", values=False).array].view(np.uint32)
+    np.bitwise_and(keys, np.uint32(0x7FFFFFFF), out=keys)  # a NaN's key stays above every number
+    kept = as_numpy(indices, "indices", values=False).array[keys >= np.uint32(threshold_key)]
+    return kept if isinstance(indices, np.ndarray) else __import__("torch").from_numpy(kept)
 
 
 def magnitude_histogram(x: Any, begin: int, end: int, base_key: int, shift: int,
                         n_bins: int) -> np.ndarray:
-    """The histogram of `accumulate_threshold` over x[begin:end) without accumulating (float32,
-    numpy or torch; numpy operations: for the rare step that needs a second look)."""
-    part = x[begin:end]
-    if framework_of(part) == "torch":
-        keys = _torch_keys(part).cpu().numpy()
-    else:
-        keys = np.minimum(part.view(np.uint32) & np.uint32(0x7FFFFFFF),
-                          np.uint32(0x7F800001)).astype(np.int64)
-    counted = keys[keys >= base_key] - base_key
-    return np.bincount(histogram_bin(counted, shift, n_bins), minlength=n_bins)
+    """The histogram of `accumulate_threshold` over x[begin:end) without accumulating, all bins
+    fine (float32 / float64, numpy or torch): `threshold_histogram`."""
+    return threshold_histogram(x, begin, end, base_key, shift, n_bins)
 
 
-def largest_finite_magnitude(x: Any) -> float:
-    """max |x| over the finite entries of x (0.0 if none), numpy or torch."""
-    if framework_of(x) == "torch":
-        import torch
+def largest_finite_magnitude(x: Any, begin: int = 0, end: int | None = None,
+                             plus: Any = None) -> float:
+    """max |x[i] + plus[i]| (|x[i]| when plus is None) over the finite sums, i in [begin, end)
+    (end None: x's length); 0.0 if none. float32 / float64, numpy or torch (x and plus alike,
+    contiguous): one read by the max-key kernel (`_C.max_key`, `_C.cuda_max_key`), no
+    temporary; the sum is rounded to x's dtype as `x + plus` would be."""
+    end = _length(x) if end is None else end
+    _check_range(begin, end, _length(x))
+    if is_cuda(x) and not cuda_built:
+        return _torch_largest_finite(x[begin:end], None if plus is None else plus[begin:end])
+    view = x if is_cuda(x) else as_numpy(x, "x")
+    dtype = np.float64 if _itemsize(x) == 8 else np.float32
+    return value_of_key(_max_key(view, begin, end, plus, finite_only=True), dtype)
 
-        finite = x[torch.isfinite(x)]
-        return float(finite.abs().max()) if finite.numel() else 0.0
-    finite = np.abs(x[np.isfinite(x)])
-    return float(finite.max()) if finite.size else 0.0
+
+def _length(x: Any) -> int:
+    return x.numel() if framework_of(x) == "torch" else x.size
+
+
+def _max_key(x: Any, begin: int, end: int, plus: Any = None, finite_only: bool = False) -> int:
+    """The largest magnitude key of x[begin:end) (+ plus there): a CUDA tensor, or the
+    NumpyView of a host array (plus: of x's type)."""
+    if end <= begin:
+        return 0
+    if not isinstance(x, NumpyView):
+        return _cuda_max_key(x, begin, end, plus, finite_only)
+    other = None if plus is None else as_numpy(plus, "plus").array[begin:end]
+    if plus is None and not finite_only and x.value_type in _FAST_VALUE_TYPES.values():
+        return int(_C.read_pass(x.array[begin:end]))  # the vectorised read
+    return int(_C.max_key(x.array[begin:end], other, finite_only, x.value_type))
+
+
+def _torch_largest_finite(x: Any, plus: Any) -> float:
+    """`largest_finite_magnitude` as torch operations in blocks of 2^20 entries (CUDA tensors
+    of a build without the CUDA kernels): temporaries of a block's size, not x's."""
+    import torch
+
+    largest = 0.0
+    for start in range(0, x.numel(), _TORCH_BLOCK):
+        part = x[start:start + _TORCH_BLOCK]
+        if plus is not None:
+            part = part + plus[start:start + _TORCH_BLOCK]
+        finite = part[torch.isfinite(part)]
+        if finite.numel():
+            largest = max(largest, float(finite.abs().max()))
+    return largest
+
+
+_TORCH_BLOCK = 1 << 20
 
 
 def magnitude_key(value: float, dtype: Any = np.float32) -> int:
@@ -270,7 +335,8 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
     """`accumulate_threshold` as torch operations (tensors on any one device)."""
     import torch
 
-    residual += gradient
+    if gradient is not None:
+        residual += gradient
     if clear_gradient:
         gradient.zero_()
     keys = _torch_keys(residual[begin:end])
@@ -400,6 +466,32 @@ def _plain_numpy(*arrays: Any) -> bool:
                for a in arrays)
 
 
+def add_divided(target: Any, source: Any, divisor: float) -> None:
+    """target += source / divisor in place, rounded as the two whole-array operations (a float32
+    division, then the sum) would be, bit for bit, without a temporary of source's size: torch:
+    one addcdiv_ (target + 1 * source / divisor, one pass); numpy: through a scratch block of
+    max(2^12, n / 256) values. 1-D, one length and dtype, one device."""
+    if divisor == 1.0:
+        target += source
+        return
+    divisor = np.float32(divisor)
+    if framework_of(source) == "torch":
+        import torch
+
+        target.addcdiv_(source, torch.tensor(divisor, device=source.device))
+        return
+    n = len(source)
+    block = max(_DIVIDE_BLOCK, -(-n // 256))
+    scratch = np.empty(min(block, n), source.dtype)
+    for start in range(0, n, block):
+        part = scratch[:min(block, n - start)]
+        np.divide(source[start:start + block], divisor, out=part)
+        target[start:start + block] += part
+
+
+_DIVIDE_BLOCK = 1 << 12
+
+
 def write_sparse(dest: Any, indices: Any, values: Any) -> None:
     """dest = 0 except dest[indices] = values, in one pass over dest (in place).
 
@@ -442,24 +534,45 @@ def mark_survivors(local_indices: Any, global_indices: Any) -> Any:
     return _C.mark_survivors(local.array, global_.array).view(np.bool_)
 
 
-_FIRST_NONFINITE_KEY = {np.dtype(np.float32): 0x7F800000, np.dtype(np.float64): 0x7FF0000000000000}
-"""The magnitude key of +Inf; NaN's keys are above it (gtopk/magnitude_order.h)."""
+_FIRST_NONFINITE_KEY = {"float32": 0x7F800000, "float64": 0x7FF0000000000000,
+                        "float16": 0x7C00, "bfloat16": 0x7F80}
+"""The magnitude key of +Inf of each value type; NaN's keys are above it
+(gtopk/magnitude_order.h)."""
 
 
 def all_finite(x: Any) -> bool:
-    """Whether x holds no NaN and no +-Inf. float32 / float64 on the host: the read-only floor
-    pass (`_C.read_pass`, the largest magnitude key, multi-threaded); other dtypes and CUDA
-    tensors: torch's isfinite."""
-    if type(x) is np.ndarray and x.dtype in _FIRST_NONFINITE_KEY and x.flags.c_contiguous:
-        return x.size == 0 or _C.read_pass(x.reshape(-1)) < _FIRST_NONFINITE_KEY[x.dtype]
-    if isinstance(x, np.ndarray):
-        return bool(np.isfinite(x).all())
-    if not is_cuda(x) and str(x.dtype) in ("torch.float32", "torch.float64") and (
-            x.is_contiguous()):
-        return all_finite(x.detach().numpy())
-    import torch
+    """Whether x holds no NaN and no +-Inf, i.e. its largest magnitude key is below +Inf's.
 
-    return bool(torch.isfinite(x).all())
+    One contract on numpy arrays and torch tensors, CPU and CUDA: for a contiguous x of
+    float32 / float64 / float16 / bfloat16, one read of x and no temporary of its size (host:
+    `_C.read_pass`, vectorised, for float32 / float64, `_C.max_key` for the 16-bit types; CUDA:
+    `_C.cuda_max_key`, cub::DeviceReduce over the keys). Otherwise (strided, other dtypes, CUDA
+    tensors of a build without the CUDA kernels): isfinite(x).all() of x's framework, which
+    makes temporaries of x's size."""
+    name = dtype_name(x.dtype)
+    if name in _FIRST_NONFINITE_KEY and _contiguous(x) and (cuda_built or not is_cuda(x)):
+        view = x.reshape(-1) if is_cuda(x) else as_numpy(x, "x")
+        n = x.numel() if is_cuda(x) else view.array.size
+        return _max_key(view, 0, n) < _FIRST_NONFINITE_KEY[name]
+    if framework_of(x) == "torch":
+        import torch
+
+        return bool(torch.isfinite(x).all())
+    return bool(np.isfinite(np.asarray(x)).all())
+
+
+def _contiguous(x: Any) -> bool:
+    framework = framework_of(x)
+    if framework == "torch":
+        return x.is_contiguous()
+    return framework == "tensorflow" or x.flags.c_contiguous
+
+
+def sorted_union(a: Any, b: Any) -> Any:
+    """The sorted union of two strictly increasing index arrays of one dtype (int32 / int64,
+    numpy or CPU torch), each index once: a linear merge (`_C.sorted_union`), not a sort."""
+    view_a, view_b = as_numpy(a, "a", values=False), as_numpy(b, "b", values=False)
+    return like(_C.sorted_union(view_a.array, view_b.array), view_a)
 
 
 def _to_cpu(x: Any) -> Any:
@@ -586,36 +699,72 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
                                coarse_shift: int) -> tuple[Any, np.ndarray]:
     import torch
 
-    _cuda_check_pair(gradient, residual)  # begin and end: the kernel checks them
-    d = gradient.numel()
-    value_type = _cuda_value_type(gradient.dtype)
-    with _on_device(gradient.device):
-        workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(int(n_bins)),
-                               gradient.device)
+    if gradient is None:
+        _cuda_check(residual, "residual", residual.device)
+    else:
+        _cuda_check_pair(gradient, residual)  # begin and end: the kernel checks them
+    d, device = residual.numel(), residual.device
+    value_type = _cuda_value_type(residual.dtype)
+    with _on_device(device):
+        workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(int(n_bins)), device)
         count, histogram = _C.cuda_accumulate_count(
-            value_type, gradient.data_ptr(), residual.data_ptr(), d, int(begin), int(end),
-            int(threshold_key), int(histogram_base_key), int(histogram_shift), int(n_bins),
-            int(n_fine), int(coarse_shift), bool(clear_gradient), _stream(gradient.device),
-            workspace.data_ptr(), workspace.numel())
-        indices = torch.empty(count, dtype=_torch_index_dtype(d), device=gradient.device)
+            value_type, 0 if gradient is None else gradient.data_ptr(), residual.data_ptr(), d,
+            int(begin), int(end), int(threshold_key), int(histogram_base_key),
+            int(histogram_shift), int(n_bins), int(n_fine), int(coarse_shift),
+            bool(clear_gradient), _stream(device), workspace.data_ptr(), workspace.numel())
+        indices = torch.empty(count, dtype=_torch_index_dtype(d), device=device)
         if count:
-            written = _cuda_threshold_indices_into(
-                indices, residual, begin, end, max(int(threshold_key), int(histogram_base_key)))
-            if written != count:  # the kernels' contract broken: say so rather than go on
-                raise RuntimeError(f"gtopk_hvd: the threshold pass counted {count} entries and "
-                                   f"wrote {written}")
+            _check_written(count, _cuda_threshold_indices_into(
+                indices, residual, begin, end, max(int(threshold_key), int(histogram_base_key))))
     return indices, histogram
 
 
 def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+    """Counts the entries first (a read of [begin, end) by the count kernel), then writes them
+    into a tensor of that size: no room for the whole range."""
     import torch
 
     _cuda_check(x, "x", x.device)
     _check_range(begin, end, x.numel())
     with _on_device(x.device):
-        room = torch.empty(end - begin, dtype=_torch_index_dtype(x.numel()), device=x.device)
-        count = _cuda_threshold_indices_into(room, x, begin, end, threshold_key)
-    return room[:count].clone()
+        count = _cuda_count(x, begin, end, threshold_key)
+        indices = torch.empty(count, dtype=_torch_index_dtype(x.numel()), device=x.device)
+        if count:
+            _check_written(count, _cuda_threshold_indices_into(indices, x, begin, end,
+                                                               threshold_key))
+    return indices
+
+
+def _cuda_count(x: Any, begin: int, end: int, threshold_key: int) -> int:
+    """#{i in [begin, end): magnitude_key(x[i]) >= threshold_key}, by the count kernel without
+    accumulating (one bin at the threshold)."""
+    workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(1), x.device)
+    count, _ = _C.cuda_accumulate_count(
+        _cuda_value_type(x.dtype), 0, x.data_ptr(), x.numel(), int(begin), int(end),
+        int(threshold_key), int(threshold_key), 0, 1, -1, 0, False, _stream(x.device),
+        workspace.data_ptr(), workspace.numel())
+    return int(count)
+
+
+def _check_written(count: int, written: int) -> None:
+    if written != count:  # the kernels' contract broken: say so rather than go on
+        raise RuntimeError(f"gtopk_hvd: the threshold pass counted {count} entries and "
+                           f"wrote {written}")
+
+
+def _cuda_max_key(x: Any, begin: int, end: int, plus: Any, finite_only: bool) -> int:
+    """`_max_key` of a contiguous CUDA tensor (plus: one of its length, dtype and device)."""
+    _require_cuda_build()
+    _cuda_check(x, "x", x.device)
+    if plus is not None:
+        _cuda_check_pair(plus, x)
+    value_type, n = _cuda_value_type(x.dtype), end - begin
+    first = x.reshape(-1)[begin:end]
+    other = 0 if plus is None else plus.reshape(-1)[begin:end].data_ptr()
+    with _on_device(x.device):
+        workspace = _workspace(_C.cuda_max_key_workspace_bytes(value_type, n), x.device)
+        return int(_C.cuda_max_key(value_type, first.data_ptr(), other, n, bool(finite_only),
+                                   _stream(x.device), workspace.data_ptr(), workspace.numel()))
 
 
 def _cuda_threshold_indices_into(out: Any, x: Any, begin: int, end: int,

@@ -193,3 +193,44 @@ def test_cuda_threshold_indices_equals_the_cpu_kernel(dtype: str) -> None:
             ops.threshold_indices(gpu, 0, 10, 1 << 32)
         with pytest.raises(ValueError, match="does not fit the values' key type"):
             ops.accumulate_threshold(gpu, gpu.clone(), 0, 10, 1 << 32, 0, 19, 4)
+
+
+# -- the reads without gradient-sized temporaries (tests/test_memory_kernels.py on the host) --
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+def test_cuda_all_finite_matches_isfinite(dtype: str, bad: object) -> None:
+    x = on_gpu(np.random.default_rng(8).standard_normal(1_000_003), dtype)
+    if bad is not None:
+        x[999_999] = bad
+    assert ops.all_finite(x) == bool(torch.isfinite(x).all())
+    assert ops.all_finite(x[:0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_all_finite_makes_no_temporary_of_its_size(dtype: str) -> None:
+    x = on_gpu(np.random.default_rng(9).standard_normal(1 << 22), dtype)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    assert ops.all_finite(x)
+    assert torch.cuda.max_memory_allocated() - start < 0.05 * x.numel() * x.element_size()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_largest_finite_magnitude_and_histogram(dtype: str) -> None:
+    rng = np.random.default_rng(10)
+    x, y = rng.standard_normal((2, 300_001))
+    x[[5, 77]] = [np.nan, np.inf]
+    gx, gy = on_gpu(x, dtype), on_gpu(y, dtype)
+    hx, hy = gx.cpu().numpy(), gy.cpu().numpy()
+    assert ops.largest_finite_magnitude(gx, 3, 290_000, plus=gy) == (
+        ops.largest_finite_magnitude(hx, 3, 290_000, plus=hy))
+    if dtype == "float32":
+        base = ops.magnitude_key(0.01)
+        np.testing.assert_array_equal(ops.magnitude_histogram(gx, 10, 280_000, base, 19, 322),
+                                      ops.magnitude_histogram(hx, 10, 280_000, base, 19, 322))
+    key = ops.magnitude_key(1.5, hx.dtype)
+    np.testing.assert_array_equal(ops.threshold_indices(gx, 10, 280_000, key).cpu().numpy(),
+                                  ops.threshold_indices(hx, 10, 280_000, key))

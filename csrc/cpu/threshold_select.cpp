@@ -75,10 +75,12 @@ void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, in
         alignas(64) int32_t positions[detail::kBlock + 16];
         for (int64_t b = first; b < last; b += detail::kBlock) {
             const int64_t n = std::min(detail::kBlock, last - b);
-            T* r = residual + b;
-            T* g = gradient + b;
-            for (int64_t j = 0; j < n; ++j) r[j] += g[j];
-            if (clear_gradient) std::fill(g, g + n, T(0));
+            if (gradient != nullptr) {
+                T* r = residual + b;
+                T* g = gradient + b;
+                for (int64_t j = 0; j < n; ++j) r[j] += g[j];
+                if (clear_gradient) std::fill(g, g + n, T(0));
+            }
             const int64_t lo = std::max(b, begin), hi = std::min(b + n, end);
             if (lo >= hi || detail::block_max_key(residual + lo, hi - lo) < histogram_base) continue;
             const int64_t hits = gather_hits(residual + lo, hi - lo, histogram_base, keys, positions);

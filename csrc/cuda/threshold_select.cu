@@ -35,7 +35,8 @@ using detail::u64;
 
 constexpr int64_t kSharedBins = 4096;  // 16 KiB of 32-bit counters per block
 
-// residual += gradient over [0, d) (gradient = 0 too when clear_gradient); over [begin, end):
+// residual += gradient over [0, d) (gradient = 0 too when clear_gradient; gradient == nullptr:
+// neither, and only [begin, end) is read); over [begin, end):
 // histogram[bin(key)] += 1 where key >= bins.base, *selected += 1 where key >= threshold.
 // Every block of the grid covers at most 2^30 entries (tile_grid), so its 32-bit counters hold.
 template <typename T>
@@ -51,11 +52,13 @@ accumulate_count_kernel(T* gradient, T* residual, int64_t d, int64_t begin, int6
     if (threadIdx.x == 0) block_selected = 0;
     __syncthreads();
     unsigned int mine = 0;
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
+    const bool accumulate = gradient != nullptr;  // else: read [begin, end) of residual only
+    const int64_t first = accumulate ? 0 : begin, last = accumulate ? d : end;
+    for (int64_t i = first + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < last;
          i += int64_t{gridDim.x} * blockDim.x) {
-        const T value = residual[i] + gradient[i];
-        residual[i] = value;
-        if (clear_gradient) gradient[i] = T(0);
+        const T value = accumulate ? residual[i] + gradient[i] : residual[i];
+        if (accumulate) residual[i] = value;
+        if (clear_gradient && accumulate) gradient[i] = T(0);
         if (i < begin || i >= end) continue;
         const KeyOf<T> key = magnitude_key(value);
         if (key < bins.base) continue;

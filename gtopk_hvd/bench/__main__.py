@@ -8,7 +8,7 @@ import argparse
 import importlib
 
 COMMANDS = {"topk": "topk", "select": "selection", "merge": "merge", "step": "step",
-            "comm": "comm", "schemes": "schemes"}
+            "comm": "comm", "schemes": "schemes", "memory": "memory"}
 """Command -> module of gtopk_hvd.bench (no module is named as a standard one: run as a script,
 this folder is first on sys.path)."""
 

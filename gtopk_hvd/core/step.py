@@ -175,18 +175,7 @@ class SparseStep:
             return self._skip(gradient, clear_gradient, budget, check_seconds,
                               check_wait_seconds)
         start = time.perf_counter()
-        if self.predivide != 1.0:
-            if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
-                gradient /= np.float32(self.predivide)
-            else:
-                gradient = gradient / np.float32(self.predivide)
-        clear_in_pass = clear_gradient
-        if self.velocity is not None:
-            self.velocity *= np.float32(config.momentum)
-            self.velocity += gradient
-            if clear_gradient:
-                gradient[:] = 0
-            gradient, clear_in_pass = self.velocity, False
+        gradient, clear_in_pass = self._prepare(gradient, clear_gradient)
         prepare_seconds = time.perf_counter() - start
 
         exchange = self.scheme.exchange(gradient, self.residual, budget, self.step_count,
@@ -211,6 +200,28 @@ class SparseStep:
             transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
         self.step_count += 1
         return exchange.indices, values
+
+    def _prepare(self, gradient: Any, clear_gradient: bool) -> tuple[Any, bool]:
+        """Predivision and momentum correction (module docstring) with no temporary of the
+        gradient's size: (what the scheme accumulates, whether it clears it). A read-only
+        gradient is divided in blocks into the velocity, or into the residual (the scheme then
+        gets None: `Scheme.takes_accumulated`)."""
+        divisor = self.predivide
+        if self.velocity is not None:
+            self.velocity *= np.float32(self.compression.momentum)
+            ops.add_divided(self.velocity, gradient, divisor)
+            if clear_gradient:
+                gradient[:] = 0
+            return self.velocity, False
+        if divisor == 1.0:
+            return gradient, clear_gradient
+        if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
+            gradient /= np.float32(divisor)
+            return gradient, True
+        if self.scheme.takes_accumulated:
+            ops.add_divided(self.residual, gradient, divisor)
+            return None, False
+        return gradient / np.float32(divisor), False
 
     def update(self, gradient: Any, out: Any, clear_gradient: bool = False,
                skip: bool | None = None) -> Any:

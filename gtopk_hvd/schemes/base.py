@@ -58,6 +58,9 @@ class Scheme(ABC):
 
     option_names: ClassVar[tuple[str, ...]] = ()
     """The scheme's own options (`Compression.scheme(name, density, **options)`)."""
+    takes_accumulated: ClassVar[bool] = False
+    """True when `exchange` also takes gradient=None: the residual already holds r + g (the
+    step then divides a predivided gradient into it in blocks instead of making g / f)."""
 
     def __init__(self, config: Any, transport: Transport, backend: ArrayBackend,
                  sizes: list[int], index_dtype: np.dtype) -> None:
@@ -77,8 +80,9 @@ class Scheme(ABC):
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool) -> Exchange:
         """The module docstring's step. gradient: read only unless clear_gradient (then all
-        zeros on return); residual: updated in place. budget: this step's k (and its parts);
-        step: the optimizer step (0-based), the same on every worker."""
+        zeros on return), or None where `takes_accumulated`; residual: updated in place.
+        budget: this step's k (and its parts); step: the optimizer step (0-based), the same on
+        every worker."""
 
     def state_dict(self) -> dict:
         """What the scheme keeps between steps besides the residual (thresholds, partition

@@ -50,6 +50,7 @@ from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at,
 class Micro(Scheme):
 
     option_names = ("threshold", "controller")
+    takes_accumulated = True  # ops.accumulate_threshold(None, ...) reads the residual as it is
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -135,7 +136,7 @@ class Micro(Scheme):
         worker's indices at or above it."""
         size = self.transport.size
         if self.threshold is None:  # the first step: the window hangs from the largest |acc|
-            largest = ops.largest_finite_magnitude(residual[begin:end] + gradient[begin:end])
+            largest = ops.largest_finite_magnitude(residual, begin, end, plus=gradient)
             if size > 1:
                 largest = float(self.transport.allgather(np.array([largest], np.float64)).max())
                 stats.bytes_sent += 8 * (size - 1)

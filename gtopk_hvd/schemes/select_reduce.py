@@ -28,8 +28,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import one_of, refuse
@@ -46,6 +44,8 @@ def reduction_name(config: Any) -> str:
 
 @SCHEMES.register("select-reduce")
 class SelectReduce(Scheme):
+
+    takes_accumulated = True  # every sparsifier takes gradient=None (`Sparsifier.select`)
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -91,7 +91,8 @@ class SelectReduce(Scheme):
         values = sum_at(self.transport, self.backend, residual, result.indices,
                            result.stats, taken=(host_indices, host_values))
         ops.restore_residual(residual, local_indices, local_values, ~result.survived)
-        taken = np.union1d(host_indices, result.indices).astype(self.index_dtype, copy=False)
+        taken = ops.sorted_union(host_indices.astype(self.index_dtype, copy=False),
+                                 result.indices.astype(self.index_dtype, copy=False))
         return Exchange(result.indices, values, self.backend.index(taken), result.stats,
                         select_seconds)
 
@@ -112,7 +113,8 @@ class SelectReduce(Scheme):
             return backend.as_index_dtype(indices, self.index_dtype), values
         indices, values = [], []
         for part, begin, end, k in budget.parts:
-            part_indices, part_values = select(gradient[begin:end], residual[begin:end], k,
+            part_gradient = None if gradient is None else gradient[begin:end]
+            part_indices, part_values = select(part_gradient, residual[begin:end], k,
                                                clear_gradient, step, part)
             indices.append(backend.as_index_dtype(part_indices, self.index_dtype) + begin)
             values.append(part_values)

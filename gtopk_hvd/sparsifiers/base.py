@@ -38,7 +38,8 @@ class Sparsifier(ABC):
         """(I_p, V_p) as above, updating `residual` in place; `gradient` is read only unless
         clear_gradient (then it is all zeros on return). gradient and residual are numpy
         arrays, or torch tensors on one device (the result is then on that device too).
-        step: the optimizer step; part: which bucket (0 for a model-wide selection)."""
+        step: the optimizer step; part: which bucket (0 for a model-wide selection).
+        gradient None: the residual already holds acc (nothing to add, nothing to clear)."""
 
 
 SPARSIFIERS: Registry[type[Sparsifier]] = Registry("sparsifier")

@@ -27,9 +27,10 @@ class RandomK(Sparsifier):
         generator = np.random.default_rng([self.seed, step, part])
         chosen = self.backend.from_host(np.sort(generator.choice(d, size=min(k, d),
                                                                  replace=False)))
-        residual += gradient
+        if gradient is not None:
+            residual += gradient
         values = residual[chosen]  # a copy (advanced indexing)
         residual[chosen] = 0
-        if clear_gradient:
+        if clear_gradient and gradient is not None:
             gradient[:] = 0
         return chosen, values

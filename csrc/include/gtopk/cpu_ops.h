@@ -40,6 +40,9 @@ int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
 // Keys are magnitude_key's; entries below histogram_base are not counted. The histogram and the
 // compare read only the entries at or above histogram_base (a vectorised mask), so the pass
 // costs about the accumulation alone when few entries reach it.
+// gradient == nullptr: no accumulation (and nothing to clear): the histogram and the selection
+// of residual as it is, a read of [begin, end) (a second look at a threshold, or a residual that
+// already holds the accumulated gradient).
 template <typename T, typename Index>
 void accumulate_threshold(T* gradient, T* residual, int64_t d, int64_t begin, int64_t end,
                           MagnitudeKey<T> threshold, MagnitudeKey<T> histogram_base,
@@ -98,6 +101,18 @@ int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_
 
 // Benchmark floor: reads x once with all threads; returns the largest magnitude key.
 template <typename T> uint64_t read_pass(const T* x, int64_t d);
+
+// The largest magnitude key of x[i] + y[i] (of x[i] when y == nullptr) over i in [0, n), in one
+// multi-threaded read, without a temporary; finite_only: over the finite values only (keys below
+// the key of +inf), 0 if there is none (and 0 for n == 0). So x holds a NaN or an Inf iff
+// max_key(x, nullptr, n, false) >= key(+inf). T: float, double, or the 16-bit types (y must
+// then be nullptr).
+template <typename T> uint64_t max_key(const T* x, const T* y, int64_t n, bool finite_only);
+
+// out = the sorted union of a[0..n_a) and b[0..n_b) (each strictly increasing), each index once:
+// a linear merge; returns its length. out holds n_a + n_b entries.
+template <typename Index>
+int64_t sorted_union(const Index* a, int64_t n_a, const Index* b, int64_t n_b, Index* out);
 
 // The vector paths compiled in: "avx512", "avx2" or "scalar" (see simd_level.cpp).
 const char* simd_level();

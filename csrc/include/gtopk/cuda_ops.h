@@ -63,6 +63,8 @@ void restore_residual(ValueType value_type, IndexType index_type, void* residual
 // argument rules it shares (gtopk/cpu_ops.h). histogram is host memory of n_bins int64.
 // float32 / float64 only. Synchronises `stream`. The accumulated values equal the CPU kernel's
 // bit for bit but for NaN payloads (a GPU's float32 arithmetic returns one canonical NaN).
+// gradient == nullptr: no accumulation (nothing is written): the histogram and the count of
+// residual as it is, a read of [begin, end) (cpu::accumulate_threshold's rule).
 size_t accumulate_count_workspace_bytes(int64_t n_bins);
 int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, int64_t d,
                          int64_t begin, int64_t end, uint64_t threshold, uint64_t histogram_base,
@@ -95,5 +97,12 @@ void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* k
                   Workspace workspace = {});
 void sketch_estimate(const float* table, const uint32_t* keys, int rows, int64_t columns,
                      int64_t d, float* estimate, void* stream);
+// cpu::max_key on the device: the largest magnitude key of x[i] + y[i] (of x[i] when
+// y == nullptr) over [0, n), finite values only when finite_only (0 if none), in one read by
+// cub::DeviceReduce over a transform of the input: no temporary the size of x. All four value
+// types (y must be nullptr for the 16-bit ones). Synchronises `stream`.
+size_t max_key_workspace_bytes(ValueType value_type, int64_t n);
+uint64_t max_key(ValueType value_type, const void* x, const void* y, int64_t n, bool finite_only,
+                 void* stream, Workspace workspace = {});
 
 }  // namespace gtopk::cuda
