@@ -105,3 +105,22 @@ def test_exact_gtopk_stays_on_the_host_path() -> None:
     (tests/test_sparse_state_devices.py) and uses no device reducer."""
     for _, _, _, reducers in run(Compression.gtopk(0.05, exact=True), 3, True, steps=2):
         assert reducers == {GTopkReducer}
+
+
+def test_workers_with_their_state_in_different_places_are_refused() -> None:
+    """A worker whose state is in numpy beside one whose state is in tensors would reduce on the
+    host while the other sends tensors: the first step's agreement check refuses it on both."""
+
+    def work(transport: object) -> str:
+        on_torch = transport.rank == 1
+        state = SparseStep(Compression.gtopk(0.1), SIZES, transport,
+                           device="cpu" if on_torch else None)
+        gradient = np.ones(sum(SIZES), np.float32)
+        try:
+            state.step(torch.from_numpy(gradient) if on_torch else gradient)
+        except ValueError as error:
+            return str(error)
+        return "stepped"
+
+    for message in ThreadGroup(2).run(work):
+        assert "workers disagree" in message and "where the state lives" in message, message

@@ -13,8 +13,9 @@ The scheme is chosen by name (`config.scheme`: "select-reduce", Top-k / gTop-k /
 registered sparsifier and reduction, by default). The step owns what every scheme shares: the
 array backend (chosen once: numpy on the host, or torch tensors on `device`), the agreement
 check (the first step checks, with one small all-gather, that every worker has the same layout,
-configuration and options, and takes the largest step count of the workers:
-`gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
+configuration and options, and keeps its state in the same kind of arrays (a reduction on the
+device and one on the host exchange different messages), and takes the largest step count of
+the workers: `gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
 scaling and the stats. It imports no framework and no Horovod: adapters fuse their gradients
 into one flat vector, call `update` (or `step`), split the result back, and check their own
 framework's ranks.
@@ -129,7 +130,7 @@ class SparseStep:
         self.signature = signature(
             layout, sizes=self.sizes, compression=config, average=average,
             predivide=self.predivide, wait_probe=resolve_wait_probe(None, self.transport),
-            **(options or {}))
+            state=self.backend.name, **(options or {}))
         self.step_count = 0
         self.skipped_steps = 0  # steps skipped for a non-finite gradient (not checkpointed)
         self.last_stats: StepStats | None = None
@@ -286,7 +287,8 @@ class SparseStep:
         the density warm-up gives every worker the same k."""
         if not self._workers_agree:
             counts = check_same_on_all_workers(
-                self.transport, f"{self.what} names, shapes, dtypes and compression",
+                self.transport, f"{self.what} names, shapes, dtypes, compression and where "
+                "the state lives (host numpy or torch tensors)",
                 self.signature, carry=self.step_count)
             self.step_count = max(counts)
             self._workers_agree = True
