@@ -33,7 +33,6 @@ import numpy as np
 from gtopk_hvd import ops
 from gtopk_hvd._arrays import framework_of, to_host_numpy
 from gtopk_hvd.backend import backend_for
-from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
 from gtopk_hvd.reductions.result import ReductionStats, SparseResult
 from gtopk_hvd.reductions.wait_probe import probe_partner, resolve_wait_probe
 from gtopk_hvd.transports import Transport, resolve_transport
@@ -250,31 +249,3 @@ def gtopk_allreduce(indices: Any, values: Any, k: int, transport: Transport | st
         result.indices, result.values = (backend.from_host(result.indices),
                                          backend.from_host(result.values))
     return result
-
-
-@REDUCTIONS.register("gtopk")
-class GTopkReduction(Reduction):
-    """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one)."""
-
-    def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
-        super().__init__(transport, index_dtype, wire_dtype)
-        self._reducers: dict[tuple[int, bool], GTopkReducer] = {}
-
-    def takes_tensors_on(self, device: Any) -> bool:
-        """On the transport's tensor device, or anywhere for one worker (no message is sent):
-        `gtopk_hvd.reductions.gtopk_device`."""
-        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
-
-    def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
-        on_device = framework_of(values) == "torch"
-        reducer = self._reducers.get((k, on_device))
-        if reducer is None:
-            if on_device:
-                from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
-
-                reducer = DeviceGTopkReducer(k, self.index_dtype, self.wire_dtype,
-                                             self.transport, values.device)
-            else:
-                reducer = GTopkReducer(k, self.index_dtype, self.wire_dtype, self.transport)
-            self._reducers[(k, on_device)] = reducer
-        return reducer.allreduce(indices, values)

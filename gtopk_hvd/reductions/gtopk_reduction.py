@@ -1,0 +1,40 @@
+"""The sparse step's gTop-k reduction (registered as "gtopk"): one reducer per k, on the host
+(`gtopk_hvd.reductions.gtopk`) or, for sets held as tensors where the transport sends tensors
+from, on that device (`gtopk_hvd.reductions.gtopk_device`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gtopk_hvd._arrays import framework_of
+from gtopk_hvd.reductions.base import REDUCTIONS, Reduction
+from gtopk_hvd.reductions.gtopk import GTopkReducer
+from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
+from gtopk_hvd.reductions.result import SparseResult
+from gtopk_hvd.transports import Transport
+
+
+@REDUCTIONS.register("gtopk")
+class GTopkReduction(Reduction):
+    """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one)."""
+
+    def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
+        super().__init__(transport, index_dtype, wire_dtype)
+        self._reducers: dict[tuple[int, bool], GTopkReducer] = {}
+
+    def takes_tensors_on(self, device: Any) -> bool:
+        """On the transport's tensor device, or anywhere for one worker (no message is sent):
+        `gtopk_hvd.reductions.gtopk_device`."""
+        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
+
+    def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
+        on_device = framework_of(values) == "torch"
+        reducer = self._reducers.get((k, on_device))
+        if reducer is None:
+            if on_device:
+                reducer = DeviceGTopkReducer(k, self.index_dtype, self.wire_dtype,
+                                             self.transport, values.device)
+            else:
+                reducer = GTopkReducer(k, self.index_dtype, self.wire_dtype, self.transport)
+            self._reducers[(k, on_device)] = reducer
+        return reducer.allreduce(indices, values)
