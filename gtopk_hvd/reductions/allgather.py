@@ -67,9 +67,9 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
 
     size, k = transport.size, len(values)
     stats = ReductionStats(rounds=size - 1)
+    survived = torch.ones(k, dtype=torch.bool, device=values.device)  # every entry is summed
     if size == 1:
-        return SparseResult(indices, values + 0.0, torch.ones(k, dtype=torch.bool,
-                                                               device=values.device), stats)
+        return SparseResult(indices, values + 0.0, survived, stats)
     all_indices = torch.empty(size * k, dtype=indices.dtype, device=indices.device)
     all_values = torch.empty(size * k, dtype=values.dtype, device=values.device)
     start = time.perf_counter()
@@ -85,8 +85,7 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
     entry = indices.element_size() + 4
     stats.bytes_received = stats.bytes_sent = entry * k * (size - 1)
     stats.messages_sent = 2 * (size - 1)
-    return SparseResult(union, summed + 0.0, torch.ones(k, dtype=torch.bool,
-                                                        device=values.device), stats)
+    return SparseResult(union, summed + 0.0, survived, stats)
 
 
 @REDUCTIONS.register("allgather")
@@ -94,9 +93,7 @@ class AllgatherReduction(Reduction):
     """Every worker's set, summed; values travel as float32 (other wire dtypes are refused)."""
 
     wire_dtypes = ("float32",)
-
-    def takes_tensors_on(self, device: Any) -> bool:
-        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
+    takes_tensors = True
 
     def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
         if framework_of(values) == "torch":

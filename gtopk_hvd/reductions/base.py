@@ -41,10 +41,15 @@ class Reduction(ABC):
         numpy arrays; or, where `takes_tensors_on` the sets' device, torch tensors there with
         exactly k entries, and then the result (survived included) is tensors there too."""
 
+    takes_tensors: ClassVar[bool] = False
+    """True when `reduce` can also take k-entry sets as torch tensors (`takes_tensors_on`)."""
+
     def takes_tensors_on(self, device: Any) -> bool:
         """Whether `reduce` takes k-entry sets as torch tensors on `device`, sending and merging
-        them there (no host copy). Default: host arrays only."""
-        return False
+        them there (no host copy): where the reduction can (`takes_tensors`) and the transport
+        sends tensors from that device, or anywhere for one worker (no message is sent)."""
+        return self.takes_tensors and (self.transport.size == 1
+                                       or self.transport.takes_tensors_on(device))
 
 
 REDUCTIONS: Registry[type[Reduction]] = Registry("reduction")

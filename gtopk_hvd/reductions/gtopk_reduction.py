@@ -16,16 +16,14 @@ from gtopk_hvd.transports import Transport
 
 @REDUCTIONS.register("gtopk")
 class GTopkReduction(Reduction):
-    """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one)."""
+    """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one), or
+    per k a `DeviceGTopkReducer` for sets held as tensors."""
+
+    takes_tensors = True
 
     def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
         super().__init__(transport, index_dtype, wire_dtype)
         self._reducers: dict[tuple[int, bool], GTopkReducer] = {}
-
-    def takes_tensors_on(self, device: Any) -> bool:
-        """On the transport's tensor device, or anywhere for one worker (no message is sent):
-        `gtopk_hvd.reductions.gtopk_device`."""
-        return self.transport.size == 1 or self.transport.takes_tensors_on(device)
 
     def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:
         on_device = framework_of(values) == "torch"

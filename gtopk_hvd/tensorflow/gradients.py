@@ -128,18 +128,18 @@ def sparse_allreduce(state: GTopkState, gradients: Sequence[Any], sources: Seque
             return np.zeros(d, dtype=np.float32), np.array(False)
         return update, np.array(True)
 
-    return fused_host_call(numpy_step, gradients, shapes, dtypes,
-                           passes if apply_skipped else 0, "gtopk_sparse_allreduce")
+    return fused_host_call(numpy_step, gradients, shapes, dtypes, passes,
+                           "gtopk_sparse_allreduce", may_skip=not apply_skipped)
 
 
 def fused_host_call(numpy_step: Any, gradients: Sequence[Any], shapes: Sequence[tf.TensorShape],
-                    dtypes: Sequence[tf.DType], passes: int, name: str
+                    dtypes: Sequence[tf.DType], passes: int, name: str, may_skip: bool = False
                     ) -> tuple[list[Any], Any]:
     """gradients fused (float32, None as zeros), `numpy_step(flat) -> (update, applied)` on
     the host, and the update split back into tensors shaped and typed as `shapes` / `dtypes`:
     directly when eager, through tf.py_function (named `name`) inside a tf.function (module
     docstring). `applied`: a Python bool eagerly; in a graph a bool tensor (the constant True
-    when passes == 1: pass 0 when a step may come back not applied for another reason)."""
+    when passes == 1, unless may_skip: a step may come back not applied for another reason)."""
     sizes = [int(shape.num_elements()) for shape in shapes]
     flat = _fuse(gradients, sizes)
     if tf.executing_eagerly():
@@ -151,7 +151,7 @@ def fused_host_call(numpy_step: Any, gradients: Sequence[Any], shapes: Sequence[
                                          [tf.float32, tf.bool], name=name)
         update.set_shape([sum(sizes)])
         applied.set_shape([])
-        if passes == 1:
+        if passes == 1 and not may_skip:
             applied = True
     pieces = tf.split(update, sizes) if len(sizes) > 1 else [update]
     reduced = [tf.cast(tf.reshape(piece, shape), dtype)
