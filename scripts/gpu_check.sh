@@ -37,6 +37,7 @@
 #   GPU_CHECK_BUNDLE         the bundle folder (default .gpu_bundle)
 #   GPU_CHECK_HOROVOD_JOBS   make jobs of the background Horovod build (default 8)
 #   GPU_CHECK_STAGES         only these stages, e.g. "machine build tests" (default: all)
+#   GPU_CHECK_FULL_TESTS=1   the tests stage includes the full-sort references at d = 2^24
 #   GPU_CHECK_WORK           the work folder (default: a new /tmp/gpu_check.XXXXXX)
 # docs/gpu.md has the device call.
 set -uo pipefail
@@ -196,8 +197,8 @@ stage_bench_memory() {
         echo "python -m gtopk_hvd.bench memory is not in this tree; the peak memory per scheme is step_memory's"
         return 99
     fi
-    local args=()
-    grep -q -- '--device' "$FIG/logs/bench_memory_help.txt" && args+=(--device "$DEVICE")
+    local args=(--states cuda)  # the host states are measured on the development machine
+    [[ $DEVICE == cpu ]] && args=(--states numpy --parameters 200000 --steps 2)
     grep -q -- '--json' "$FIG/logs/bench_memory_help.txt" && args+=(--json "$FIG/bench_memory.json")
     "$PY" -m gtopk_hvd.bench memory "${args[@]}"
 }
@@ -243,7 +244,8 @@ stage_horovod_run() {
 }
 
 stage_tests() {
-    local files=(tests/test_ops_cuda.py tests/test_sparse_state_devices.py tests/test_shared_types.py tests/test_ops.py)
+    local files=(tests/test_ops_cuda.py tests/test_device_reduction.py tests/test_count_sketch.py
+                 tests/test_sparse_state_devices.py tests/test_shared_types.py tests/test_ops.py)
     local workers=$(( JOBS > 2 ? JOBS - 2 : 1 ))
     (( workers > 14 )) && workers=14
     local args=(-q -rfE -p no:cacheprovider)
@@ -253,6 +255,9 @@ stage_tests() {
     "$PY" -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" \
         2>/dev/null && args+=(--dist worksteal)
     "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 170)
+    # the full-sort references at d = 2^24 (25-47 s each on an H100) passed on the first GPU run
+    # and their kernel is unchanged: GPU_CHECK_FULL_TESTS=1 runs them too
+    [[ ${GPU_CHECK_FULL_TESTS:-0} == 1 ]] || args+=(-k "not 16777216")
     "$PY" -m pytest "${args[@]}" "${files[@]}"
 }
 
@@ -301,14 +306,14 @@ echo "gpu_check: device mode $DEVICE, budget $BUDGET s, report in $OUT_DIR, work
 run_stage machine 30 bash -c stage_machine
 start_horovod_build
 run_stage build 240 bash -c stage_build
-run_stage ddp_e2e 200 bash -c stage_ddp_e2e
-run_stage step_memory 120 bash -c stage_step_memory
-run_stage bench_memory 60 bash -c stage_bench_memory
-run_stage bench_topk 60 bash -c stage_bench_topk
-run_stage bench_select 45 bash -c stage_bench_select
+run_stage tests 150 --signal INT bash -c stage_tests
+run_stage ddp_e2e 150 bash -c stage_ddp_e2e
+run_stage step_memory 100 bash -c stage_step_memory
+run_stage bench_topk 40 bash -c stage_bench_topk
+run_stage bench_select 30 bash -c stage_bench_select
+run_stage bench_memory 30 bash -c stage_bench_memory
 finish_horovod_build
 run_stage horovod_run 120 bash -c stage_horovod_run
-run_stage tests 400 --signal INT bash -c stage_tests
 write_report
 echo "gpu_check: done in $(elapsed) s; report: $OUT_DIR/gpu_report.md"
 grep -E '^Targets:' "$OUT_DIR/gpu_report.md" || true

@@ -124,3 +124,54 @@ def test_workers_with_their_state_in_different_places_are_refused() -> None:
 
     for message in ThreadGroup(2).run(work):
         assert "workers disagree" in message and "where the state lives" in message, message
+
+
+def run_on_cuda(compression: object, workers: int, transport_device: str,
+                steps: int = 4) -> list:
+    """Every worker's (updates, residual, bytes sent, reducer types) from a CUDA state, the
+    transport sending tensors from `transport_device` ("cuda": the reduction on the GPU, as
+    under NCCL; "cpu": the host reduction a CUDA state takes on a CPU transport)."""
+
+    def work(transport: object) -> tuple:
+        transport.tensor_device = transport_device
+        state = SparseStep(compression, SIZES, transport, device="cuda")
+        updates, sent = [], []
+        for step in range(steps):
+            rng = np.random.default_rng([transport.rank, step])
+            gradient = torch.from_numpy(
+                rng.standard_normal(sum(SIZES)).astype(np.float32) * (1 + step)).cuda()
+            out = torch.empty(sum(SIZES), dtype=torch.float32, device="cuda")
+            update = state.update(gradient, out, clear_gradient=True)
+            updates.append(update.cpu().numpy())
+            sent.append(state.last_stats.bytes_sent)
+        reducers = {type(r) for r in getattr(state.scheme.reduction, "_reducers", {}).values()}
+        return updates, state.residual.cpu().numpy(), sent, reducers
+
+    return ThreadGroup(workers).run(work)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("scheme", "wire_dtype"), [("gtopk", "float32"), ("gtopk", "bfloat16"),
+                                                  ("gtopk", "float16"), ("topk", "float32")])
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_the_reduction_on_a_gpu_equals_the_host_one_bit_for_bit(
+        scheme: str, workers: int, wire_dtype: str) -> None:
+    """The same CUDA state reduced on the GPU (gTop-k: merge kernel, survivors by binary search,
+    the residual restored there; Top-k: the sets summed in rank order there) and on the host:
+    the same bits."""
+    compression = getattr(Compression, scheme)(0.03, wire_dtype=wire_dtype,
+                                               momentum_correction=True)
+    host, device = run_on_cuda(compression, workers, "cpu"), run_on_cuda(compression, workers,
+                                                                         "cuda")
+    for rank, ((updates, residual, sent, _), (d_updates, d_residual, d_sent, reducers)) in (
+            enumerate(zip(host, device, strict=True))):
+        if scheme == "gtopk":
+            assert reducers == {DeviceGTopkReducer}, reducers
+        for step, (want, got) in enumerate(zip(updates, d_updates, strict=True)):
+            assert got.tobytes() == want.tobytes(), (rank, step)
+        assert d_residual.tobytes() == residual.tobytes(), rank
+        if scheme == "gtopk":
+            assert d_sent == sent, rank
+        else:  # a ring all-gather of the sets; the host's also gathers the counts
+            assert d_sent == [(4 + 4) * -(-3 * sum(SIZES) // 100) * (workers - 1)] * 4, rank
+    assert all(np.count_nonzero(u) for u in device[0][0])
