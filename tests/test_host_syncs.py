@@ -1,0 +1,60 @@
+"""Host synchronisations of a step on a device state, counted without a GPU
+(tests/helpers/host_syncs.py): what the core and the schemes do outside the kernel layer. The
+selection-and-merge schemes (gTop-k, Top-k) keep the k-entry sets in tensors from selection to
+the update, so they make none at any P; the union schemes (MiCRO, ExDyna, exact gTop-k, the
+sketch) still sum their sets on the host: one copy per step, counted here so that it cannot
+grow unseen."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.device_like import device_like, device_like_cpu
+from helpers.host_syncs import count_host_syncs
+from helpers.thread_transport import ThreadGroup
+
+from gtopk_hvd.compression import Compression
+from gtopk_hvd.core import SparseStep
+
+torch = pytest.importorskip("torch")
+D = 20_000
+SCHEMES = {
+    "gtopk": (lambda: Compression.gtopk(0.01), 0),
+    "gtopk-momentum": (lambda: Compression.gtopk(0.01, momentum_correction=True), 0),
+    "topk": (lambda: Compression.topk(0.01), 0),
+    "micro": (lambda: Compression.micro(0.01), 1),
+    "exdyna": (lambda: Compression.exdyna(0.01), 1),
+    "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 1),
+    "sketch": (lambda: Compression.sketch(0.01), 1),
+}
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_host_synchronisations_per_step(scheme: str, workers: int) -> None:
+    make, allowed = SCHEMES[scheme]
+
+    def work(transport: object) -> list:
+        state = SparseStep(make(), [D], transport, device="cpu")
+        counts = []
+        for step in range(3):
+            rng = np.random.default_rng([transport.rank, step])
+            gradient = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
+            out = device_like(torch.empty(D))
+            with count_host_syncs() as syncs:
+                state.update(gradient, out, clear_gradient=True)
+            counts.append(syncs)
+        return counts
+
+    with device_like_cpu():
+        for counts in ThreadGroup(workers).run(work):
+            for syncs in counts:
+                assert syncs.total <= allowed, dict(syncs)
+
+
+def test_the_counter_sees_a_synchronisation() -> None:
+    x = device_like(torch.arange(6.0))
+    with count_host_syncs() as syncs:
+        x[x > 2] = 0  # a boolean mask: nonzero on the device, a wait
+        _ = x.sum().item()
+    assert syncs.total == 2, dict(syncs)
