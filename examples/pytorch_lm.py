@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from functools import partial
+from types import ModuleType
 from typing import Optional
 
 import digits_common
@@ -134,7 +136,7 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
                                       compression=sparse_compression(args, steps_per_epoch))
 
 
-def perplexity(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int) -> float:
+def perplexity(model: nn.Module, tokens: np.ndarray, bptt: int) -> float:
     """exp(mean cross-entropy) over `tokens`, each worker evaluating its 1/P."""
     total = hvd.allreduce(loss_totals(model, tokens, bptt, hvd.rank(), hvd.size()), op=hvd.Sum,
                           name="lm_eval")
@@ -142,7 +144,7 @@ def perplexity(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int) -> float
 
 
 @torch.no_grad()
-def loss_totals(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int, rank: int,
+def loss_totals(model: nn.Module, tokens: np.ndarray, bptt: int, rank: int,
                 workers: int) -> torch.Tensor:
     """[summed cross-entropy, token count] (float64) over worker `rank`'s 1/P of `tokens`."""
     model.eval()
@@ -160,7 +162,7 @@ def loss_totals(model: LSTMLanguageModel, tokens: np.ndarray, bptt: int, rank: i
     return total
 
 
-def forward_backward(model: LSTMLanguageModel, inputs: torch.Tensor, targets: torch.Tensor,
+def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                      hidden: list[torch.Tensor]) -> float:
     """Loss of one BPTT window and its backward pass; `hidden` becomes the window's last state."""
     logits, hidden[:] = model(inputs, tuple(hidden))
@@ -175,8 +177,26 @@ def learning_rate(args: argparse.Namespace, step: int, total_steps: int) -> floa
     return args.lr * args.decay ** passed
 
 
+def build_model(args: argparse.Namespace, vocab: int) -> LSTMLanguageModel:
+    """The LSTM of --size units in --layers layers (the same weights on every worker: the
+    caller seeds torch first)."""
+    return LSTMLanguageModel(vocab, args.size, args.layers, args.dropout)
+
+
+def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+    """Plain SGD (with --momentum), the classic LSTM recipe."""
+    return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+
 def main() -> None:
-    args = parse_args()
+    train(parse_args(), sys.modules[__name__])
+
+
+def train(args: argparse.Namespace, recipe: ModuleType) -> None:
+    """The training loop of this example and of examples/pytorch_transformer.py: the model, the
+    optimizer and the learning rate come from `recipe` (a module with build_model,
+    build_optimizer and learning_rate); a model takes (tokens, state) and returns (logits,
+    state), its `initial_hidden(batch)` the state carried between windows."""
     hvd.init()
     torch.set_num_threads(1)
     rank, workers = hvd.rank(), hvd.size()
@@ -190,9 +210,9 @@ def main() -> None:
     eval_every = args.eval_every or steps_per_epoch
 
     torch.manual_seed(args.seed)
-    model = LSTMLanguageModel(len(corpus.vocab), args.size, args.layers, args.dropout)
+    model = recipe.build_model(args, len(corpus.vocab))
     torch.manual_seed(args.seed + 1 + rank)  # dropout masks differ between workers
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer = recipe.build_optimizer(args, model)
     optimizer = distributed_optimizer(args, optimizer, model, steps_per_epoch)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     params = sum(p.numel() for p in model.parameters())
@@ -208,7 +228,7 @@ def main() -> None:
         inputs, targets = data[start:start + args.bptt], data[start + 1:start + 1 + args.bptt]
         hidden = [h.detach() for h in hidden]  # forward_backward replaces it in place
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(args, step, total_steps)
+            group["lr"] = recipe.learning_rate(args, step, total_steps)
 
         began = time.perf_counter()
         loss = timed_step(optimizer, partial(forward_backward, model, inputs, targets, hidden),
@@ -255,7 +275,7 @@ def save_parameters(path: str, model: nn.Module) -> None:
     np.savez(path, **{name: p.detach().numpy() for name, p in model.named_parameters()})
 
 
-def evaluation(args: argparse.Namespace, model: LSTMLanguageModel, valid: np.ndarray,
+def evaluation(args: argparse.Namespace, model: nn.Module, valid: np.ndarray,
                optimizer: torch.optim.Optimizer, timer: StepTimer, step: int, seconds: float,
                params: int, workers: int) -> dict:
     """One history entry: validation perplexity, the phases' mean seconds per step since the

@@ -2,6 +2,8 @@
 
     .venv/bin/python examples/simulated_cluster.py lm --workers 32 --global-batch 64 \\
         --compression gtopk --density 0.001 [any option of examples/pytorch_lm.py]
+    .venv/bin/python examples/simulated_cluster.py transformer --workers 8 --global-batch 64 \\
+        --compression gtopk --density 0.01 [any option of examples/pytorch_transformer.py]
     .venv/bin/python examples/simulated_cluster.py digits --workers 16 --global-batch 64 \\
         --compression gtopk --density 0.01 [any option of examples/pytorch_digits.py]
 
@@ -12,7 +14,8 @@ model. Worker r's forward and backward are exactly those of rank r of
 
     mpirun -np P .venv/bin/python examples/pytorch_lm.py --batch-size <global / P> [options]
 
-(and likewise for the digits CNN of examples/pytorch_digits.py: its DistributedSampler shard,
+(and likewise for the transformer of examples/pytorch_transformer.py, and the digits CNN of
+examples/pytorch_digits.py: its DistributedSampler shard,
 its learning rate x P), so the two end with bitwise identical weights for the sparse schemes
 (their sums are gtopk_hvd's own) and equal to float rounding for dense (Horovod's all-reduce
 sums in its own order): tests/test_simulate.py. Prints the history as the example does, a
@@ -28,12 +31,14 @@ import json
 import math
 import sys
 import time
+from types import ModuleType
 from typing import Optional
 
 import digits_common
 import numpy as np
 import pytorch_digits
 import pytorch_lm
+import pytorch_transformer
 import torch
 import torch_digits
 from sparse_options import sparse_compression
@@ -44,7 +49,8 @@ from tqdm import tqdm
 
 from gtopk_hvd.simulate import SimulatedCluster
 
-EXAMPLES = {"lm": pytorch_lm, "digits": pytorch_digits}
+EXAMPLES = {"lm": pytorch_lm, "transformer": pytorch_transformer, "digits": pytorch_digits}
+LANGUAGE_MODELS = ("lm", "transformer")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
@@ -52,11 +58,14 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     """(the simulation's options, the example's options with --batch-size = global / P)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Other options go to the example's parser.")
-    parser.add_argument("model", choices=["lm", "digits"],
-                        help="lm: examples/pytorch_lm.py; digits: examples/pytorch_digits.py")
+    parser.add_argument("model", choices=list(EXAMPLES),
+                        help="lm: examples/pytorch_lm.py (LSTM, SGD); transformer: "
+                             "examples/pytorch_transformer.py (GPT-style, AdamW); digits: "
+                             "examples/pytorch_digits.py")
     parser.add_argument("--workers", type=int, required=True, help="P, the simulated workers")
     parser.add_argument("--global-batch", type=int, required=True,
-                        help="sequences (lm) or images (digits) per step over all workers (a "
+                        help="sequences (lm, transformer) or images (digits) per step over all "
+                             "workers (a "
                              "multiple of --workers)")
     parser.add_argument("--record-k-sets", metavar="NPZ", default=None,
                         help="lm: before the last step's reduction, write each worker's 2 k "
@@ -76,10 +85,10 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
     if own.global_batch < own.workers or own.global_batch % own.workers:
         parser.error(f"--global-batch ({own.global_batch}) must be a multiple of --workers "
                      f"({own.workers}): every worker takes global / P sequences")
-    if own.record_k_sets and own.model != "lm":
-        parser.error("--record-k-sets records the lm's sets")
-    if own.lose_residual_at is not None and own.model != "lm":
-        parser.error("--lose-residual-at is simulated for the lm")
+    if own.record_k_sets and own.model not in LANGUAGE_MODELS:
+        parser.error("--record-k-sets records a language model's sets")
+    if own.lose_residual_at is not None and own.model not in LANGUAGE_MODELS:
+        parser.error("--lose-residual-at is simulated for the language models")
     if own.lose_worker is None:
         own.lose_worker = own.workers - 1
     if not 0 <= own.lose_worker < own.workers:
@@ -117,7 +126,9 @@ def point_gradients(parameters: list[torch.Tensor], flat: np.ndarray) -> None:
         offset += p.numel()
 
 
-def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
+def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: ModuleType) -> dict:
+    """pytorch_lm.train with `recipe` (pytorch_lm or pytorch_transformer): worker r on its
+    shard, its dropout stream and its carried state."""
     torch.set_num_threads(1)
     workers = own.workers
     corpus = load_corpus(args.vocab_size)
@@ -130,12 +141,12 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
     eval_every = args.eval_every or steps_per_epoch
 
     torch.manual_seed(args.seed)
-    model = pytorch_lm.LSTMLanguageModel(len(corpus.vocab), args.size, args.layers, args.dropout)
+    model = recipe.build_model(args, len(corpus.vocab))
     dropout_streams = []  # worker r seeds seed + 1 + r, as rank r of the mpirun job
     for rank in range(workers):
         torch.manual_seed(args.seed + 1 + rank)
         dropout_streams.append(torch.get_rng_state())
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer = recipe.build_optimizer(args, model)
     parameters = [p for p in model.parameters() if p.requires_grad]
     params = sum(p.numel() for p in parameters)
     dense = args.compression in digits_common.DENSE
@@ -149,7 +160,7 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace) -> dict:
     for step in range(total_steps):
         start = (step % steps_per_epoch) * args.bptt
         for group in optimizer.param_groups:
-            group["lr"] = pytorch_lm.learning_rate(args, step, total_steps)
+            group["lr"] = recipe.learning_rate(args, step, total_steps)
         began = time.perf_counter()
         loss = 0.0
         for rank, shard in enumerate(shards):
@@ -224,7 +235,7 @@ def record_k_sets(path: str, cluster: SimulatedCluster, density: float) -> None:
                         indices=indices.astype(np.int32), values=values)
 
 
-def perplexity(model: pytorch_lm.LSTMLanguageModel, tokens: np.ndarray, bptt: int,
+def perplexity(model: torch.nn.Module, tokens: np.ndarray, bptt: int,
                workers: int) -> float:
     """pytorch_lm.perplexity over P workers' shards: the sum of their totals."""
     total = sum(pytorch_lm.loss_totals(model, tokens, bptt, rank, workers)
@@ -286,7 +297,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if own.model == "digits":
         simulate_digits(own, args)
         return
-    run = simulate_lm(own, args)
+    run = simulate_lm(own, args, EXAMPLES[own.model])
     model = run.pop("model")
     last = run["evaluations"][-1]
     if args.history:
