@@ -24,7 +24,7 @@ SCHEMES = {
     "topk": (lambda: Compression.topk(0.01), 0),
     "micro": (lambda: Compression.micro(0.01), 1),
     "exdyna": (lambda: Compression.exdyna(0.01), 1),
-    "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 1),
+    "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 0),
     "sketch": (lambda: Compression.sketch(0.01), 1),
 }
 
