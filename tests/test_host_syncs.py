@@ -1,9 +1,9 @@
 """Host synchronisations of a step on a device state, counted without a GPU
 (tests/helpers/host_syncs.py): what the core and the schemes do outside the kernel layer. The
-selection-and-merge schemes (gTop-k, Top-k) keep the k-entry sets in tensors from selection to
-the update, so they make none at any P; the union schemes (MiCRO, ExDyna, exact gTop-k, the
-sketch) still sum their sets on the host: one copy per step, counted here so that it cannot
-grow unseen."""
+selection-and-merge schemes (gTop-k, Top-k), exact gTop-k and the sketch keep their sets and
+sums in tensors from selection to the update (the sums by an all-reduce of tensors:
+`gtopk_hvd.schemes.union.sum_at_tensors`), so they make none at any P; MiCRO and ExDyna still
+sum their union on the host: one copy per step, counted here so that it cannot grow unseen."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ SCHEMES = {
     "micro": (lambda: Compression.micro(0.01), 1),
     "exdyna": (lambda: Compression.exdyna(0.01), 1),
     "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 0),
-    "sketch": (lambda: Compression.sketch(0.01), 1),
+    "sketch": (lambda: Compression.sketch(0.01), 0),
+    "sketch-estimates": (lambda: Compression.sketch(0.01, second_round=False), 0),
 }
 
 
