@@ -3,7 +3,8 @@ sum_at_tensors, sum_counted_tensors; `Transport.allreduce_sum_tensors`) against 
 on the same data: the same bits (the thread transport sums in rank order both ways), the same
 residual, the same bytes and messages, at P = 1, 2, 3, 5; on DeviceLikeTensors (CPU tensors
 with a CUDA tensor's refusals) without a host synchronisation, and on a GPU where there is one.
-`ops.sorted_union` on CUDA against numpy's union1d."""
+Every union scheme's step with its state in tensors (the exchanges above) against the numpy
+state, bit for bit, at the same P. `ops.sorted_union` on CUDA against numpy's union1d."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from helpers.device_like import device_like, device_like_cpu
 from helpers.host_syncs import count_host_syncs
 from helpers.thread_transport import ThreadGroup
+from test_sparse_state_devices import assert_same_training, train
 
 from gtopk_hvd import ops
 from gtopk_hvd.backend import NUMPY
+from gtopk_hvd.compression import Compression
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes import union
 from gtopk_hvd.transports.base import Transport
@@ -139,6 +142,25 @@ def test_sum_counted_tensors_equals_sum_counted(workers: int) -> None:
         for want, host_stats, got, stats, default in ThreadGroup(workers).run(work):
             assert got.tobytes() == want.tobytes() == default.tobytes()
             assert stats == host_stats
+
+
+UNION_SCHEMES = {
+    "micro": lambda: Compression.micro(0.05),
+    "exdyna": lambda: Compression.exdyna(0.05, blocks=16),
+    "sketch": lambda: Compression.sketch(0.05, columns=64),
+    "sketch-estimates": lambda: Compression.sketch(0.05, columns=64, second_round=False),
+    "gtopk-exact": lambda: Compression.gtopk(0.05, exact=True, momentum_correction=True),
+}
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("scheme", list(UNION_SCHEMES))
+def test_union_schemes_on_tensors_equal_the_numpy_state(scheme: str, workers: int) -> None:
+    """The step with its state in DeviceLikeTensors (the union exchanged as tensors) and in
+    numpy (on the host): the same updates, residuals and velocities, bit for bit."""
+    compression = UNION_SCHEMES[scheme]()
+    assert_same_training(train(compression, None, workers, steps=4),
+                         train(compression, "device-like-cpu", workers, steps=4))
 
 
 @CUDA
