@@ -43,8 +43,10 @@ class Transport(ABC):
         """
 
     tensor_device: Any = None
-    """The torch device whose tensors `sendrecv_tensors` sends as they are (torch.distributed:
-    the process group's, a GPU under NCCL), or None: this transport sends host arrays only."""
+    """The torch device whose tensors `sendrecv_tensors`, `allgather_tensors` and
+    `allreduce_sum_tensors` take as they are (torch.distributed: the process group's, a GPU
+    under NCCL), or None: this transport sends host arrays only. A transport that sets it
+    implements the first two (the third has a default through the host)."""
 
     def sendrecv_tensors(self, send: Sequence[Any], dest: int | None, receive: Sequence[Any],
                          source: int | None, tag: int) -> None:
