@@ -69,13 +69,18 @@ def gather_indices(transport: Transport, mine: np.ndarray, stats: ReductionStats
     ready = time.perf_counter()
     everyone = transport.allgatherv(np.ascontiguousarray(mine), counts)
     stats.add_exchange(ready - start, time.perf_counter() - ready)
-    total = int(counts.sum())
-    stats.bytes_received += mine.itemsize * (total - mine.size) + 8 * (size - 1)
-    stats.bytes_sent += (mine.itemsize * (total - int(counts[(transport.rank + 1) % size]))
-                         + 8 * (size - 1))
+    _count_gather(stats, counts, transport.rank, mine.itemsize)
+    return everyone, counts
+
+
+def _count_gather(stats: ReductionStats, counts: np.ndarray, rank: int, itemsize: int) -> None:
+    """A ring all-gather's bytes of the counts and of sets of `counts` indices (module
+    docstring)."""
+    size, total = counts.size, int(counts.sum())
+    stats.bytes_received += itemsize * (total - int(counts[rank])) + 8 * (size - 1)
+    stats.bytes_sent += itemsize * (total - int(counts[(rank + 1) % size])) + 8 * (size - 1)
     stats.messages_sent += 2 * (size - 1)
     stats.rounds += size - 1
-    return everyone, counts
 
 
 def sum_counted(transport: Transport, array: np.ndarray, stats: ReductionStats) -> np.ndarray:
@@ -86,12 +91,17 @@ def sum_counted(transport: Transport, array: np.ndarray, stats: ReductionStats) 
         start = time.perf_counter()
         transport.allreduce_sum(array)
         stats.add_exchange(0.0, time.perf_counter() - start)
-        ring = 2 * (size - 1) * array.nbytes // size
-        stats.bytes_sent += ring
-        stats.bytes_received += ring
-        stats.messages_sent += 2 * (size - 1)
-        stats.rounds += 2 * (size - 1)
+        _count_allreduce(stats, size, array.nbytes)
     return array
+
+
+def _count_allreduce(stats: ReductionStats, size: int, nbytes: int) -> None:
+    """A ring all-reduce's bytes of `nbytes` (module docstring)."""
+    ring = 2 * (size - 1) * nbytes // size
+    stats.bytes_sent += ring
+    stats.bytes_received += ring
+    stats.messages_sent += 2 * (size - 1)
+    stats.rounds += 2 * (size - 1)
 
 
 def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: np.ndarray,
@@ -152,12 +162,7 @@ def gather_indices_tensors(transport: Transport, mine: Any, stats: ReductionStat
     else:
         everyone = mine[:0]
     stats.add_exchange(ready - start, time.perf_counter() - ready)
-    total, itemsize = int(counts.sum()), mine.element_size()
-    stats.bytes_received += itemsize * (total - n) + 8 * (size - 1)
-    stats.bytes_sent += itemsize * (total - int(counts[(transport.rank + 1) % size])) + 8 * (
-        size - 1)
-    stats.messages_sent += 2 * (size - 1)
-    stats.rounds += size - 1
+    _count_gather(stats, counts, transport.rank, mine.element_size())
     return everyone, counts
 
 
@@ -169,11 +174,7 @@ def sum_counted_tensors(transport: Transport, tensor: Any, stats: ReductionStats
         start = time.perf_counter()
         transport.allreduce_sum_tensors([tensor])
         stats.add_exchange(0.0, time.perf_counter() - start)
-        ring = 2 * (size - 1) * tensor.numel() * tensor.element_size() // size
-        stats.bytes_sent += ring
-        stats.bytes_received += ring
-        stats.messages_sent += 2 * (size - 1)
-        stats.rounds += 2 * (size - 1)
+        _count_allreduce(stats, size, tensor.numel() * tensor.element_size())
     return tensor
 
 
