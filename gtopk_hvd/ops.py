@@ -569,8 +569,13 @@ def _contiguous(x: Any) -> bool:
 
 
 def sorted_union(a: Any, b: Any) -> Any:
-    """The sorted union of two strictly increasing index arrays of one dtype (int32 / int64,
-    numpy or CPU torch), each index once: a linear merge (`_C.sorted_union`), not a sort."""
+    """The sorted union of two strictly increasing index arrays of one dtype (int32 / int64),
+    each index once. numpy or CPU torch: a linear merge (`_C.sorted_union`), not a sort, which
+    refuses unsorted input. CUDA tensors: torch's sort of the concatenation, then
+    unique_consecutive, on the device (inputs not checked: a check would read them); the
+    union's length is data-dependent, so its allocation waits for the device once."""
+    if is_cuda(a) or is_cuda(b):
+        return _cuda_sorted_union(a, b)
     view_a, view_b = as_numpy(a, "a", values=False), as_numpy(b, "b", values=False)
     return like(_C.sorted_union(view_a.array, view_b.array), view_a)
 
@@ -833,6 +838,18 @@ def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: An
         _C.cuda_restore_residual(_cuda_value_type(values.dtype), _cuda_index_type(indices.dtype),
                                  residual.data_ptr(), indices.data_ptr(), values.data_ptr(),
                                  mask.data_ptr(), indices.numel(), _stream(device))
+
+
+def _cuda_sorted_union(a: Any, b: Any) -> Any:
+    import torch
+
+    if not (is_cuda(a) and is_cuda(b)) or a.device != b.device:
+        raise ValueError("a and b must be CUDA tensors on one device")
+    if a.dtype != b.dtype or a.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"a and b must have one index dtype (int32 / int64), got {a.dtype} and "
+                        f"{b.dtype}")
+    both = torch.cat((a.reshape(-1), b.reshape(-1)))
+    return torch.unique_consecutive(torch.sort(both).values)
 
 
 def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,

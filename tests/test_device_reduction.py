@@ -3,8 +3,9 @@ that are threads (tests/helpers/thread_transport.py, whose `sendrecv_tensors` ta
 as torch.distributed takes a GPU's under NCCL), with CPU tensors that refuse numpy conversions
 outside the kernel layer (tests/helpers/device_like.py): every P's schedule (powers of two and
 folds), every wire dtype, equals the host reduction bit for bit (indices, values, residuals,
-bytes), and the global set never leaves the tensors. Under torchrun the same through
-torch.distributed: tests/mpi/torchrun_transport.py."""
+bytes), and the global set never leaves the tensors; exact gTop-k's sum at the global set
+too (an all-reduce of tensors, `gtopk_hvd.schemes.union.sum_at_tensors`). Under torchrun the
+same through torch.distributed: tests/mpi/torchrun_transport.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.reductions.gtopk import GTopkReducer
 from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
 
 torch = pytest.importorskip("torch")
@@ -100,11 +100,56 @@ def test_topk_allgather_on_tensors_equals_the_host_one_bit_for_bit(
         assert d_sent == [(4 + 4) * k * (workers - 1)] * 4
 
 
-def test_exact_gtopk_stays_on_the_host_path() -> None:
-    """Exact gTop-k sums on the host: it still equals its numpy state bit for bit
-    (tests/test_sparse_state_devices.py) and uses no device reducer."""
-    for _, _, _, reducers in run(Compression.gtopk(0.05, exact=True), 3, True, steps=2):
-        assert reducers == {GTopkReducer}
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_exact_gtopk_on_tensors_equals_the_host_one_bit_for_bit(workers: int,
+                                                                 wire_dtype: str) -> None:
+    """Exact gTop-k with its state in tensors: the reduction, the sum at the global set (an
+    all-reduce of tensors, `union.sum_at_tensors`) and the velocity's clearing stay there, and
+    give the host path's bits (the thread transport sums in rank order both ways); the bytes
+    are the host path's."""
+    compression = Compression.gtopk(0.03, exact=True, wire_dtype=wire_dtype,
+                                    momentum_correction=True)
+    host, device = run(compression, workers, False), run(compression, workers, True)
+    for rank, ((updates, residual, sent, _), (d_updates, d_residual, d_sent, reducers)) in (
+            enumerate(zip(host, device, strict=True))):
+        assert reducers == {DeviceGTopkReducer}, reducers
+        for step, (want, got) in enumerate(zip(updates, d_updates, strict=True)):
+            assert got.tobytes() == want.tobytes(), (rank, step)
+        assert d_residual.tobytes() == residual.tobytes(), rank
+        assert d_sent == sent, rank
+    assert all(np.count_nonzero(u) for u in device[0][0])
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_exact_gtopk_on_tensors_conserves_every_gradient(workers: int) -> None:
+    """Exact gTop-k loses nothing (`select_reduce`): after every step, what was applied (the
+    summed update, unscaled) plus every worker's residual equals every gradient so far, to the
+    float32 rounding of the sums; the state in tensors, the sums on them."""
+    steps, d = 5, sum(SIZES)
+
+    def work(transport: object) -> tuple:
+        state = SparseStep(Compression.gtopk(0.02, exact=True), SIZES, transport, device="cpu",
+                           average=False)
+        applied, given = np.zeros(d), np.zeros(d)
+        for step in range(steps):
+            gradient = np.random.default_rng([transport.rank, step, 5]).standard_normal(
+                d).astype(np.float32)
+            given += gradient
+            out = device_like(torch.empty(d))
+            state.update(device_like(torch.from_numpy(gradient)), out)
+            applied += out.cpu().numpy()
+        return applied, given, state.residual.cpu().numpy().astype(np.float64)
+
+    with device_like_cpu():
+        results = ThreadGroup(workers).run(work)
+    applied = results[0][0]
+    for other in results[1:]:
+        assert other[0].tobytes() == applied.tobytes()  # the same update on every worker
+    given = sum(r[1] for r in results)
+    residuals = sum(r[2] for r in results)
+    np.testing.assert_allclose(applied + residuals, given, rtol=0, atol=1e-5 * steps * workers)
+    assert np.count_nonzero(applied) > 0
 
 
 def test_workers_with_their_state_in_different_places_are_refused() -> None:
@@ -174,4 +219,26 @@ def test_the_reduction_on_a_gpu_equals_the_host_one_bit_for_bit(
             assert d_sent == sent, rank
         else:  # a ring all-gather of the sets; the host's also gathers the counts
             assert d_sent == [(4 + 4) * -(-3 * sum(SIZES) // 100) * (workers - 1)] * 4, rank
+    assert all(np.count_nonzero(u) for u in device[0][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_exact_gtopk_on_a_gpu_equals_the_host_one_bit_for_bit(workers: int) -> None:
+    """Exact gTop-k on a CUDA state, the transport sending tensors from the GPU: the reduction,
+    the sum at the global set (index_select, the taken values added by binary search, an
+    all-reduce of tensors) and the clearing run there, and give the bits of the same state on a
+    CPU transport, where they run on the host (P = 1, where every transport takes tensors: the
+    numpy state's)."""
+    compression = Compression.gtopk(0.03, exact=True, momentum_correction=True)
+    device = run_on_cuda(compression, workers, "cuda")
+    host = run_on_cuda(compression, workers, "cpu") if workers > 1 else run(compression, 1,
+                                                                           False)
+    for rank, ((updates, residual, sent, _), (d_updates, d_residual, d_sent, reducers)) in (
+            enumerate(zip(host, device, strict=True))):
+        assert reducers == {DeviceGTopkReducer}, reducers
+        for step, (want, got) in enumerate(zip(updates, d_updates, strict=True)):
+            assert got.tobytes() == want.tobytes(), (rank, step)
+        assert d_residual.tobytes() == residual.tobytes(), rank
+        assert d_sent == sent, rank
     assert all(np.count_nonzero(u) for u in device[0][0])

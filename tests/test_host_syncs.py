@@ -1,9 +1,10 @@
 """Host synchronisations of a step on a device state, counted without a GPU
-(tests/helpers/host_syncs.py): what the core and the schemes do outside the kernel layer. The
-selection-and-merge schemes (gTop-k, Top-k) keep the k-entry sets in tensors from selection to
-the update, so they make none at any P; the union schemes (MiCRO, ExDyna, exact gTop-k, the
-sketch) still sum their sets on the host: one copy per step, counted here so that it cannot
-grow unseen."""
+(tests/helpers/host_syncs.py): what the core and the schemes do outside the kernel layer. Every
+scheme keeps its sets and sums in tensors from selection to the update at P = 1 and with a
+transport that sends tensors (the selection-and-merge schemes' merges on the device; the union
+schemes' all-gather of indices and sums by all-reduces of tensors:
+`gtopk_hvd.schemes.union`), so none makes one outside the kernel layer (whose data-dependent
+counts, e.g. a threshold's selected count, the GPU check counts: scripts/gpu_e2e.py --syncs)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ SCHEMES = {
     "gtopk": (lambda: Compression.gtopk(0.01), 0),
     "gtopk-momentum": (lambda: Compression.gtopk(0.01, momentum_correction=True), 0),
     "topk": (lambda: Compression.topk(0.01), 0),
-    "micro": (lambda: Compression.micro(0.01), 1),
-    "exdyna": (lambda: Compression.exdyna(0.01), 1),
-    "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 1),
-    "sketch": (lambda: Compression.sketch(0.01), 1),
+    "micro": (lambda: Compression.micro(0.01), 0),
+    "exdyna": (lambda: Compression.exdyna(0.01), 0),
+    "gtopk-exact": (lambda: Compression.gtopk(0.01, exact=True), 0),
+    "sketch": (lambda: Compression.sketch(0.01), 0),
+    "sketch-estimates": (lambda: Compression.sketch(0.01, second_round=False), 0),
 }
 
 

@@ -43,7 +43,8 @@ class Exchange:
 
     indices: np.ndarray  # the global set's indices (host), identical on every worker
     values: np.ndarray  # float32 sums over workers (host), not yet scaled
-    taken: Any  # this worker's indices whose residual was taken (backend array), or None
+    taken: Any  # this worker's indices whose residual was taken (backend array; an index
+    # may appear more than once), or None
     stats: ReductionStats = field(default_factory=ReductionStats)
     select_seconds: float = 0.0  # the local work before the first exchange
 

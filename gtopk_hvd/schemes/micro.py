@@ -43,7 +43,15 @@ from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
-from gtopk_hvd.schemes.union import check_fused_float32, gather_indices, sum_at, sum_counted
+from gtopk_hvd.schemes.union import (
+    check_fused_float32,
+    gather_indices,
+    gather_indices_tensors,
+    on_device,
+    sum_at,
+    sum_at_tensors,
+    sum_counted,
+)
 
 
 @SCHEMES.register("micro")
@@ -105,30 +113,40 @@ class Micro(Scheme):
         else:
             tau, mine = self._measured(gradient, residual, budget.k, begin, end,
                                        clear_gradient, stats)
-        mine = self.backend.to_host(mine).astype(self.index_dtype, copy=False)
+        tensors = on_device(self.transport, self.backend)  # the union stays in tensors
+        if tensors:
+            mine = self.backend.as_index_dtype(mine, self.index_dtype)
+        else:
+            mine = self.backend.to_host(mine).astype(self.index_dtype, copy=False)
         select_seconds = time.perf_counter() - start
 
-        everyone, counts = gather_indices(self.transport, mine, stats)
+        gather = gather_indices_tensors if tensors else gather_indices
+        everyone, counts = gather(self.transport, mine, stats)
         union = self._in_partition_order(everyone, counts, step)
         merge_start = time.perf_counter()
-        values = sum_at(self.transport, self.backend, residual, union, stats)
+        if tensors:
+            values = sum_at_tensors(self.transport, residual, union, stats)
+        else:
+            values = sum_at(self.transport, self.backend, residual, union, stats)
         stats.merge_seconds += time.perf_counter() - merge_start
-        self.threshold, self.selected = tau, int(union.size)
+        self.threshold, self.selected = tau, int(counts.sum())
         per_partition = np.zeros(self.transport.size, np.int64)
         per_partition[(np.arange(self.transport.size) + step) % self.transport.size] = counts
         self.after_step(per_partition, step)
-        return Exchange(union, values, self.backend.index(union), stats, select_seconds)
+        taken = union if tensors else self.backend.index(union)
+        return Exchange(union, values, taken, stats, select_seconds)
 
-    def _in_partition_order(self, everyone: np.ndarray, counts: np.ndarray,
-                            step: int) -> np.ndarray:
+    def _in_partition_order(self, everyone: Any, counts: np.ndarray, step: int) -> Any:
         """The union sorted by index: rank q's indices lie in partition (q + step) mod P, and the
-        partitions are contiguous and in order, so the segments are put in partition order."""
+        partitions are contiguous and in order, so the segments are put in partition order
+        (host arrays, or tensors: cut at host offsets, joined where they lie)."""
         size = self.transport.size
         if size == 1:
             return everyone
         offsets = np.concatenate([[0], np.cumsum(counts)])
         ranks = [(part - step) % size for part in range(size)]
-        return np.concatenate([everyone[offsets[q]:offsets[q + 1]] for q in ranks])
+        join = np.concatenate if isinstance(everyone, np.ndarray) else self.backend.concatenate
+        return join([everyone[offsets[q]:offsets[q + 1]] for q in ranks])
 
     def _measured(self, gradient: Any, residual: Any, k: int, begin: int, end: int,
                   clear_gradient: bool, stats: ReductionStats) -> tuple[float, Any]:

@@ -14,8 +14,12 @@ so no worker's contribution at I is lost in an intermediate merge (gTop-k's subt
 8k (P-1)/P more bytes per worker.
 
 Where the state is in torch tensors on the device a reduction takes tensors from (gTop-k over
-torch.distributed: a GPU under NCCL), the selected set stays there: the reduction sends and
-merges it on the device, and the residual is restored there (`Reduction.takes_tensors_on`).
+torch.distributed: a GPU under NCCL; any device for one worker), the selected set stays there:
+the reduction sends and merges it on the device, the residual is restored there
+(`Reduction.takes_tensors_on`), and with `exact` the sum at I is gathered, all-reduced and
+cleared there too (`union.sum_at_tensors`), bit for bit the host path's where the all-reduce
+sums in the same order; `Exchange.taken` is then both sets one after the other (an index may
+appear twice), not their union, whose length would wait for the device.
 
 Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
 with its own k_i (`gtopk_hvd.density`) and joins the sets. The sparsifier and the reduction
@@ -33,7 +37,7 @@ from gtopk_hvd.density import Budget
 from gtopk_hvd.options import one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
-from gtopk_hvd.schemes.union import sum_at
+from gtopk_hvd.schemes.union import sum_at, sum_at_tensors
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
 
 
@@ -78,9 +82,17 @@ class SelectReduce(Scheme):
         select_seconds = time.perf_counter() - start
         if self._reduce_on_device(local_values, budget.k):
             result = self.reduction.reduce(local_indices, local_values, budget.k)
+            if not self.config.exact:
+                ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+                return Exchange(result.indices, result.values, local_indices, result.stats,
+                                select_seconds)
+            values = sum_at_tensors(self.transport, residual, result.indices, result.stats,
+                                    taken=(local_indices, local_values))
             ops.restore_residual(residual, local_indices, local_values, ~result.survived)
-            return Exchange(result.indices, result.values, local_indices, result.stats,
-                            select_seconds)
+            # Both sets, not their union: the step only zeroes the velocity there, and a
+            # union's length would wait for the device.
+            taken = self.backend.concatenate([local_indices, result.indices])
+            return Exchange(result.indices, values, taken, result.stats, select_seconds)
         to_host = self.backend.to_host
         host_indices, host_values = to_host(local_indices), to_host(local_values)
         result = self.reduction.reduce(host_indices, host_values, budget.k)
@@ -98,10 +110,9 @@ class SelectReduce(Scheme):
 
     def _reduce_on_device(self, local_values: Any, k: int) -> bool:
         """Whether the reduction takes the selected set where it lies (the state's device, a
-        GPU under NCCL): its transport sends tensors from there, the set has k entries, and
-        no exact sum follows (that one sums on the host)."""
-        return (self.backend.name == "torch" and not self.config.exact
-                and len(local_values) == k
+        GPU under NCCL): its transport sends tensors from there (or one worker runs) and the
+        set has k entries. The exact sum then runs there too (`union.sum_at_tensors`)."""
+        return (self.backend.name == "torch" and len(local_values) == k
                 and self.reduction.takes_tensors_on(self.backend.device))
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,

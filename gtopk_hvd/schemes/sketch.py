@@ -47,6 +47,10 @@ so it pays where d is much larger than 10 rows k. Options:
     columns       columns of the table (default: 10 k at the configured density)
     second_round  True (default) or False
 
+With the state in torch tensors and one worker, or a transport that sends tensors from their
+device (`union.on_device`), the table's all-reduce, the selection and the second round stay in
+tensors there (`union.sum_counted_tensors`, `union.sum_at_tensors`): no host copy.
+
 Needs granularity "model" and float32 on the wire and in the residual; keeps no state between
 steps but the estimate buffer (the hashes follow from the seed).
 """
@@ -64,7 +68,14 @@ from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
-from gtopk_hvd.schemes.union import check_fused_float32, sum_at, sum_counted
+from gtopk_hvd.schemes.union import (
+    check_fused_float32,
+    on_device,
+    sum_at,
+    sum_at_tensors,
+    sum_counted,
+    sum_counted_tensors,
+)
 
 MAX_ROWS: int = int(_C.SKETCH_MAX_ROWS)
 
@@ -127,21 +138,33 @@ class Sketch(Scheme):
                  clear_gradient: bool) -> Exchange:
         start = time.perf_counter()
         stats = ReductionStats()
-        table = self.backend.to_host(self.sketch.table(gradient, residual, clear_gradient))
+        backend = self.backend
+        on_tensors = on_device(self.transport, backend)
+        table = self.sketch.table(gradient, residual, clear_gradient)
+        if not on_tensors:
+            table = backend.to_host(table)
         select_seconds = time.perf_counter() - start
-        sum_counted(self.transport, table, stats)
+        if on_tensors:
+            sum_counted_tensors(self.transport, table, stats)
+        else:
+            sum_counted(self.transport, table, stats)
+            table = backend.from_host(table)
         merge_start = time.perf_counter()
         if self._estimate is None:
-            self._estimate = self.backend.zeros(self.d)
-        indices, estimated = self.sketch.select(self.backend.from_host(table),
-                                                min(budget.k, self.d), self._estimate)
-        union = self.backend.to_host(indices).astype(self.index_dtype, copy=False)
-        estimated = self.backend.to_host(estimated)
-        stats.merge_seconds += time.perf_counter() - merge_start
-        taken = self.backend.index(union)
-        if self.second_round:
-            values = sum_at(self.transport, self.backend, residual, union, stats)
+            self._estimate = backend.zeros(self.d)
+        indices, estimated = self.sketch.select(table, min(budget.k, self.d), self._estimate)
+        if on_tensors:
+            union = taken = backend.as_index_dtype(indices, self.index_dtype)
         else:
-            values = estimated
+            union = backend.to_host(indices).astype(self.index_dtype, copy=False)
+            estimated = backend.to_host(estimated)
+            taken = backend.index(union)
+        stats.merge_seconds += time.perf_counter() - merge_start
+        if not self.second_round:
             residual[taken] = 0
+            return Exchange(union, estimated, taken, stats, select_seconds)
+        if on_tensors:
+            values = sum_at_tensors(self.transport, residual, union, stats)
+        else:
+            values = sum_at(self.transport, backend, residual, union, stats)
         return Exchange(union, values, taken, stats, select_seconds)

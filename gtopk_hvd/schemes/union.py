@@ -8,6 +8,22 @@
     sum_counted       one sum all-reduce with its time and bytes counted (also the threshold
                       schemes' histogram and the sketch's table)
 
+On tensors, where the state is torch tensors on a device and either one worker runs or the
+transport sends tensors from that device (`on_device`; torch.distributed: a GPU under NCCL, the
+CPU under Gloo), the same exchanges without a host copy of the sets or the sums:
+
+    gather_indices_tensors   the counts all-gathered on the host (the tensors' lengths are known
+                             there), then the indices padded to the largest count, all-gathered
+                             as tensors and cut back (`Transport.allgather_tensors`)
+    sum_at_tensors           sum_at with I and the taken entries as tensors on the residual's
+                             device: the sum by `Transport.allreduce_sum_tensors`
+    sum_counted_tensors      sum_counted of a tensor
+
+Each computes what its host twin computes, in the same float32 operations and order (the
+all-reduce's own summation order is the transport's: the same as the host all-reduce's where
+both sum in rank order), and counts the same bytes. At P = 1 none sends anything, and none
+waits for the device.
+
 With sum_at, what is applied at I is the exact sum of every worker's accumulated gradient there
 and nothing of it stays behind, so "applied + every residual = every gradient" holds to the
 float32 rounding of the sums. Byte counters are a ring's, as the other reductions count them:
@@ -53,13 +69,18 @@ def gather_indices(transport: Transport, mine: np.ndarray, stats: ReductionStats
     ready = time.perf_counter()
     everyone = transport.allgatherv(np.ascontiguousarray(mine), counts)
     stats.add_exchange(ready - start, time.perf_counter() - ready)
-    total = int(counts.sum())
-    stats.bytes_received += mine.itemsize * (total - mine.size) + 8 * (size - 1)
-    stats.bytes_sent += (mine.itemsize * (total - int(counts[(transport.rank + 1) % size]))
-                         + 8 * (size - 1))
+    _count_gather(stats, counts, transport.rank, mine.itemsize)
+    return everyone, counts
+
+
+def _count_gather(stats: ReductionStats, counts: np.ndarray, rank: int, itemsize: int) -> None:
+    """A ring all-gather's bytes of the counts and of sets of `counts` indices (module
+    docstring)."""
+    size, total = counts.size, int(counts.sum())
+    stats.bytes_received += itemsize * (total - int(counts[rank])) + 8 * (size - 1)
+    stats.bytes_sent += itemsize * (total - int(counts[(rank + 1) % size])) + 8 * (size - 1)
     stats.messages_sent += 2 * (size - 1)
     stats.rounds += size - 1
-    return everyone, counts
 
 
 def sum_counted(transport: Transport, array: np.ndarray, stats: ReductionStats) -> np.ndarray:
@@ -70,12 +91,17 @@ def sum_counted(transport: Transport, array: np.ndarray, stats: ReductionStats) 
         start = time.perf_counter()
         transport.allreduce_sum(array)
         stats.add_exchange(0.0, time.perf_counter() - start)
-        ring = 2 * (size - 1) * array.nbytes // size
-        stats.bytes_sent += ring
-        stats.bytes_received += ring
-        stats.messages_sent += 2 * (size - 1)
-        stats.rounds += 2 * (size - 1)
+        _count_allreduce(stats, size, array.nbytes)
     return array
+
+
+def _count_allreduce(stats: ReductionStats, size: int, nbytes: int) -> None:
+    """A ring all-reduce's bytes of `nbytes` (module docstring)."""
+    ring = 2 * (size - 1) * nbytes // size
+    stats.bytes_sent += ring
+    stats.bytes_received += ring
+    stats.messages_sent += 2 * (size - 1)
+    stats.rounds += 2 * (size - 1)
 
 
 def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: np.ndarray,
@@ -96,4 +122,83 @@ def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: 
         values[position[inside]] += taken[1][inside]
     sum_counted(transport, values, stats)
     residual[index] = 0
+    return values
+
+
+# -- the same exchanges on tensors ---------------------------------------------------------
+
+
+def on_device(transport: Transport, backend: ArrayBackend) -> bool:
+    """Whether the union exchange can keep the sets in the state's tensors: a torch state, and
+    one worker (nothing is sent) or a transport that sends tensors from the state's device."""
+    return backend.name == "torch" and (transport.size == 1
+                                        or transport.takes_tensors_on(backend.device))
+
+
+def gather_indices_tensors(transport: Transport, mine: Any, stats: ReductionStats
+                           ) -> tuple[Any, np.ndarray]:
+    """`gather_indices` for a 1-D tensor of indices on the transport's tensor device (any device
+    at P = 1): (every worker's indices in rank order, a tensor there; the counts per rank, host).
+    The counts' all-gather is a host one (each length is known on the host without reading the
+    tensor) and is the wait; the indices travel padded to the largest count and are cut back,
+    so the only device work is one copy into the padded buffer and one concatenation. Bytes as
+    `gather_indices` counts them (the sets, not the padding)."""
+    import torch
+
+    size, n = transport.size, int(mine.numel())
+    if size == 1:
+        return mine, np.array([n], np.int64)
+    start = time.perf_counter()
+    counts = transport.allgather(np.array([n], np.int64))[:, 0]
+    ready = time.perf_counter()
+    width = int(counts.max())
+    if width:
+        padded = torch.zeros(width, dtype=mine.dtype, device=mine.device)
+        padded[:n] = mine
+        gathered = torch.empty(size * width, dtype=mine.dtype, device=mine.device)
+        transport.allgather_tensors([padded], [gathered])
+        everyone = torch.cat([gathered[r * width:r * width + int(counts[r])]
+                              for r in range(size)])
+    else:
+        everyone = mine[:0]
+    stats.add_exchange(ready - start, time.perf_counter() - ready)
+    _count_gather(stats, counts, transport.rank, mine.element_size())
+    return everyone, counts
+
+
+def sum_counted_tensors(transport: Transport, tensor: Any, stats: ReductionStats) -> Any:
+    """`sum_counted` of a float32 tensor on the transport's tensor device (any device at
+    P = 1), in place by `Transport.allreduce_sum_tensors`; returns it."""
+    size = transport.size
+    if size > 1:
+        start = time.perf_counter()
+        transport.allreduce_sum_tensors([tensor])
+        stats.add_exchange(0.0, time.perf_counter() - start)
+        _count_allreduce(stats, size, tensor.numel() * tensor.element_size())
+    return tensor
+
+
+def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: ReductionStats,
+                   taken: tuple[Any, Any] | None = None) -> Any:
+    """`sum_at` on tensors: V[j] = sum over workers of acc[I[j]]; residual[I] = 0 after.
+
+    residual: float32 tensor; indices: I, a sorted tensor of indices on its device, the same on
+    every worker; taken = (indices, values): this worker's entries already taken out of the
+    residual, index-sorted tensors there (indices of I's dtype). V is a new float32 tensor
+    there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken):
+    the taken entry is found by binary search and added by one gather and one scatter, the
+    entries not in I scattered to a spare slot past V's end, so nothing waits for a count."""
+    import torch
+
+    n = int(indices.numel())
+    values = torch.empty(n + 1, dtype=torch.float32, device=residual.device)
+    torch.index_select(residual, 0, indices, out=values[:n])
+    if taken is not None and taken[0].numel() and n:
+        position = torch.searchsorted(indices, taken[0])
+        found = indices[position.clamp(max=n - 1)] == taken[0]
+        target = torch.where(found, position, torch.full_like(position, n))
+        values[target] = values[target] + taken[1]
+    values = values[:n]
+    sum_counted_tensors(transport, values, stats)
+    residual[indices] = 0.0
     return values

@@ -43,8 +43,10 @@ class Transport(ABC):
         """
 
     tensor_device: Any = None
-    """The torch device whose tensors `sendrecv_tensors` sends as they are (torch.distributed:
-    the process group's, a GPU under NCCL), or None: this transport sends host arrays only."""
+    """The torch device whose tensors `sendrecv_tensors`, `allgather_tensors` and
+    `allreduce_sum_tensors` take as they are (torch.distributed: the process group's, a GPU
+    under NCCL), or None: this transport sends host arrays only. A transport that sets it
+    implements the first two (the third has a default through the host)."""
 
     def sendrecv_tensors(self, send: Sequence[Any], dest: int | None, receive: Sequence[Any],
                          source: int | None, tag: int) -> None:
@@ -61,6 +63,20 @@ class Transport(ABC):
         local[j], the same on every worker) = every worker's local[j], in rank order."""
         raise NotImplementedError(f"{type(self).__name__} gathers host arrays only "
                                   "(tensor_device is None)")
+
+    def allreduce_sum_tensors(self, tensors: Sequence[Any]) -> None:
+        """`allreduce_sum` for float32 torch tensors on `tensor_device`, in place: each tensor =
+        its sum over workers. A transport that sends tensors from a device overrides it to sum
+        there (torch.distributed: one all-reduce per tensor, no host copy); this default, for
+        any other, goes through the host: a copy there, `allreduce_sum`, a copy back."""
+        for tensor in tensors:
+            if tensor.numel() == 0:
+                continue
+            array = tensor.detach().cpu().numpy().copy()
+            self.allreduce_sum(array)
+            import torch
+
+            tensor.copy_(torch.from_numpy(array))
 
     def takes_tensors_on(self, device: Any) -> bool:
         """Whether the tensor operations take tensors on `device` as they are."""

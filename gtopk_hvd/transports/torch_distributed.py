@@ -9,7 +9,9 @@ The reductions pass host numpy arrays; they are wrapped as tensors without a cop
 (`torch.from_numpy`). With the NCCL backend, whose tensors must be on the current CUDA device,
 each buffer is copied to that device and the result back. `sendrecv_tensors` sends tensors that
 are already on the group's device (`tensor_device`: the current GPU under NCCL, the CPU under
-Gloo) as they are: gTop-k's rounds on a GPU's state, with no host copy.
+Gloo) as they are: gTop-k's rounds on a GPU's state, with no host copy; `allgather_tensors` and
+`allreduce_sum_tensors` gather and sum such tensors there (Top-k's sets, the union schemes'
+indices and sums).
 
 Point to point (`sendrecv`): the receiver knows only its buffer's capacity, and Gloo silently
 receives a shorter message into a longer buffer (what lies past the message is garbage, and
@@ -119,6 +121,12 @@ class TorchDistributedTransport(Transport):
         with self._bound.waiting("torch.distributed all-gather of tensors"):
             for source, target in zip(local, gathered, strict=True):
                 gather(target, source, group=self.group)
+
+    def allreduce_sum_tensors(self, tensors: Sequence[torch.Tensor]) -> None:
+        with self._bound.waiting("torch.distributed all-reduce of tensors"):
+            for tensor in tensors:
+                if tensor.numel():
+                    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
 
     def allgather(self, local: np.ndarray) -> np.ndarray:
         local = np.ascontiguousarray(local)

@@ -89,6 +89,18 @@ class ThreadTransport(Transport):
         for j, target in enumerate(gathered):
             target.copy_(torch.cat([tensors[j] for tensors in everyone]))
 
+    def allreduce_sum_tensors(self, tensors: list) -> None:
+        """Each tensor summed as `allreduce_sum` sums an array (numpy, in rank order), so a
+        device path over it gives the host path's bits. The copies to numpy are the test's
+        stand-in for the network, not the step's: made on plain tensors, which the host-sync
+        counter (tests/helpers/host_syncs.py) does not see."""
+        import torch
+
+        for tensor in tensors:
+            mine = tensor.detach().as_subclass(torch.Tensor).cpu().numpy().copy()
+            total = np.sum(self.group.exchange(self.rank, mine), axis=0)
+            tensor.copy_(torch.from_numpy(total))
+
     def allgather(self, local: np.ndarray) -> np.ndarray:
         return np.stack(self.group.exchange(self.rank, np.array(local, copy=True)))
 

@@ -8,7 +8,8 @@ recording wrapper, tests/helpers/counting_transport.py) sends each step's reduct
 (gTop-k's schedule of messages, Top-k's all-gathers, with their bytes), and its update equals the
 mean of every rank's gradient, gathered by torch.distributed's all_gather_object (not through the
 transport) and averaged in numpy. With the step's state in CPU tensors, gTop-k's sets go
-through `sendrecv_tensors` as tensors, bit for bit the host path's result.
+through `sendrecv_tensors` as tensors, bit for bit the host path's result; exact gTop-k's sum
+at the global set through `allreduce_sum_tensors` (the same Gloo all-reduce as the host's).
 
 `--abort` instead makes the last rank call transport.abort while the others wait in a
 collective: torchrun must end them all and exit non-zero.
@@ -72,6 +73,14 @@ def check_operations(transport: TorchDistributedTransport) -> None:
     strided = whole[::2]
     transport.allreduce_sum(strided)
     assert np.all(strided == size) and np.all(whole[1::2] == 1)
+    # all-reduce of tensors in place (the union schemes' sums on the device), an empty one too
+    import torch
+
+    tensors = [torch.full((5,), float(rank + 1)), torch.zeros(0), torch.arange(3.0) * rank]
+    transport.allreduce_sum_tensors(tensors)
+    assert torch.equal(tensors[0], torch.full((5,), size * (size + 1) / 2))
+    assert tensors[1].numel() == 0
+    assert torch.equal(tensors[2], torch.arange(3.0) * (size * (size - 1) / 2))
     # the name "torch" is one process-wide transport over the default group
     named = resolve_transport("torch")
     assert named is resolve_transport("torch") and (named.rank, named.size) == (rank, size)
@@ -137,8 +146,9 @@ def check_reduction_on_tensors(transport: TorchDistributedTransport) -> None:
 
     rank, sizes = transport.rank, [500, 300]
     for compression in (Compression.gtopk(0.05), Compression.gtopk(0.05, wire_dtype="float16"),
-                        Compression.topk(0.05)):
-        wire_dtype = f"{compression.reduction} {compression.wire_dtype}"
+                        Compression.topk(0.05), Compression.gtopk(0.05, exact=True)):
+        wire_dtype = (f"{compression.reduction} {compression.wire_dtype}"
+                      f"{' exact' if compression.exact else ''}")
         on_host = SparseStep(compression, sizes, transport)
         on_tensors = SparseStep(compression, sizes, transport, device="cpu")
         for step in range(3):
