@@ -130,6 +130,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--min-lr-ratio", type=float, default=0.1,
                         help="the cosine decay ends at this fraction of --lr")
     parser.add_argument("--clip", type=float, default=1.0, help="max norm of the gradient")
+    parser.add_argument("--sparsify", choices=["gradient", "update"], default="gradient",
+                        help="what the sparse scheme reduces: the gradient (AdamW then steps on "
+                             "the sparse average), or each worker's own AdamW step (its "
+                             "moments its own; simulated cluster only)")
     parser.add_argument("--epochs", type=int, default=1, help="passes over each worker's shard")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=0,

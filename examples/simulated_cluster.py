@@ -150,6 +150,10 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
     parameters = [p for p in model.parameters() if p.requires_grad]
     params = sum(p.numel() for p in parameters)
     dense = args.compression in digits_common.DENSE
+    local_steps = None  # --sparsify update: each worker's own optimizer (its own moments)
+    if getattr(args, "sparsify", "gradient") == "update" and not dense:
+        local_steps = LocalOptimizerSteps(parameters, [recipe.build_optimizer(args, model)
+                                                       for _ in range(workers)], args.clip)
     cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
                                [p.numel() for p in parameters], workers)
 
@@ -159,8 +163,9 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
     progress = tqdm(total=total_steps, disable=args.quiet, desc=f"train P={workers}")
     for step in range(total_steps):
         start = (step % steps_per_epoch) * args.bptt
-        for group in optimizer.param_groups:
-            group["lr"] = recipe.learning_rate(args, step, total_steps)
+        for one in [optimizer] + (local_steps.optimizers if local_steps else []):
+            for group in one.param_groups:
+                group["lr"] = recipe.learning_rate(args, step, total_steps)
         began = time.perf_counter()
         loss = 0.0
         for rank, shard in enumerate(shards):
@@ -178,13 +183,18 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
             record_k_sets(own.record_k_sets, cluster, args.density)
         if step == own.lose_residual_at and not dense:
             lost = lose_residual(cluster, own.lose_worker)
+        if local_steps is not None:
+            local_steps.replace_gradients_by_steps(cluster.gradients)
         update = cluster.reduce()
         reduced = time.perf_counter()
         if step == own.lose_residual_at and not dense:
             lost["update_l2"] = float(np.linalg.norm(update))
-        point_gradients(parameters, update)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        optimizer.step()
+        if local_steps is not None:
+            local_steps.apply(update)
+        else:
+            point_gradients(parameters, update)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizer.step()
         applied = time.perf_counter()
         for phase, seconds_spent in (("compute", computed - began), ("reduce", reduced - computed),
                                      ("apply", applied - reduced)):
@@ -210,6 +220,42 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
             "steps_per_epoch": steps_per_epoch, "global_batch": own.global_batch,
             "lost_residual": lost, "evaluations": history, "sparse_steps": sparse_steps,
             "test_perplexity": perplexity(model, corpus.test, args.bptt, workers)}
+
+
+class LocalOptimizerSteps:
+    """--sparsify update: each worker's optimizer steps on its own (clipped) gradient, and the
+    step it would take, not the gradient, is what the sparse scheme reduces (with error
+    feedback): worker r's contribution is delta_r = (its optimizer's step from the current
+    weights) - (the current weights); the weights then move by the average of the sparsified
+    deltas. The workers' optimizer states (Adam's moments) stay their own."""
+
+    def __init__(self, parameters: list[torch.Tensor], optimizers: list, clip: float) -> None:
+        self.parameters, self.optimizers, self.clip = parameters, optimizers, clip
+        self.weights = torch.cat([p.detach().reshape(-1) for p in parameters])
+
+    def replace_gradients_by_steps(self, gradients: list[np.ndarray]) -> None:
+        """gradients[r] := worker r's optimizer step from the current weights (the weights are
+        back where they were on return)."""
+        torch.cat([p.detach().reshape(-1) for p in self.parameters], out=self.weights)
+        for gradient, optimizer in zip(gradients, self.optimizers, strict=True):
+            point_gradients(self.parameters, gradient)
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip)
+            optimizer.step()
+            flat = torch.from_numpy(gradient)
+            torch.cat([p.detach().reshape(-1) for p in self.parameters], out=flat)
+            flat -= self.weights
+            self._set_weights(self.weights)
+
+    def apply(self, update: np.ndarray) -> None:
+        """weights += update (the average of the sparsified steps)."""
+        self._set_weights(self.weights + torch.from_numpy(update))
+
+    def _set_weights(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.parameters:
+                p.copy_(flat[offset:offset + p.numel()].view(p.shape))
+                offset += p.numel()
 
 
 def lose_residual(cluster: SimulatedCluster, worker: int) -> dict:

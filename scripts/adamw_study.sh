@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# AdamW on sparse updates, measured: the GPT-style decoder (examples/pytorch_transformer.py) in
+# the simulated cluster, dense AdamW against each sparse scheme with the gradient sparsified
+# before AdamW (--sparsify gradient, what the optimizers do) and with each worker's own AdamW
+# step sparsified instead (--sparsify update). One history JSON per run under results/adamw/
+# (or $1), then the table (scripts/adamw_table.py). Sequential: about 5 minutes a run on one
+# core at the sizes below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-results/adamw}"
+WORKERS="${WORKERS:-8}"
+STEPS="${STEPS:-600}"
+mkdir -p "$OUT"
+COMMON=(--workers "$WORKERS" --global-batch 32 --vocab-size 5000 --size 128 --layers 2
+        --heads 4 --bptt 64 --max-steps "$STEPS" --eval-every 100 --warmup-steps 50
+        --lr 2e-3 --quiet)
+run() {  # name, then the run's own options
+    local name=$1; shift
+    [[ -f $OUT/$name.json ]] && return 0
+    .venv/bin/python examples/simulated_cluster.py transformer "${COMMON[@]}" "$@" \
+        --history "$OUT/$name.json.tmp" | grep RESULT | tee "$OUT/$name.result"
+    mv "$OUT/$name.json.tmp" "$OUT/$name.json"
+}
+run dense --compression none
+for density in 0.01 0.001; do
+    for sparsify in gradient update; do
+        run "gtopk-$density-$sparsify" --compression gtopk --density "$density" --sparsify "$sparsify"
+    done
+done
+run topk-0.01-gradient --compression topk --density 0.01 --sparsify gradient
+run topk-0.01-update --compression topk --density 0.01 --sparsify update
