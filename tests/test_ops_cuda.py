@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.reference import merge_reference, topk_reference
+from helpers.reference import magnitude_order, merge_reference, topk_reference
 from test_ops import KINDS, make_input
 
 from gtopk_hvd import _C, ops
@@ -50,6 +50,93 @@ def test_cuda_accumulate_select(dtype: str, d: int, k: int) -> None:
     remaining = accumulated.copy()
     remaining[expected] = 0
     np.testing.assert_array_equal(residual.cpu().numpy(), remaining)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("d", [7, 65_537, 1_000_003])
+def test_cuda_accumulate_select_every_kind(dtype: str, kind: str, d: int) -> None:
+    """Ties, zeros, NaN/Inf and plateaus send the selection through its passes over d (the
+    collecting refine pass, the staging from the input with the residual zeroed there) as well
+    as through the candidate buffer; k = 0 and k >= d take their own kernels."""
+    gradient_0 = on_gpu(make_input(kind, d, np.float64), dtype)
+    residual_0 = on_gpu(make_input(kind, d, np.float64), dtype)
+    accumulated = (residual_0 + gradient_0).cpu().numpy()
+    order = magnitude_order(accumulated)
+    for k in sorted({0, 1, d // 1000, d // 100, d // 3, d, d + 1}):
+        gradient, residual = gradient_0.clone(), residual_0.clone()
+        indices, values = ops.accumulate_select(gradient, residual, k)
+        assert torch.equal(gradient.view(torch.uint8), gradient_0.view(torch.uint8))
+        expected = np.sort(order[:k])
+        np.testing.assert_array_equal(indices.cpu().numpy(), expected)
+        np.testing.assert_array_equal(values.cpu().numpy(), accumulated[expected])
+        remaining = accumulated.copy()
+        remaining[expected] = 0
+        np.testing.assert_array_equal(residual.cpu().numpy(), remaining)
+
+
+def test_cuda_topk_abs_calls_in_a_row_share_the_cached_workspace() -> None:
+    """The device state (arrival counts, histograms) starts afresh at every call: alternating
+    sizes, dtypes and k on the cached workspace give each call's own reference."""
+    cases = [(1 << 20, 1000, "float32"), (300_007, 5, "float64"), (1 << 20, 1 << 16, "float32"),
+             (65_537, 4096, "bfloat16"), (1 << 20, 1000, "float32")]
+    for step, (d, k, dtype) in enumerate(cases):
+        kind = KINDS[step % len(KINDS)]
+        x = on_gpu(make_input(kind, d, np.float64), dtype)
+        host = x.float().cpu().numpy() if dtype == "bfloat16" else x.cpu().numpy()
+        value_type = _C.ValueType.__members__[dtype]
+        index_type = _C.IndexType.int32
+        indices = torch.empty(k, dtype=torch.int32, device=x.device)
+        values = torch.empty(k, dtype=x.dtype, device=x.device)
+        _C.cuda_topk_abs(value_type, index_type, x.data_ptr(), d, k, indices.data_ptr(),
+                         values.data_ptr(), torch.cuda.current_stream().cuda_stream, 0, 0)
+        np.testing.assert_array_equal(indices.cpu().numpy(), topk_reference(host, k))
+
+
+def planted(d: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """|noise| < 1 everywhere, and magnitude 4 at `count`-odd distinct random positions (sorted),
+    so that the top-k for k <= their number is known without sorting d: the k smallest of the
+    positions (the tie rule). Generated on the GPU."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.rand(d, device="cuda", generator=generator).mul_(1.5).sub_(0.75)  # no temporaries
+    positions = torch.randint(0, d, (count,), device="cuda", generator=generator,
+                              dtype=torch.int64).unique()
+    signs = torch.where(positions % 2 == 0, 4.0, -4.0)
+    x[positions] = signs
+    return x, positions
+
+
+@pytest.mark.parametrize("d", [(1 << 28) + 3, 3 * (1 << 30) + 5])
+def test_cuda_topk_abs_huge_inputs_with_planted_ties(d: int) -> None:
+    """Beyond 2^28 and past int32 indices (3 * 2^30 + 5: int64 indices): the planted entries tie,
+    so the k-th is decided by the index digits."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 2 * 4 * d:
+        pytest.skip(f"needs {2 * 4 * d / 2**30:.1f} GiB of free GPU memory")
+    x, positions = planted(d, 1_000_000, seed=5)
+    for k in (positions.numel(), positions.numel() // 2, 1000):
+        indices, values = ops.topk_abs(x, k)
+        assert indices.dtype == (torch.int32 if d < 2**31 else torch.int64)
+        assert torch.equal(indices.long(), positions[:k])
+        assert torch.equal(values, x[positions[:k]])
+    del x, positions
+    torch.cuda.empty_cache()
+
+
+def test_cuda_accumulate_select_huge_input_with_planted_ties() -> None:
+    d = (1 << 28) + 3
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * 4 * d:
+        pytest.skip(f"needs {3 * 4 * d / 2**30:.1f} GiB of free GPU memory")
+    gradient, positions = planted(d, 1_000_000, seed=6)
+    residual = torch.zeros(d, device="cuda")
+    k = positions.numel() // 2
+    accumulated = gradient.clone()
+    indices, values = ops.accumulate_select(gradient, residual, k)
+    assert torch.equal(indices.long(), positions[:k])
+    assert torch.equal(values, accumulated[positions[:k]])
+    accumulated[positions[:k]] = 0
+    assert torch.equal(residual, accumulated)
 
 
 @pytest.mark.parametrize("n,d,k", [(0, 10, 3), (100, 150, 100), (50_000, 120_000, 50_000)])

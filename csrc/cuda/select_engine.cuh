@@ -24,9 +24,17 @@
 //   histograms the next digit. Heavy ties need more passes over d, one per key digit that does
 //   not separate them, except exact zeros (counted in pass 1), which skip the key digits: an
 //   all-zero input costs 3 passes.
-//   Last: entries at or above the final prefix (exactly n) are staged, and sorted by index
-//   with cub::DeviceRadixSort into the caller's output.
+//   Last: entries at or above the final prefix (exactly n) are staged (accumulate_select zeroes
+//   residual[selected] in the same kernel), and sorted by index with cub::DeviceRadixSort into
+//   the caller's output.
 // Typical data: 1 read of d (plus the O(n) work); a wrong guess costs 1 more read.
+//
+// Launches per call, nothing else enqueued: init (zeroes the histograms, starts the state), the
+// sample (guessing only), pass 1, one refine pass per later digit (a pass whose level has
+// nothing to do returns at once), stage, and cub's sort. The last block of each histogram pass
+// chooses the bin (arrive_last), so no one-block kernel runs between passes. Appends to the
+// buffer and the staging area go through per-warp staging in shared memory (WarpAppender): no
+// block-wide barrier per tile, and about one global atomic per 64 appended entries per warp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -173,6 +181,7 @@ struct SelectState {
     int collect;               // the next pass over the input fills the buffer
     int done;                  // every entry matching the prefix is wanted
     int guess_bin;             // pass 1 buffers first digits >= guess_bin; -1: no guess
+    unsigned arrivals;         // blocks of the running pass that have finished (arrive_last)
 };
 
 // +1: the entry comes before every entry matching the prefix, 0: it matches, -1: after.
@@ -261,35 +270,109 @@ __device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t co
     }
 }
 
-// Appends the flagged items of a tile at out[counter...]: one global atomic per tile; slots at
-// or past capacity are counted but not written. Call with every thread of the block.
-template <typename T, typename Entries, typename Index>
-__device__ void append_flagged(const bool (&flag)[kItems<T>], const TileItems<T>& items,
-                               const Entries& entries, u64* counter, u64 capacity,
-                               Index* out_index, T* out_value) {
-    using BlockScan = cub::BlockScan<unsigned, kThreads>;
-    __shared__ typename BlockScan::TempStorage scan_storage;
-    __shared__ u64 tile_base;
-    unsigned count = 0;
-#pragma unroll
-    for (int j = 0; j < kItems<T>; ++j) count += flag[j] ? 1u : 0u;
-    if (!__syncthreads_or(count != 0)) return;
-    unsigned offset = 0, total = 0;
-    BlockScan(scan_storage).ExclusiveSum(count, offset, total);
-    if (threadIdx.x == 0) tile_base = atomicAdd(counter, static_cast<u64>(total));
-    __syncthreads();
-    u64 slot = tile_base + offset;
-#pragma unroll
-    for (int j = 0; j < kItems<T>; ++j) {
-        if (flag[j]) {
-            if (slot < capacity) {
-                out_index[slot] = static_cast<Index>(entries.index(items.position(j)));
-                out_value[slot] = items.value[j];
-            }
-            ++slot;
+// Appends flagged items of tiles at out[*counter...], in no particular order (the selection is
+// sorted by index at the end), without synchronising the block: each warp stages its flagged
+// items in its own kStaged slots of shared memory and reserves room in the output with one
+// global atomic per kStaged-ish entries (flush), so a warp rarely waits on a global atomic
+// between tiles. A tile whose flagged items do not fit the staging area goes straight to the
+// output. Slots at or past capacity are counted but not written. Every lane of a warp makes the
+// same calls (add once per tile, flush once at the end): `staged` is the same in every lane.
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kStaged = 64;
+constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+
+template <typename T, typename Index> struct StagingArea {
+    Index index[kWarps][kStaged];
+    T value[kWarps][kStaged];
+};
+
+template <typename T, typename Index> struct WarpAppender {
+    Index* staged_index;  // this warp's slots
+    T* staged_value;
+    unsigned staged;
+    u64* counter;
+    u64 capacity;
+    Index* out_index;
+    T* out_value;
+
+    __device__ WarpAppender(StagingArea<T, Index>& area, u64* counter_, u64 capacity_,
+                            Index* out_index_, T* out_value_)
+        : staged_index(area.index[threadIdx.x / 32]),
+          staged_value(area.value[threadIdx.x / 32]),
+          staged(0),
+          counter(counter_),
+          capacity(capacity_),
+          out_index(out_index_),
+          out_value(out_value_) {}
+
+    // One global atomic by one lane for `total` entries; every lane gets the first slot.
+    __device__ u64 reserve(unsigned total) const {
+        u64 base = 0;
+        if ((threadIdx.x & 31) == 0) base = atomicAdd(counter, static_cast<u64>(total));
+        return __shfl_sync(kFullWarp, base, 0);
+    }
+
+    __device__ void put(u64 slot, Index index, T value) const {
+        if (slot < capacity) {
+            out_index[slot] = index;
+            out_value[slot] = value;
         }
     }
-}
+
+    // Moves the staged entries to the output.
+    __device__ void flush() {
+        if (staged == 0) return;
+        __syncwarp();
+        const u64 base = reserve(staged);
+        for (unsigned s = threadIdx.x & 31; s < staged; s += 32) {
+            put(base + s, staged_index[s], staged_value[s]);
+        }
+        __syncwarp();
+        staged = 0;
+    }
+
+    template <typename Entries>
+    __device__ void add(const bool (&flag)[kItems<T>], const TileItems<T>& items,
+                        const Entries& entries) {
+        unsigned count = 0;
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) count += flag[j] ? 1u : 0u;
+        if (!__any_sync(kFullWarp, count != 0)) return;
+        const unsigned lane = threadIdx.x & 31;
+        unsigned inclusive = count;
+#pragma unroll
+        for (int delta = 1; delta < 32; delta <<= 1) {
+            const unsigned below = __shfl_up_sync(kFullWarp, inclusive, delta);
+            if (lane >= static_cast<unsigned>(delta)) inclusive += below;
+        }
+        const unsigned total = __shfl_sync(kFullWarp, inclusive, 31);
+        const unsigned offset = inclusive - count;
+        if (staged + total > kStaged) flush();
+        if (total > kStaged) {
+            u64 slot = reserve(total) + offset;
+#pragma unroll
+            for (int j = 0; j < kItems<T>; ++j) {
+                if (flag[j]) {
+                    put(slot, static_cast<Index>(entries.index(items.position(j))),
+                        items.value[j]);
+                    ++slot;
+                }
+            }
+            return;
+        }
+        unsigned s = staged + offset;
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            if (flag[j]) {
+                staged_index[s] = static_cast<Index>(entries.index(items.position(j)));
+                staged_value[s] = items.value[j];
+                ++s;
+            }
+        }
+        __syncwarp();
+        staged += total;
+    }
+};
 
 __device__ __forceinline__ void clear_shared(unsigned* histogram, int bins) {
     for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[b] = 0;
@@ -310,7 +393,8 @@ struct BinChoice {
 };
 
 // The bin holding the rank-th largest entry (rank >= 1, from the top) of a histogram.
-// Call with one block of kThreads threads; the result is valid in every thread.
+// Call with one block of kThreads threads; the result is valid in every thread. The histogram is
+// read through L2 (__ldcg): other blocks of the calling kernel may have just added to it.
 static __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
     using BlockScan = cub::BlockScan<u64, kThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
@@ -320,14 +404,14 @@ static __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
     const int begin = min(bins, static_cast<int>(threadIdx.x) * per);
     const int end = min(bins, begin + per);
     u64 sum = 0;
-    for (int p = begin; p < end; ++p) sum += histogram[bins - 1 - p];
+    for (int p = begin; p < end; ++p) sum += __ldcg(&histogram[bins - 1 - p]);
     u64 before = 0;
     BlockScan(scan_storage).ExclusiveSum(sum, before);
     if (threadIdx.x == 0) choice = BinChoice{-1, 0, 0};
     __syncthreads();
     if (before < rank && rank <= before + sum) {
         for (int p = begin; p < end; ++p) {
-            const u64 count = histogram[bins - 1 - p];
+            const u64 count = __ldcg(&histogram[bins - 1 - p]);
             if (before + count >= rank) {
                 choice = BinChoice{bins - 1 - p, before, count};
                 break;
@@ -341,19 +425,65 @@ static __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
+//
+// A pass whose blocks all add to one histogram ends in its last block, which acts on the total
+// (guesses the first bin, chooses the bin of a level): each block, once its writes are done,
+// fences them and counts itself in state->arrivals; the block that counts last resets the count
+// and reads the others' results through L2. This saves a one-block kernel launch per level.
 
-static __global__ void init_state_kernel(SelectState* state, u64 wanted) {
-    SelectState s{};
-    s.wanted = wanted;
-    s.rank = wanted;
-    s.source = kFromInput;
-    s.guess_bin = -1;
-    *state = s;
+// True in every thread of the block that arrives last. Call with every thread, after the
+// block's writes to global memory.
+__device__ __forceinline__ bool arrive_last(unsigned* arrivals) {
+    __shared__ bool is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+        if (is_last) __threadfence();
+    }
+    __syncthreads();
+    return is_last;
 }
 
+// The state as the other blocks of this kernel left it (read through L2).
+__device__ __forceinline__ SelectState load_state(const SelectState* state) {
+    static_assert(sizeof(SelectState) % sizeof(u64) == 0 && alignof(SelectState) == alignof(u64),
+                  "SelectState is read as 64-bit words");
+    constexpr int kWords = sizeof(SelectState) / sizeof(u64);
+    u64 words[kWords];
+    const u64* from = reinterpret_cast<const u64*>(state);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) words[w] = __ldcg(from + w);
+    SelectState s;
+    memcpy(&s, words, sizeof(s));
+    return s;
+}
+
+// Zeroes both histograms and starts the state: wanted = rank = n, nothing known yet.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) init_kernel(SelectState* state, u64 wanted,
+                                                        u64* histogram, u64* sample_histogram) {
+    for (int b = threadIdx.x; b < kMaxBins<T>; b += blockDim.x) {
+        histogram[b] = 0;
+        sample_histogram[b] = 0;
+    }
+    if (threadIdx.x == 0) {
+        SelectState s{};
+        s.wanted = wanted;
+        s.rank = wanted;
+        s.source = kFromInput;
+        s.guess_bin = -1;
+        *state = s;
+    }
+}
+
+// Histograms the first digit of `samples` strided keys; the last block then guesses the
+// first-digit bin of the n-th largest key: the bin holding the sample_rank-th largest sample,
+// kept only if the entries it lets into the buffer should fit.
 template <typename T, typename Values>
-__global__ void __launch_bounds__(kThreads) sample_first_digit_kernel(
-        Values values, int64_t stride, int64_t samples, Level first, u64* histogram) {
+__global__ void __launch_bounds__(kThreads) sample_guess_kernel(
+        Values values, int64_t stride, int64_t samples, Level first, u64* histogram,
+        u64 sample_rank, u64 capacity, SelectState* state) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
     const int bins = 1 << first.bits;
     clear_shared(shared_histogram, bins);
@@ -363,125 +493,25 @@ __global__ void __launch_bounds__(kThreads) sample_first_digit_kernel(
         atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
     }
     flush_shared(shared_histogram, bins, histogram);
-}
-
-// Guesses the first-digit bin of the n-th largest key from the sample: the bin holding the
-// sample_rank-th largest sample, kept only if the entries it lets into the buffer should fit.
-static __global__ void __launch_bounds__(kThreads) choose_guess_kernel(
-        const u64* sample_histogram, int bins, u64 sample_rank, u64 stride, u64 capacity,
-        SelectState* state) {
-    const BinChoice c = find_bin(sample_histogram, bins, sample_rank);
-    if (threadIdx.x == 0 && c.bin >= 0 && (c.above + c.in_bin) * stride <= capacity) {
-        state->guess_bin = c.bin;
+    if (!arrive_last(&state->arrivals)) return;
+    const BinChoice c = find_bin(histogram, bins, sample_rank);
+    if (threadIdx.x == 0) {
+        if (c.bin >= 0 && (c.above + c.in_bin) * static_cast<u64>(stride) <= capacity) {
+            state->guess_bin = c.bin;
+        }
+        state->arrivals = 0;
     }
 }
 
-// Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
-// to the buffer. Zero keys are counted in registers (sparse inputs would otherwise serialise on
-// one shared counter) and their total is kept: a bin of nothing but zeros needs no more key digits.
-template <typename T, typename Index, typename Values>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
-        Values values, int64_t d, Level first, const SelectState* state, u64* histogram,
-        Index* buffer_index, T* buffer_value, u64 capacity, u64* buffer_count, u64* zero_count) {
-    __shared__ unsigned shared_histogram[kMaxBins<T>];
-    __shared__ unsigned shared_zeros;
-    const int bins = 1 << first.bits;
-    if (threadIdx.x == 0) shared_zeros = 0;
-    clear_shared(shared_histogram, bins);
-    const int guess_bin = state->guess_bin;
-    const InputEntries<T, Values> entries{values};
-    unsigned zeros = 0;
-    for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
-        bool flag[kItems<T>];
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            const u64 key = magnitude_key(items.value[j]);
-            const unsigned digit = digit_of(first, key, 0);
-            if (items.valid[j]) {
-                if (key == 0) {
-                    ++zeros;
-                } else {
-                    atomicAdd(&shared_histogram[digit], 1u);
-                }
-            }
-            flag[j] = items.valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
-        }
-        if (guess_bin >= 0) {
-            append_flagged(flag, items, entries, buffer_count, capacity, buffer_index,
-                           buffer_value);
-        }
-    });
-    if (zeros != 0) {
-        atomicAdd(&shared_histogram[0], zeros);
-        atomicAdd(&shared_zeros, zeros);
-    }
-    flush_shared(shared_histogram, bins, histogram);
-    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(zero_count, u64{shared_zeros});
-}
-
-// The body of a refine pass over one entry source: histogram of the level's digit over the
-// entries matching the prefix (if wanted); with collect, entries at or above the prefix are
-// appended to the buffer.
-template <typename T, typename Index, typename Entries>
-__device__ void refine_tiles(const Entries& entries, int64_t count, const SelectState& s,
-                             const Level& level, u64 last, bool histogram_wanted,
-                             unsigned* shared_histogram, bool collect, u64* buffer_count,
-                             u64 capacity, Index* buffer_index, T* buffer_value) {
-    for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
-        bool at_or_above[kItems<T>];
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            at_or_above[j] = false;
-            if (!items.valid[j]) continue;
-            const u64 key = magnitude_key(items.value[j]);
-            const u64 inv = last - entries.index(items.position(j));
-            const int where = locate(s, key, inv);
-            if (where == 0 && histogram_wanted) {
-                atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
-            }
-            at_or_above[j] = where >= 0;
-        }
-        if (collect) {
-            append_flagged(at_or_above, items, entries, buffer_count, capacity, buffer_index,
-                           buffer_value);
-        }
-    });
-}
-
-// Passes 2..: histogram of the level's digit over the entries matching the prefix, read from
-// wherever they are; a pass over the input with `collect` set also fills the buffer.
-template <typename T, typename Index>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
-        const T* input, int64_t d, Level level, u64 last, SelectState* state, u64* histogram,
-        Index* buffer_index, T* buffer_value, u64 capacity) {
-    __shared__ unsigned shared_histogram[kMaxBins<T>];
-    const SelectState s = *state;
-    const bool histogram_wanted = !s.done && !level_fixed(s, level);
-    const bool collect = s.source == kFromInput && s.collect;
-    if (!histogram_wanted && !collect) return;
-    const int bins = 1 << level.bits;
-    clear_shared(shared_histogram, bins);
-    if (s.source == kFromBuffer) {
-        const BufferEntries<T, Index> entries{buffer_index, buffer_value};
-        const auto count = static_cast<int64_t>(min(s.buffer_count, capacity));
-        refine_tiles(entries, count, s, level, last, histogram_wanted, shared_histogram, false,
-                     nullptr, 0, buffer_index, buffer_value);
-    } else {
-        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
-        refine_tiles(entries, d, s, level, last, histogram_wanted, shared_histogram, collect,
-                     &state->buffer_count, capacity, buffer_index, buffer_value);
-    }
-    flush_shared(shared_histogram, bins, histogram);
-}
-
-// After the level's histogram: narrows the prefix to the bin holding the wanted rank, decides
-// where the next pass reads from, and clears the histogram for the next level.
-static __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
-        Level level, int is_first, u64 all_key_bits, u64* histogram, SelectState* state,
-        u64 capacity) {
+// Run by the last block of a level's pass, after the level's histogram is complete: narrows the
+// prefix to the bin holding the wanted rank, decides where the next pass reads from, and clears
+// the histogram for the next level.
+static __device__ void choose_bin(const Level& level, bool is_first, u64 all_key_bits,
+                                  u64* histogram, SelectState* state, u64 capacity) {
     __shared__ SelectState s;
     if (threadIdx.x == 0) {
-        s = *state;
+        s = load_state(state);
+        s.arrivals = 0;
         if (s.collect) {  // the pass that just ran filled the buffer
             s.source = kFromBuffer;
             s.collect = 0;
@@ -519,9 +549,118 @@ static __global__ void __launch_bounds__(kThreads) choose_bin_kernel(
     if (threadIdx.x == 0) *state = s;
 }
 
+// Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
+// to the buffer; the last block chooses the first digit's bin. Zero keys are counted in
+// registers (sparse inputs would otherwise serialise on one shared counter) and their total is
+// kept: a bin of nothing but zeros needs no more key digits.
+template <typename T, typename Index, typename Values>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
+        Values values, int64_t d, Level first, u64 all_key_bits, SelectState* state,
+        u64* histogram, Index* buffer_index, T* buffer_value, u64 capacity) {
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    __shared__ unsigned shared_zeros;
+    __shared__ StagingArea<T, Index> staging;
+    const int bins = 1 << first.bits;
+    if (threadIdx.x == 0) shared_zeros = 0;
+    clear_shared(shared_histogram, bins);
+    const int guess_bin = state->guess_bin;
+    const InputEntries<T, Values> entries{values};
+    WarpAppender<T, Index> appender(staging, &state->buffer_count, capacity, buffer_index,
+                                    buffer_value);
+    unsigned zeros = 0;
+    for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
+        bool flag[kItems<T>];
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            const u64 key = magnitude_key(items.value[j]);
+            const unsigned digit = digit_of(first, key, 0);
+            if (items.valid[j]) {
+                if (key == 0) {
+                    ++zeros;
+                } else {
+                    atomicAdd(&shared_histogram[digit], 1u);
+                }
+            }
+            flag[j] = items.valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
+        }
+        if (guess_bin >= 0) appender.add(flag, items, entries);
+    });
+    appender.flush();
+    if (zeros != 0) {
+        atomicAdd(&shared_histogram[0], zeros);
+        atomicAdd(&shared_zeros, zeros);
+    }
+    flush_shared(shared_histogram, bins, histogram);
+    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(&state->zero_count, u64{shared_zeros});
+    if (arrive_last(&state->arrivals)) {
+        choose_bin(first, true, all_key_bits, histogram, state, capacity);
+    }
+}
+
+// The body of a refine pass over one entry source: histogram of the level's digit over the
+// entries matching the prefix (if wanted); with collect, entries at or above the prefix are
+// appended to the buffer.
+template <typename T, typename Index, typename Entries>
+__device__ void refine_tiles(const Entries& entries, int64_t count, const SelectState& s,
+                             const Level& level, u64 last, bool histogram_wanted,
+                             unsigned* shared_histogram, bool collect,
+                             WarpAppender<T, Index>& appender) {
+    for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
+        bool at_or_above[kItems<T>];
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            at_or_above[j] = false;
+            if (!items.valid[j]) continue;
+            const u64 key = magnitude_key(items.value[j]);
+            const u64 inv = last - entries.index(items.position(j));
+            const int where = locate(s, key, inv);
+            if (where == 0 && histogram_wanted) {
+                atomicAdd(&shared_histogram[digit_of(level, key, inv)], 1u);
+            }
+            at_or_above[j] = where >= 0;
+        }
+        if (collect) appender.add(at_or_above, items, entries);
+    });
+}
+
+// Passes 2..: histogram of the level's digit over the entries matching the prefix, read from
+// wherever they are; a pass over the input with `collect` set also fills the buffer. The last
+// block chooses the level's bin. A pass with nothing to do returns at once in every block (and
+// leaves the state as it is).
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
+        const T* input, int64_t d, Level level, u64 last, u64 all_key_bits, SelectState* state,
+        u64* histogram, Index* buffer_index, T* buffer_value, u64 capacity) {
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    __shared__ StagingArea<T, Index> staging;
+    const SelectState s = *state;
+    const bool histogram_wanted = !s.done && !level_fixed(s, level);
+    const bool collect = s.source == kFromInput && s.collect;
+    if (!histogram_wanted && !collect) return;
+    const int bins = 1 << level.bits;
+    clear_shared(shared_histogram, bins);
+    WarpAppender<T, Index> appender(staging, &state->buffer_count, capacity, buffer_index,
+                                    buffer_value);
+    if (s.source == kFromBuffer) {
+        const BufferEntries<T, Index> entries{buffer_index, buffer_value};
+        const auto count = static_cast<int64_t>(min(s.buffer_count, capacity));
+        refine_tiles<T, Index>(entries, count, s, level, last, histogram_wanted,
+                               shared_histogram, false, appender);
+    } else {
+        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
+        refine_tiles<T, Index>(entries, d, s, level, last, histogram_wanted, shared_histogram,
+                               collect, appender);
+        appender.flush();
+    }
+    flush_shared(shared_histogram, bins, histogram);
+    if (arrive_last(&state->arrivals)) {
+        choose_bin(level, false, all_key_bits, histogram, state, capacity);
+    }
+}
+
 template <typename T, typename Index, typename Entries>
 __device__ void stage_tiles(const Entries& entries, int64_t count, const SelectState& s, u64 last,
-                            u64* staged_count, Index* stage_index, T* stage_value) {
+                            WarpAppender<T, Index>& appender, T* residual_to_zero) {
     for_each_tile<T>(entries, count, [&](const TileItems<T>& items) {
         bool selected[kItems<T>];
 #pragma unroll
@@ -529,32 +668,36 @@ __device__ void stage_tiles(const Entries& entries, int64_t count, const SelectS
             selected[j] = items.valid[j] &&
                           locate(s, magnitude_key(items.value[j]),
                                  last - entries.index(items.position(j))) >= 0;
+            // Each entry is read and zeroed by one thread, so zeroing the input (the residual)
+            // here cannot change what another thread reads.
+            if (selected[j] && residual_to_zero != nullptr) {
+                residual_to_zero[entries.index(items.position(j))] = T{};
+            }
         }
-        append_flagged(selected, items, entries, staged_count, s.wanted, stage_index,
-                       stage_value);
+        appender.add(selected, items, entries);
     });
 }
 
-// Appends the selected entries (at or above the final prefix: exactly n) to the staging area.
+// Appends the selected entries (at or above the final prefix: exactly n) to the staging area;
+// with residual_to_zero, residual_to_zero[index] = 0 for each of them.
 template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stage_selected_kernel(
         const T* input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
-        const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value) {
+        const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value,
+        T* residual_to_zero) {
+    __shared__ StagingArea<T, Index> staging;
     const SelectState s = *state;
+    WarpAppender<T, Index> appender(staging, &state->staged_count, s.wanted, stage_index,
+                                    stage_value);
     if (s.source == kFromBuffer) {
         const BufferEntries<T, Index> entries{buffer_index, buffer_value};
         stage_tiles(entries, static_cast<int64_t>(min(s.buffer_count, capacity)), s, last,
-                    &state->staged_count, stage_index, stage_value);
+                    appender, residual_to_zero);
     } else {
         const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
-        stage_tiles(entries, d, s, last, &state->staged_count, stage_index, stage_value);
+        stage_tiles(entries, d, s, last, appender, residual_to_zero);
     }
-}
-
-template <typename T, typename Index>
-__global__ void zero_at_kernel(T* residual, const Index* index, int64_t n) {
-    const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-    if (j < n) residual[index[j]] = T{};
+    appender.flush();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -654,57 +797,41 @@ void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input
     Index* stage_index = piece<Index>(workspace, plan.at_stage_index);
     T* stage_value = piece<T>(workspace, plan.at_stage_value);
 
-    GTOPK_CUDA_CHECK(cudaMemsetAsync(histogram, 0, kMaxBins<T> * sizeof(u64), stream));
-    GTOPK_CUDA_CHECK(cudaMemsetAsync(sample_histogram, 0, kMaxBins<T> * sizeof(u64), stream));
-    init_state_kernel<<<1, 1, 0, stream>>>(state, static_cast<u64>(n));
-    GTOPK_CUDA_CHECK_LAUNCH("init_state_kernel");
+    init_kernel<T><<<1, kThreads, 0, stream>>>(state, static_cast<u64>(n), histogram,
+                                               sample_histogram);
+    GTOPK_CUDA_CHECK_LAUNCH("init_kernel");
 
     const Level first = schedule.level[0];
     if (guess) {
-        constexpr int kSampleBlocks = 32;
-        sample_first_digit_kernel<T, Values><<<kSampleBlocks, kThreads, 0, stream>>>(
-            values, stride, samples, first, sample_histogram);
-        GTOPK_CUDA_CHECK_LAUNCH("sample_first_digit_kernel");
-        choose_guess_kernel<<<1, kThreads, 0, stream>>>(
-            sample_histogram, 1 << first.bits, static_cast<u64>(sample_rank),
-            static_cast<u64>(stride), static_cast<u64>(capacity), state);
-        GTOPK_CUDA_CHECK_LAUNCH("choose_guess_kernel");
+        // One sample per thread: the strided loads are all in flight at once.
+        const int sample_blocks = static_cast<int>(blocks_for(samples, kThreads));
+        sample_guess_kernel<T, Values><<<sample_blocks, kThreads, 0, stream>>>(
+            values, stride, samples, first, sample_histogram, static_cast<u64>(sample_rank),
+            static_cast<u64>(capacity), state);
+        GTOPK_CUDA_CHECK_LAUNCH("sample_guess_kernel");
     }
 
+    const u64 all_key_bits = (u64{1} << KeyLayout<T>::kKeyBits) - 1;
     const auto first_kernel = first_pass_kernel<T, Index, Values>;
     first_kernel<<<tile_grid<T>(first_kernel, d), kThreads, 0, stream>>>(
-        values, d, first, state, histogram, buffer_index, buffer_value,
-        static_cast<u64>(capacity), &state->buffer_count, &state->zero_count);
+        values, d, first, all_key_bits, state, histogram, buffer_index, buffer_value,
+        static_cast<u64>(capacity));
     GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
-    const u64 all_key_bits = (u64{1} << KeyLayout<T>::kKeyBits) - 1;
-    choose_bin_kernel<<<1, kThreads, 0, stream>>>(first, 1, all_key_bits, histogram, state,
-                                                  static_cast<u64>(capacity));
-    GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
 
     const auto refine_kernel = refine_pass_kernel<T, Index>;
     const int refine_grid = tile_grid<T>(refine_kernel, d);
     for (int l = 1; l < schedule.count; ++l) {
         refine_kernel<<<refine_grid, kThreads, 0, stream>>>(
-            input, d, schedule.level[l], last, state, histogram, buffer_index, buffer_value,
-            static_cast<u64>(capacity));
+            input, d, schedule.level[l], last, all_key_bits, state, histogram, buffer_index,
+            buffer_value, static_cast<u64>(capacity));
         GTOPK_CUDA_CHECK_LAUNCH("refine_pass_kernel");
-        choose_bin_kernel<<<1, kThreads, 0, stream>>>(schedule.level[l], 0, all_key_bits,
-                                                      histogram, state,
-                                                      static_cast<u64>(capacity));
-        GTOPK_CUDA_CHECK_LAUNCH("choose_bin_kernel");
     }
 
     const auto stage_kernel = stage_selected_kernel<T, Index>;
     stage_kernel<<<tile_grid<T>(stage_kernel, d), kThreads, 0, stream>>>(
         input, d, last, state, buffer_index, buffer_value, static_cast<u64>(capacity),
-        stage_index, stage_value);
+        stage_index, stage_value, residual_to_zero);
     GTOPK_CUDA_CHECK_LAUNCH("stage_selected_kernel");
-
-    if (residual_to_zero != nullptr) {
-        const int grid = static_cast<int>(blocks_for(n, kThreads));
-        zero_at_kernel<T, Index><<<grid, kThreads, 0, stream>>>(residual_to_zero, stage_index, n);
-        GTOPK_CUDA_CHECK_LAUNCH("zero_at_kernel");
-    }
 
     size_t sort_bytes = plan.sort_bytes;
     check_cuda(cub::DeviceRadixSort::SortPairs(

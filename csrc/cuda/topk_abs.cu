@@ -9,7 +9,8 @@
 //   - the remaining digits run over the buffer (O(k)) when the guess held; otherwise one more
 //     pass over d buffers the entries at or above the chosen bin, and only heavy ties (many
 //     equal magnitudes) need further passes over d;
-//   - the k selected entries are staged and sorted by index with cub::DeviceRadixSort.
+//   - the k selected entries are staged (accumulate_select zeroes them in the residual in the
+//     same kernel) and sorted by index with cub::DeviceRadixSort.
 // Typical inputs: one read of d (accumulate_select: read gradient and residual, write residual),
 // plus O(k) work; the target is close to one-read bandwidth for d >= 2^26.
 // k >= d returns every entry (one copy pass); k <= 0 or d == 0 returns 0.
