@@ -18,6 +18,10 @@ runs); a step counts as skipped when the scale drops. An exception in a configur
 sparse path's TypeError at the first overflow) is recorded with its traceback and the next
 configuration runs.
 
+--gradient-as-bucket-view: DDP's option in every configuration, dense included (the gradients
+are views of DDP's buckets, so DDP copies no bucket slice back into param.grad at the end of
+backward; under the hook that copy runs after its one wait: docs/ddp.md).
+
 Host synchronisations (--syncs, float32 only): after the timed steps, two more steps are run
 twice: once under torch.cuda.set_sync_debug_mode("warn"), counting the warnings torch raises
 (synchronisations torch itself makes: .item(), .cpu(), nonzero, ...), once under
@@ -94,6 +98,9 @@ def parse_arguments() -> argparse.Namespace:
                         help="GradScaler's first scale (float16)")
     parser.add_argument("--syncs", action="store_true",
                         help="count host synchronisations per step (float32 runs)")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True) in every configuration: no copy "
+                        "of each bucket slice back into param.grad (docs/ddp.md)")
     parser.add_argument("--trace", nargs="+", default=[], choices=list(SCHEMES),
                         metavar="SCHEME", help="write a profiler trace of one float32 step of "
                         "these schemes (trace_<scheme>.json.gz)")
@@ -112,7 +119,8 @@ class Run:
         module, input_shape, classes, _ = make_model(args.model)
         module = module.to(device)
         self.device = device
-        self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                       gradient_as_bucket_view=args.gradient_as_bucket_view)
         self.state = None
         if SCHEMES[scheme] is not None:
             self.state = GTopkHookState(compression=SCHEMES[scheme](), start_iter=START_ITER)
@@ -291,7 +299,8 @@ def main() -> None:
                      steps=args.steps, warmup=args.warmup, start_iter=START_ITER,
                      init_scale=args.init_scale, cuda_kernels=ops.cuda_built,
                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
-                     backend="nccl" if device.type == "cuda" else "gloo", runs=[])
+                     backend="nccl" if device.type == "cuda" else "gloo",
+                     gradient_as_bucket_view=args.gradient_as_bucket_view, runs=[])
     trace_dir = args.trace_dir or os.path.dirname(os.path.abspath(args.json or "e2e.json"))
     init_group(device)
     out.save()

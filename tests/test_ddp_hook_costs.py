@@ -170,6 +170,35 @@ def test_the_hook_copies_no_parameter(one_worker: None, device_like_buckets: Non
     assert whole == (0 if dtype == torch.float32 else 2 * len(SIZES)), many
 
 
+def train_under_ddp(gradient_as_bucket_view: bool) -> list[torch.Tensor]:
+    """A small MLP under DDP (several buckets) with the hook, 6 SGD steps; its parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gtopk_hvd.torch.ddp import gtopk_hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+    ddp = DDP(model, gradient_as_bucket_view=gradient_as_bucket_view, bucket_cap_mb=0.002)
+    ddp.register_comm_hook(GTopkHookState(density=0.1, start_iter=2), gtopk_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        x = torch.randn(8, 20, generator=generator)
+        y = torch.randint(0, 5, (8,), generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_gradient_as_bucket_view_trains_bit_for_bit_the_same(one_worker: None) -> None:
+    """DDP(gradient_as_bucket_view=True), which drops DDP's per-parameter copy back into
+    param.grad (docs/ddp.md), gives the hook's updates unchanged: the future's value is the
+    bucket's own buffer, which the gradients then view."""
+    copied, viewed = train_under_ddp(False), train_under_ddp(True)
+    assert all(torch.equal(a, b) for a, b in zip(copied, viewed))
+
+
 # -- the flags themselves, on the host (their CUDA side: tests/test_ops_cuda.py) ------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
