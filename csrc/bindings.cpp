@@ -654,6 +654,14 @@ void bind_cuda(py::module_& m) {
                                     as_pointer(stream),
                                     Workspace{as_pointer(workspace), workspace_bytes});
     }, "The largest magnitude key of x (+ y; y = 0: none), finite values only if asked.");
+    m.def("cuda_mark_nonfinite", [](ValueType value_type, uintptr_t x, int64_t n, uintptr_t flag,
+                                    uintptr_t stream, uintptr_t workspace,
+                                    size_t workspace_bytes) {
+        py::gil_scoped_release release;
+        gtopk::cuda::mark_nonfinite(value_type, as_pointer(x), n,
+                                    static_cast<int32_t*>(as_pointer(flag)), as_pointer(stream),
+                                    Workspace{as_pointer(workspace), workspace_bytes});
+    }, "*flag = 1 if x holds a NaN or Inf, enqueued on the stream (no host wait).");
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,
                                       uintptr_t restore, int64_t n, uintptr_t stream) {

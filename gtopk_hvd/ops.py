@@ -36,6 +36,9 @@ __all__ = [
     "restore_residual",
     "mark_survivors",
     "all_finite",
+    "mark_nonfinite",
+    "nonfinite_flag",
+    "read_flag",
     "sketch_table",
     "sketch_select",
     "sketch_estimate",
@@ -559,6 +562,61 @@ def all_finite(x: Any) -> bool:
 
         return bool(torch.isfinite(x).all())
     return bool(np.isfinite(np.asarray(x)).all())
+
+
+def mark_nonfinite(x: Any, flag: Any) -> None:
+    """flag[0] := 1 if x holds a NaN or +-Inf; flag left as it is otherwise (so one flag
+    gathers the answer for several tensors, read once: `all_finite` without the host read).
+
+    flag: one int32 value where x is: a torch tensor on x's CUDA device, or a numpy array / CPU
+    tensor for a host x. CUDA (contiguous float32 / float64 / float16 / bfloat16, built
+    kernels): `_C.cuda_mark_nonfinite`, the read of `all_finite` (cub::DeviceReduce over the
+    keys, no temporary of x's size) then a one-thread compare writing the flag, both enqueued
+    on the current stream: no copy to the host, no wait. Other CUDA tensors: isfinite(x).all()
+    on the device (temporaries of x's size, no wait). Host x: `all_finite` (its read)."""
+    if not is_cuda(x):
+        if not all_finite(x):
+            flag[0] = 1
+        return
+    import torch
+
+    if flag.device != x.device or flag.dtype != torch.int32 or flag.numel() != 1:
+        raise ValueError(f"flag must be one int32 on {x.device}, got {flag.dtype} "
+                         f"{tuple(flag.shape)} on {flag.device}")
+    name = dtype_name(x.dtype)
+    if not (cuda_built and name in _FIRST_NONFINITE_KEY and x.is_contiguous()):
+        flag.copy_(torch.maximum(flag, (~torch.isfinite(x).all()).to(torch.int32).reshape(1)))
+        return
+    _cuda_check(flag, "flag", x.device)
+    with _on_device(x.device):
+        value_type, n = _cuda_value_type(x.dtype), x.numel()
+        workspace = _workspace(_C.cuda_max_key_workspace_bytes(value_type, n), x.device)
+        _C.cuda_mark_nonfinite(value_type, x.data_ptr(), n, flag.data_ptr(), _stream(x.device),
+                               workspace.data_ptr(), workspace.numel())
+
+
+def nonfinite_flag(like: Any) -> Any:
+    """A cleared flag for `mark_nonfinite` where `like` lives: one int32 zero (a numpy array
+    for a numpy `like`, else a torch tensor of like's kind on its device)."""
+    if framework_of(like) != "torch":
+        return np.zeros(1, dtype=np.int32)
+    import torch
+
+    return like.new_zeros(1, dtype=torch.int32)
+
+
+def read_flag(flag: Any) -> int:
+    """A `mark_nonfinite` flag's value on the host: the one host read of the flags' scheme.
+    CUDA: copied into pinned memory, then one wait for the current stream (which the marks
+    were enqueued on); host: read as it is."""
+    if not is_cuda(flag):
+        return int(flag[0])
+    import torch
+
+    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    host.copy_(flag.reshape(1), non_blocking=True)
+    torch.cuda.current_stream(flag.device).synchronize()
+    return int(host[0])
 
 
 def _contiguous(x: Any) -> bool:

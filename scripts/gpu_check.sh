@@ -16,7 +16,8 @@
 #   build          the extension: pip install --no-build-isolation --no-deps -e . (then
 #                  setup.py build_ext --inplace if that fails)
 #   ddp_e2e        ResNet-50 under DDP at P = 1, every scheme x float32 / fp16+GradScaler /
-#                  bf16, host syncs per step (scripts/gpu_e2e.py)
+#                  bf16, host syncs per step, profiler traces of one float32 step of dense and
+#                  gTop-k 0.001 (trace_*.json.gz; scripts/gpu_e2e.py)
 #   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
 #                  memory, exact / sketch / granularity (scripts/gpu_step.py)
 #   bench_memory   python -m gtopk_hvd.bench memory, when this tree has it
@@ -178,10 +179,11 @@ stage_build() {
 stage_ddp_e2e() {
     if [[ $DEVICE == cpu ]]; then
         "$PY" scripts/gpu_e2e.py --device cpu --model tiny --batch 8 --steps 3 --warmup 1 \
-            --syncs --json "$FIG/e2e.json"
+            --syncs --trace dense gtopk-0.001 --json "$FIG/e2e.json"
     else
-        "$PY" scripts/gpu_e2e.py --syncs --json "$FIG/e2e.json"
+        "$PY" scripts/gpu_e2e.py --syncs --trace dense gtopk-0.001 --json "$FIG/e2e.json"
     fi
+    ls -l "$FIG"/trace_*.json.gz 2>/dev/null  # one float32 step each, under 8 MB, carried back
 }
 
 stage_step_memory() {
@@ -244,9 +246,9 @@ stage_horovod_run() {
 }
 
 stage_tests() {
-    local files=(tests/test_ops_cuda.py tests/test_device_reduction.py tests/test_count_sketch.py
-                 tests/test_sparse_state_devices.py tests/test_shared_types.py tests/test_ops.py
-                 tests/test_union_tensors.py)
+    local files=(tests/test_ops_cuda.py tests/test_ddp_hook_cuda.py tests/test_device_reduction.py
+                 tests/test_count_sketch.py tests/test_sparse_state_devices.py
+                 tests/test_shared_types.py tests/test_ops.py tests/test_union_tensors.py)
     local workers=$(( JOBS > 2 ? JOBS - 2 : 1 ))
     (( workers > 14 )) && workers=14
     local args=(-q -rfE -p no:cacheprovider)

@@ -18,11 +18,22 @@ runs); a step counts as skipped when the scale drops. An exception in a configur
 sparse path's TypeError at the first overflow) is recorded with its traceback and the next
 configuration runs.
 
+--gradient-as-bucket-view: DDP's option in every configuration, dense included (the gradients
+are views of DDP's buckets, so DDP copies no bucket slice back into param.grad at the end of
+backward; under the hook that copy runs after its one wait: docs/ddp.md).
+
 Host synchronisations (--syncs, float32 only): after the timed steps, two more steps are run
 twice: once under torch.cuda.set_sync_debug_mode("warn"), counting the warnings torch raises
 (synchronisations torch itself makes: .item(), .cpu(), nonzero, ...), once under
 torch.profiler, counting the CUDA runtime calls that block the host (cuda*Synchronize,
 synchronous cudaMemcpy), which also sees those made inside gtopk_hvd's extension.
+
+Timeline (--trace SCHEME...): after the timed steps (and the counts), the float32 run of each
+named scheme records one more step under torch.profiler (CPU and CUDA activities, no shapes,
+no stacks) and writes it as a gzipped Chrome trace, trace_<scheme>.json.gz, into --trace-dir
+(default: the --json file's folder): chrome://tracing or Perfetto show where the host waits
+and where the device idles. A trace over TRACE_LIMIT_BYTES is deleted and the record says so
+(the GPU check carries the folder back in one archive).
 
 The JSON (written after every configuration): {"model", "device", ..., "runs": [{precision,
 scheme, median_s, ratio_to_dense, timed_steps, skipped_steps, losses, error?, syncs?}]}.
@@ -31,7 +42,9 @@ scheme, median_s, ratio_to_dense, timed_steps, skipped_steps, losses, error?, sy
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -60,6 +73,7 @@ SCHEMES: dict[str, Any] = {
 }
 PRECISIONS = ("float32", "bfloat16-amp", "float16-amp")  # the one known to raise last
 START_ITER = 2
+TRACE_LIMIT_BYTES = 8 << 20
 SYNC_PROFILE_STEPS = 2
 BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                   "cudaMemcpy", "cudaMemcpy2D", "cuStreamSynchronize", "cuCtxSynchronize",
@@ -84,6 +98,14 @@ def parse_arguments() -> argparse.Namespace:
                         help="GradScaler's first scale (float16)")
     parser.add_argument("--syncs", action="store_true",
                         help="count host synchronisations per step (float32 runs)")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True) in every configuration: no copy "
+                        "of each bucket slice back into param.grad (docs/ddp.md)")
+    parser.add_argument("--trace", nargs="+", default=[], choices=list(SCHEMES),
+                        metavar="SCHEME", help="write a profiler trace of one float32 step of "
+                        "these schemes (trace_<scheme>.json.gz)")
+    parser.add_argument("--trace-dir", default=None,
+                        help="where the traces go (default: the --json file's folder)")
     parser.add_argument("--json", default=None, help="write the figures here")
     return parser.parse_args()
 
@@ -97,7 +119,8 @@ class Run:
         module, input_shape, classes, _ = make_model(args.model)
         module = module.to(device)
         self.device = device
-        self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                       gradient_as_bucket_view=args.gradient_as_bucket_view)
         self.state = None
         if SCHEMES[scheme] is not None:
             self.state = GTopkHookState(compression=SCHEMES[scheme](), start_iter=START_ITER)
@@ -225,6 +248,36 @@ def count_syncs(run: Run, slow: bool) -> dict:
     return result
 
 
+def write_trace(run: Run, scheme: str, folder: str) -> dict:
+    """One step under torch.profiler as a gzipped Chrome trace (module docstring): {"path",
+    "bytes"}, or {"error"} / {"dropped"} when it failed or came out over TRACE_LIMIT_BYTES."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if run.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"trace_{scheme}.json.gz")
+    try:
+        run.step()  # the step before starts from a drained device, as the profiled one
+        run.synchronize()
+        with profile(activities=activities) as profiler:
+            run.step()
+            run.synchronize()
+        with tempfile.TemporaryDirectory(prefix="gpu_e2e_trace_") as scratch:
+            plain = os.path.join(scratch, "trace.json")
+            profiler.export_chrome_trace(plain)
+            with open(plain, "rb") as source, gzip.open(path, "wb", compresslevel=6) as target:
+                shutil.copyfileobj(source, target)
+    except Exception as error:  # noqa: BLE001 - recorded, the run goes on
+        return {"error": error_record(error)["error"]}
+    size = os.path.getsize(path)
+    if size > TRACE_LIMIT_BYTES:
+        os.remove(path)
+        return {"dropped": f"{size} bytes, over {TRACE_LIMIT_BYTES}"}
+    return {"path": os.path.basename(path), "bytes": size}
+
+
 def init_group(device: torch.device) -> None:
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="gpu_e2e_"), "store"), 1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0,
@@ -246,7 +299,9 @@ def main() -> None:
                      steps=args.steps, warmup=args.warmup, start_iter=START_ITER,
                      init_scale=args.init_scale, cuda_kernels=ops.cuda_built,
                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
-                     backend="nccl" if device.type == "cuda" else "gloo", runs=[])
+                     backend="nccl" if device.type == "cuda" else "gloo",
+                     gradient_as_bucket_view=args.gradient_as_bucket_view, runs=[])
+    trace_dir = args.trace_dir or os.path.dirname(os.path.abspath(args.json or "e2e.json"))
     init_group(device)
     out.save()
     try:
@@ -262,6 +317,8 @@ def main() -> None:
                     measure(run, args, record)
                     if args.syncs and precision == "float32":
                         record["syncs"] = count_syncs(run, record["median_s"] > 1.0)
+                    if scheme in args.trace and precision == "float32":
+                        record["trace"] = write_trace(run, scheme, trace_dir)
                 except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
                     record.update(error_record(error))
                     print(f"   FAILED: {record['error']}", flush=True)

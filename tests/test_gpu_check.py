@@ -5,6 +5,7 @@ needs a GPU; that its parts run, write their JSON and reach the report does not.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_script(str(SCRIPTS / "gpu_e2e.py"), "--device", "cpu", "--model", "tiny", "--batch", "4",
                "--steps", "2", "--warmup", "1", "--schemes", "dense", "gtopk-0.001",
                "--precisions", "float32", "float16-amp", "--syncs",
-               "--json", str(work / "e2e.json"))
+               "--trace", "dense", "gtopk-0.001", "--json", str(work / "e2e.json"))
     run_script(str(SCRIPTS / "gpu_step.py"), "--device", "cpu", "--sizes", "5e4", "--steps", "1",
                "--schemes", "gtopk", "gtopk-exact", "sketch", "--granularity-steps", "1",
                "--json", str(work / "step.json"))
@@ -66,6 +67,14 @@ def test_the_stage_scripts_write_their_figures(figures: Path) -> None:
     assert runs["float32", "gtopk-0.001"]["ratio_to_dense"] > 0
     assert "runtime_blocking_calls_per_step" in runs["float32", "gtopk-0.001"]["syncs"]
     assert runs["float16-amp", "dense"]["skipped_steps"] >= 1  # GradScaler from 2^24 overflows
+    for scheme in ("dense", "gtopk-0.001"):  # one float32 step's timeline each
+        trace = runs["float32", scheme]["trace"]
+        assert trace["path"] == f"trace_{scheme}.json.gz", trace
+        with gzip.open(figures / trace["path"]) as file:
+            events = json.load(file)["traceEvents"]
+        assert any("backward" in str(e.get("name", "")).lower() for e in events)
+        assert trace["bytes"] == (figures / trace["path"]).stat().st_size < 8 << 20
+    assert "trace" not in runs["float16-amp", "gtopk-0.001"]
     step = json.loads((figures / "step.json").read_text())
     entry = step["sizes"]["50000"]
     assert set(entry["schemes"]) == {"gtopk", "gtopk-exact", "sketch"}

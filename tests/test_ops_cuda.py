@@ -305,6 +305,55 @@ def test_cuda_all_finite_makes_no_temporary_of_its_size(dtype: str) -> None:
     assert torch.cuda.max_memory_allocated() - start < 0.05 * x.numel() * x.element_size()
 
 
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+def test_cuda_mark_nonfinite_matches_numpy_and_only_sets(dtype: str, bad: object) -> None:
+    """The flag against numpy's isfinite over the same values; a set flag stays set for a
+    finite x; an empty x leaves the flag as it is."""
+    values = np.random.default_rng(11).standard_normal(1_000_003)
+    if bad is not None:
+        values[999_998] = bad
+    x = on_gpu(values, dtype)
+    expected = int(not np.isfinite(x.cpu().double().numpy()).all())
+    flag = ops.nonfinite_flag(x)
+    assert flag.device == x.device and flag.dtype == torch.int32
+    ops.mark_nonfinite(x, flag)
+    ops.mark_nonfinite(x[:0], flag)
+    assert ops.read_flag(flag) == expected
+    finite = on_gpu(np.ones(1000), dtype)
+    ops.mark_nonfinite(finite, flag)
+    assert ops.read_flag(flag) == expected
+    set_flag = torch.ones(1, dtype=torch.int32, device=x.device)
+    ops.mark_nonfinite(finite, set_flag)
+    assert ops.read_flag(set_flag) == 1
+
+
+def test_cuda_mark_nonfinite_does_not_wait_for_the_device() -> None:
+    """Enqueued behind a long kernel, the mark returns while the stream is still busy (it
+    neither copies to the host nor waits); read_flag then waits and sees the NaN written by
+    a kernel queued before the mark."""
+    x = torch.zeros(1 << 20, device="cuda")
+    flag = ops.nonfinite_flag(x)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the current stream
+    x[12345] = float("nan")
+    ops.mark_nonfinite(x, flag)
+    assert not torch.cuda.current_stream().query()
+    assert ops.read_flag(flag) == 1
+    assert torch.cuda.current_stream().query()
+
+
+def test_cuda_mark_nonfinite_makes_no_temporary_of_its_size() -> None:
+    x = on_gpu(np.random.default_rng(12).standard_normal(1 << 22), "float32")
+    flag = ops.nonfinite_flag(x)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    ops.mark_nonfinite(x, flag)
+    assert ops.read_flag(flag) == 0
+    assert torch.cuda.max_memory_allocated() - start < 0.05 * x.numel() * x.element_size()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_cuda_largest_finite_magnitude_and_histogram(dtype: str) -> None:
     rng = np.random.default_rng(10)

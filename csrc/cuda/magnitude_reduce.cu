@@ -1,7 +1,8 @@
 // gtopk::cuda::max_key: the largest magnitude key of x (+ y) by cub::DeviceReduce over a
 // transform of the input: one read, no temporary the size of x (torch.isfinite(x).all() makes
 // |x| and two masks: 1.75 x the input in temporaries). The non-finite check and the first
-// threshold window of MiCRO / ExDyna.
+// threshold window of MiCRO / ExDyna. mark_nonfinite: the same read, its answer left on the
+// device (a flag) instead of brought to the host.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -87,6 +88,28 @@ uint64_t max_key_typed(const void* x, const void* y, int64_t n, bool finite_only
     return largest;
 }
 
+// *flag = 1 when the largest key is at or above +Inf's (a NaN's or an Inf's).
+template <typename T> __global__ void flag_if_nonfinite(const u64* largest, int32_t* flag) {
+    if (*largest >= u64{MagnitudeTraits<T>::kCanonicalNan} - 1) *flag = 1;
+}
+
+template <typename T>
+void mark_nonfinite_typed(const void* x, int64_t n, int32_t* flag, cudaStream_t stream,
+                          const Workspace& workspace) {
+    if (n <= 0) return;
+    const ReduceLayout<T> layout(n);
+    detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
+        u64* device_result = detail::piece<u64>(scratch, layout.result);
+        size_t cub_bytes = layout.cub_bytes;
+        GTOPK_CUDA_CHECK(cub::DeviceReduce::Reduce(
+            detail::piece<char>(scratch, layout.temp), cub_bytes,
+            keys_of<T>(static_cast<const T*>(x), nullptr, false), device_result, n, Larger{},
+            u64{0}, stream));
+        flag_if_nonfinite<T><<<1, 1, 0, stream>>>(device_result, flag);
+        GTOPK_CUDA_CHECK(cudaGetLastError());
+    });
+}
+
 template <typename Body> auto with_value_type(ValueType value_type, Body&& body) {
     switch (value_type) {
         case ValueType::kFloat32: return body(float{});
@@ -110,6 +133,14 @@ uint64_t max_key(ValueType value_type, const void* x, const void* y, int64_t n, 
     const auto s = static_cast<cudaStream_t>(stream);
     return with_value_type(value_type, [&](auto v) {
         return max_key_typed<decltype(v)>(x, y, n, finite_only, s, workspace);
+    });
+}
+
+void mark_nonfinite(ValueType value_type, const void* x, int64_t n, int32_t* flag, void* stream,
+                    Workspace workspace) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    with_value_type(value_type, [&](auto v) {
+        mark_nonfinite_typed<decltype(v)>(x, n, flag, s, workspace);
     });
 }
 

@@ -14,6 +14,11 @@ object). It imports no Horovod and no framework; adapters (`gtopk_hvd.torch`,
 """
 
 from gtopk_hvd.core.stats import StepStats
-from gtopk_hvd.core.step import SparseStep, count_nonfinite_workers, count_workers
+from gtopk_hvd.core.step import (
+    NonfiniteFlags,
+    SparseStep,
+    count_nonfinite_workers,
+    count_workers,
+)
 
-__all__ = ["SparseStep", "StepStats", "count_nonfinite_workers", "count_workers"]
+__all__ = ["NonfiniteFlags", "SparseStep", "StepStats", "count_nonfinite_workers", "count_workers"]

@@ -31,8 +31,11 @@ to the host and back.
 
 Non-finite gradients (GradScaler with DDP): with the compression's default nonfinite="propagate"
 the hook holds each bucket (its future completes later) until the iteration's last one, reads
-every held bucket once for NaN/Inf, counts the workers that saw one with one all-reduce of one
-integer, and only then runs the buckets' steps (`GTopkHookState.step_together`). If any
+each bucket once for NaN/Inf as it arrives, on its device (on a GPU the read is enqueued behind
+the bucket's gradients and its answer stays in a device flag: no host wait, so it overlaps the
+rest of backward), brings that one flag to the host at the last bucket (one wait per iteration,
+not one per bucket), counts the workers that saw one with one all-reduce of one integer, and
+only then runs the buckets' steps (`GTopkHookState.step_together`). If any
 worker's bucket was not finite, every bucket of every worker becomes all NaN and no residual,
 velocity or step count changes, so the scaler skips the whole step on every worker and nothing
 is lost: deciding per bucket could not undo the buckets already stepped when a later one
@@ -86,7 +89,7 @@ import torch.distributed as dist
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
-from gtopk_hvd.core import SparseStep, StepStats, count_nonfinite_workers
+from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats, count_workers
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
@@ -143,6 +146,9 @@ class GTopkHookState:
                     buckets, and a restored state's first iteration on a new model
     pending         nonfinite="propagate": this iteration's buckets so far (SparseStep, buffer,
                     future), stepped together at the last one
+    nonfinite       nonfinite="propagate": `NonfiniteFlags` of this iteration's buckets so far,
+                    each bucket's read enqueued as it arrives (on a GPU no host wait), read on
+                    the host once, at the last bucket
     active_transport  the Transport resolved from `transport` at the first hook call
                     (`get_transport`), None before
     last_stats      (property) each bucket's last sparse step
@@ -153,8 +159,8 @@ class GTopkHookState:
     """
 
     __slots__ = ("active_transport", "buckets", "compression", "iter", "last_iteration_skipped",
-                 "pending", "process_group", "remap", "restored_buckets", "restored_indices",
-                 "seen_buckets", "start_iter", "transport")
+                 "nonfinite", "pending", "process_group", "remap", "restored_buckets",
+                 "restored_indices", "seen_buckets", "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
@@ -203,11 +209,13 @@ class GTopkHookState:
         self.restored_indices: set[int] = set()
         self.remap = BucketRemap()
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
+        self.nonfinite = NonfiniteFlags()
 
     def fail_held(self, error: BaseException) -> None:
         """Fails every bucket future the hook holds (this iteration's, and a restored state's
         construction-time ones) with `error`; holds nothing after."""
         pending, self.pending = self.pending, []
+        self.nonfinite.clear()
         for _, _, future in pending:
             if not future.done():
                 future.set_exception(error)
@@ -355,15 +363,19 @@ class GTopkHookState:
         sizes = list(saved["sizes"]) if saved is not None else _sizes(bucket)
         return self.new_sparse_step(index, layout, sizes, bucket.buffer().device, saved)
 
-    def step_together(self, steps: list[tuple[SparseStep, torch.Tensor]]) -> bool:
+    def step_together(self, steps: list[tuple[SparseStep, torch.Tensor]],
+                      checked: bool = False) -> bool:
         """Runs the steps of one iteration's buckets in place; returns whether they were
         applied. nonfinite="propagate": one count of the workers with a NaN/Inf in any bucket
-        first, and every step skipped (all NaN) if there is one; "raise": each step as it
-        is."""
+        first (each bucket read on its device into `nonfinite`, already as it arrived if
+        `checked`; one host read of the flag, then one all-reduce of one integer at P > 1),
+        and every step skipped (all NaN) if there is one; "raise": each step as it is."""
         skip = None
         if self.compression.nonfinite == "propagate":
-            skip = count_nonfinite_workers(self.get_transport(),
-                                           [buffer for _, buffer in steps]) > 0
+            if not checked:
+                for _, buffer in steps:
+                    self.nonfinite.check(buffer)
+            skip = count_workers(self.get_transport(), self.nonfinite.read()) > 0
         for sparse, buffer in steps:
             _step_in_place(sparse, buffer, skip)
         return not skip
@@ -434,15 +446,17 @@ gtopk_hook.__annotations__.update(bucket=dist.GradBucket,
 def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Tensor,
                     last: bool) -> tuple[torch.futures.Future, bool]:
     """nonfinite="propagate": keeps the bucket in `state.pending` until the iteration's last
-    one, then runs every held bucket's step together (`step_together`) and completes their
-    futures. Returns the bucket's future and whether the iteration was applied (True until the
-    last bucket)."""
+    one, enqueuing its non-finite read now (`state.nonfinite`), then runs every held bucket's
+    step together (`step_together`: one host read of the flag for all of them) and completes
+    their futures. Returns the bucket's future and whether the iteration was applied (True
+    until the last bucket)."""
     future = _future(buffer)
     state.pending.append((sparse, buffer, future))
+    state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
         return future, True
     applied = state.step_together([(held, held_buffer) for held, held_buffer, _ in
-                                   state.pending])
+                                   state.pending], checked=True)
     pending, state.pending = state.pending, []
     for _, held_buffer, held_future in pending:
         held_future.set_result(held_buffer)

@@ -7,12 +7,16 @@ depends on the data (`nonzero`, `argwhere`, `masked_select`, `unique`, boolean-m
 `repeat_interleave` without `output_size`). Inside `count_host_syncs()`, every such call on a
 DeviceLikeTensor made outside the kernel layer (`gtopk_hvd.ops`, `gtopk_hvd._arrays`) is
 recorded with the first gtopk_hvd frame that made it. The kernel layer's own synchronisations
-(a count its CUDA side brings back) are not seen here: the GPU check counts those
-(scripts/gpu_e2e.py --syncs).
+(a count its CUDA side brings back) are not seen by `count_host_syncs`: the GPU check counts
+those (scripts/gpu_e2e.py --syncs). `count_kernel_host_reads` counts them by the contract's
+shape instead: a public `gtopk_hvd.ops` function called (not from inside the kernel layer) with
+a DeviceLikeTensor that returns a host value (a Python bool, int or float, a numpy array or
+scalar, or a tuple holding one) must have brought it from the device, so it waited.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import Counter
@@ -20,8 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+import pytest
 import torch
 
+from gtopk_hvd import ops
 from helpers.device_like import KERNEL_LAYER, DeviceLikeTensor
 
 SYNCING = frozenset({"item", "tolist", "nonzero", "argwhere", "masked_select", "unique",
@@ -48,8 +55,10 @@ def _counters() -> list[HostSyncs]:
 
 
 def _where() -> str | None:
-    """The first gtopk_hvd frame above this call, or None when the kernel layer made it."""
-    frame = sys._getframe(3)
+    """The first gtopk_hvd frame above this call, or None when the kernel layer made it (every
+    frame is looked at: a C-level dunder such as `int(t)` reaches the torch function handler
+    through fewer Python frames than a method call)."""
+    frame = sys._getframe(1)
     found = None
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
@@ -111,3 +120,46 @@ def count_host_syncs() -> Iterator[HostSyncs]:
         yield counter
     finally:
         _counters().remove(counter)
+
+
+def _host_value(result: Any) -> bool:
+    if isinstance(result, tuple):
+        return any(_host_value(item) for item in result)
+    return isinstance(result, (bool, int, float, np.ndarray, np.generic))
+
+
+def _device_like_argument(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, DeviceLikeTensor) for a in (*args, *kwargs.values()))
+
+
+@contextmanager
+def count_kernel_host_reads() -> Iterator[HostSyncs]:
+    """While open, the kernel layer's calls that bring a value of a DeviceLikeTensor to the
+    host (module docstring), by (function, "gtopk_hvd.ops"); calls made from inside the kernel
+    layer are part of the outer call and not counted again."""
+    counter = HostSyncs()
+    depth = threading.local()
+    patch = pytest.MonkeyPatch()
+
+    def counted(name: str, function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            outer = getattr(depth, "n", 0) == 0
+            depth.n = getattr(depth, "n", 0) + 1
+            try:
+                result = function(*args, **kwargs)
+            finally:
+                depth.n -= 1
+            if outer and _device_like_argument(args, kwargs) and _host_value(result):
+                counter[(name, "gtopk_hvd.ops")] += 1
+            return result
+        return wrapper
+
+    for name in ops.__all__:
+        function = getattr(ops, name)
+        if callable(function) and not isinstance(function, type):
+            patch.setattr(ops, name, counted(name, function))
+    try:
+        yield counter
+    finally:
+        patch.undo()

@@ -104,5 +104,11 @@ void sketch_estimate(const float* table, const uint32_t* keys, int rows, int64_t
 size_t max_key_workspace_bytes(ValueType value_type, int64_t n);
 uint64_t max_key(ValueType value_type, const void* x, const void* y, int64_t n, bool finite_only,
                  void* stream, Workspace workspace = {});
+// all_finite without the host: *flag = 1 if x[0, n) holds a NaN or +-Inf (left as it is
+// otherwise), the same reduction as max_key then a one-thread compare with +Inf's key, both
+// enqueued on `stream`: no copy to the host and no wait, so the caller reads one flag for many
+// tensors. `flag` is one int32 on the device. Workspace: max_key_workspace_bytes(n).
+void mark_nonfinite(ValueType value_type, const void* x, int64_t n, int32_t* flag, void* stream,
+                    Workspace workspace = {});
 
 }  // namespace gtopk::cuda
