@@ -15,18 +15,18 @@
 #                  waited for before horovod_run
 #   build          the extension: pip install --no-build-isolation --no-deps -e . (then
 #                  setup.py build_ext --inplace if that fails)
+#   tests          pytest -n over the CUDA tests (stage_tests lists the files; interrupted
+#                  with SIGINT at its box: the counts so far are kept)
 #   ddp_e2e        ResNet-50 under DDP at P = 1, every scheme x float32 / fp16+GradScaler /
 #                  bf16, host syncs per step, profiler traces of one float32 step of dense and
 #                  gTop-k 0.001 (trace_*.json.gz; scripts/gpu_e2e.py)
 #   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
 #                  memory, exact / sketch / granularity (scripts/gpu_step.py)
-#   bench_memory   python -m gtopk_hvd.bench memory, when this tree has it
 #   bench_topk     python -m gtopk_hvd.bench topk --device cuda
 #   bench_select   python -m gtopk_hvd.bench select --device cuda
+#   bench_memory   python -m gtopk_hvd.bench memory --states cuda
 #   horovod_run    gtopk_hvd's torch DistributedOptimizer under Horovod, float32 and the AMP
 #                  recipe (scripts/gpu_horovod.py)
-#   tests          pytest -n: test_ops_cuda, test_sparse_state_devices, test_shared_types,
-#                  test_ops (interrupted with SIGINT at its box: the counts so far are kept)
 #
 # Then scripts/gpu_report.py: every figure beside its target. Environment:
 #   OUT                      where the report goes (default results/tmp/gpu_check)
