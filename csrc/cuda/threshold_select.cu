@@ -6,7 +6,8 @@
 //   histogram's base and the threshold in registers: the histogram is counted in shared memory
 //   per block (n_bins <= kSharedBins; global atomics beyond) and flushed once per block, and the
 //   entries at or above the threshold are counted (one shared atomic per thread, one global per
-//   block). Counts and histogram come back to the host: the stream is synchronised.
+//   block). Counts and histogram come back to the host in one copy: the stream is
+//   synchronised.
 // threshold_indices: cub::DeviceSelect::If over the indices [begin, end) with the predicate
 //   key(x[i]) >= threshold, which keeps the input order: one read of the partition, a single
 //   pass (decoupled look-back) writing the indices in order, through an output that drops the
@@ -16,8 +17,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -157,11 +160,13 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
             GTOPK_CUDA_CHECK_LAUNCH("accumulate_count_kernel");
         }
         static_assert(sizeof(u64) == sizeof(int64_t), "histogram counters are 64-bit");
-        GTOPK_CUDA_CHECK(cudaMemcpyAsync(histogram, device_histogram, n_bins * sizeof(u64),
-                                         cudaMemcpyDeviceToHost, stream));
-        GTOPK_CUDA_CHECK(cudaMemcpyAsync(&selected, device_selected, sizeof(u64),
+        // The histogram and the count in one copy (one transfer, one wait).
+        std::vector<unsigned char> host(layout.bytes);
+        GTOPK_CUDA_CHECK(cudaMemcpyAsync(host.data(), scratch.data, layout.bytes,
                                          cudaMemcpyDeviceToHost, stream));
         GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::memcpy(histogram, host.data() + layout.histogram, n_bins * sizeof(u64));
+        std::memcpy(&selected, host.data() + layout.selected, sizeof(u64));
     });
     return static_cast<int64_t>(selected);
 }
