@@ -210,3 +210,19 @@ def test_cuda_rising_magnitudes_make_no_large_temporary(scheme: str) -> None:
         want_indices, want_values = on_host.step(host)
         np.testing.assert_array_equal(indices, want_indices)
         np.testing.assert_array_equal(values, want_values)
+
+
+def test_bench_select_micro_row_on_a_torch_state_selects_what_the_host_does() -> None:
+    """`bench select`'s MiCRO row takes the torch state's path (no candidates, one bounded
+    read) on tensors: the same indices as the host path."""
+    from gtopk_hvd.bench.selection import micro_pass
+
+    residual = np.random.default_rng(0).standard_normal(200_000).astype(np.float32)
+    gradient = np.zeros_like(residual)
+    k = 200
+    tau = float(np.partition(np.abs(residual), residual.size - k)[residual.size - k])
+    want = micro_pass(gradient, residual, 50_000, tau, k)
+    got = micro_pass(torch.from_numpy(gradient), torch.from_numpy(residual.copy()), 50_000,
+                     tau, k)
+    assert want.size > 0
+    np.testing.assert_array_equal(got.numpy(), want)
