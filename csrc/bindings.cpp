@@ -611,12 +611,12 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_threshold_indices", [](ValueType value_type, IndexType index_type, uintptr_t x,
                                        int64_t d, int64_t begin, int64_t end,
                                        uint64_t threshold_key, uintptr_t out_index,
-                                       uintptr_t stream, uintptr_t workspace,
+                                       int64_t capacity, uintptr_t stream, uintptr_t workspace,
                                        size_t workspace_bytes) {
         py::gil_scoped_release release;
         return gtopk::cuda::threshold_indices(value_type, index_type, as_pointer(x), d, begin,
                                               end, threshold_key, as_pointer(out_index),
-                                              as_pointer(stream),
+                                              capacity, as_pointer(stream),
                                               Workspace{as_pointer(workspace), workspace_bytes});
     });
     m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns) {

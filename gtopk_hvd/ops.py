@@ -192,17 +192,46 @@ def histogram_bin(offset: Any, histogram_shift: int, n_bins: int, n_fine: int = 
     return (fine * (offset < span) + coarse * (offset >= span)).clip(0, n_bins - 1)
 
 
-def threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+def threshold_indices(x: Any, begin: int, end: int, threshold_key: int,
+                      at_most: int | None = None) -> Any:
     """The indices i in [begin, end) with magnitude_key(x[i]) >= threshold_key, sorted: one
     read of x[begin:end) (float32 / float64, numpy or torch; a NaN's key is above every
-    number's, so every NaN is in)."""
+    number's, so every NaN is in).
+
+    at_most: an upper bound of their count known without reading x, e.g. the entries of a
+    histogram of the same x[begin:end) in the bins at or above threshold_key's
+    (`histogram_count_from`). It changes no result: the CUDA side then writes into a tensor of
+    that size in its one read and skips the count pass that sizes the output otherwise (a read
+    of the range and a wait for the host); every side raises RuntimeError if more than at_most
+    are selected (a bound that was not one)."""
+    if at_most is not None:
+        at_most = min(check_count(at_most), max(0, int(end) - int(begin)))
     if is_cuda(x) and cuda_built:
-        return _cuda_threshold_indices(x, begin, end, threshold_key)
+        return _cuda_threshold_indices(x, begin, end, threshold_key, at_most)
     if is_cuda(x):
-        return _torch_threshold_indices(x, begin, end, threshold_key)
-    view = as_numpy(x, "x")
-    return like(_C.threshold_indices(view.array, int(begin), int(end), int(threshold_key),
-                                     view.value_type), view)
+        indices = _torch_threshold_indices(x, begin, end, threshold_key)
+    else:
+        view = as_numpy(x, "x")
+        indices = like(_C.threshold_indices(view.array, int(begin), int(end),
+                                            int(threshold_key), view.value_type), view)
+    if at_most is not None and len(indices) > at_most:
+        raise RuntimeError(f"gtopk_hvd: threshold_indices selected {len(indices)} entries, "
+                           f"more than the bound at_most={at_most}")
+    return indices
+
+
+def histogram_count_from(histogram: np.ndarray, base_key: int, shift: int, n_bins: int,
+                         threshold_key: int, n_fine: int = -1,
+                         coarse_shift: int = 0) -> int | None:
+    """An upper bound of #{i : key(x[i]) >= threshold_key} from the histogram of x that
+    `accumulate_threshold` counted (its bins: `histogram_bin`): the sum of the bins from
+    threshold_key's on, since the bin is non-decreasing in the key. None where threshold_key
+    is below base_key (entries there are not counted)."""
+    if threshold_key < base_key:
+        return None
+    first = int(histogram_bin(np.int64(threshold_key - base_key), shift, n_bins, n_fine,
+                              coarse_shift))
+    return int(np.asarray(histogram, np.int64)[first:].sum())
 
 
 def threshold_histogram(x: Any, begin: int, end: int, base_key: int, shift: int, n_bins: int,
@@ -323,10 +352,13 @@ def _torch_keys(x: Any) -> Any:
 
 
 def _torch_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
-    """`threshold_indices` as torch operations."""
+    """`threshold_indices` as torch operations, in blocks of _TORCH_BLOCK entries."""
     import torch
 
-    indices = torch.nonzero(_torch_keys(x[begin:end]) >= threshold_key).reshape(-1) + begin
+    parts = [torch.nonzero(_torch_keys(x[start:min(start + _TORCH_BLOCK, end)])
+                           >= threshold_key).reshape(-1) + start
+             for start in range(begin, end, _TORCH_BLOCK)]
+    indices = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
     return indices.to(_torch_index_dtype(x.numel()))
 
 
@@ -335,20 +367,29 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
                                 histogram_shift: int, n_bins: int, clear_gradient: bool,
                                 n_fine: int = -1, coarse_shift: int = 0
                                 ) -> tuple[Any, np.ndarray]:
-    """`accumulate_threshold` as torch operations (tensors on any one device)."""
+    """`accumulate_threshold` as torch operations (tensors on any one device), the range in
+    blocks of _TORCH_BLOCK entries: temporaries of a block's size, not the range's; the
+    histogram summed on the device and brought to the host once."""
     import torch
 
     if gradient is not None:
         residual += gradient
     if clear_gradient:
         gradient.zero_()
-    keys = _torch_keys(residual[begin:end])
-    counted = keys[keys >= histogram_base_key]
-    bins = histogram_bin(counted - histogram_base_key, histogram_shift, n_bins, n_fine,
-                         coarse_shift)
-    histogram = torch.bincount(bins, minlength=n_bins).cpu().numpy().astype(np.int64)
-    indices = torch.nonzero(keys >= max(threshold_key, histogram_base_key)).reshape(-1) + begin
-    return indices.to(_torch_index_dtype(residual.numel())), histogram
+    histogram = torch.zeros(n_bins, dtype=torch.int64, device=residual.device)
+    selected = max(threshold_key, histogram_base_key)
+    parts = []
+    for start in range(begin, end, _TORCH_BLOCK):
+        keys = _torch_keys(residual[start:min(start + _TORCH_BLOCK, end)])
+        counted = keys[keys >= histogram_base_key]
+        bins = histogram_bin(counted - histogram_base_key, histogram_shift, n_bins, n_fine,
+                             coarse_shift)
+        histogram += torch.bincount(bins, minlength=n_bins)
+        parts.append(torch.nonzero(keys >= selected).reshape(-1) + start)
+    index_dtype = _torch_index_dtype(residual.numel())
+    indices = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64,
+                                                        device=residual.device)
+    return indices.to(index_dtype), histogram.cpu().numpy()
 
 
 def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
@@ -782,14 +823,24 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
     return indices, histogram
 
 
-def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int) -> Any:
+def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int,
+                            at_most: int | None = None) -> Any:
     """Counts the entries first (a read of [begin, end) by the count kernel), then writes them
-    into a tensor of that size: no room for the whole range."""
+    into a tensor of that size: no room for the whole range. With at_most (a bound of the
+    count, `threshold_indices`): writes into at_most entries at once, one read, and returns the
+    first `written` (the count comes back with the write's own wait)."""
     import torch
 
     _cuda_check(x, "x", x.device)
     _check_range(begin, end, x.numel())
     with _on_device(x.device):
+        if at_most is not None:
+            indices = torch.empty(at_most, dtype=_torch_index_dtype(x.numel()), device=x.device)
+            written = _cuda_threshold_indices_into(indices, x, begin, end, threshold_key)
+            if written > at_most:  # the bound was not one (the kernel wrote only at_most)
+                raise RuntimeError(f"gtopk_hvd: threshold_indices selected {written} entries, "
+                                   f"more than the bound at_most={at_most}")
+            return indices[:written]
         count = _cuda_count(x, begin, end, threshold_key)
         indices = torch.empty(count, dtype=_torch_index_dtype(x.numel()), device=x.device)
         if count:
@@ -832,13 +883,15 @@ def _cuda_max_key(x: Any, begin: int, end: int, plus: Any, finite_only: bool) ->
 
 def _cuda_threshold_indices_into(out: Any, x: Any, begin: int, end: int,
                                  threshold_key: int) -> int:
-    """The kernel of threshold_indices, writing into `out` (room for every selected index)."""
+    """The kernel of threshold_indices, writing into `out`: the count selected, of which only
+    the first out.numel() are written (the kernel writes nothing beyond `out`)."""
     value_type, index_type = _cuda_value_type(x.dtype), _cuda_index_type(out.dtype)
     workspace = _workspace(
         _C.cuda_threshold_indices_workspace_bytes(value_type, index_type, end - begin), x.device)
     return _C.cuda_threshold_indices(value_type, index_type, x.data_ptr(), x.numel(),
                                      int(begin), int(end), int(threshold_key), out.data_ptr(),
-                                     _stream(x.device), workspace.data_ptr(), workspace.numel())
+                                     out.numel(), _stream(x.device), workspace.data_ptr(),
+                                     workspace.numel())
 
 
 def _check_range(begin: int, end: int, d: int) -> None:

@@ -370,3 +370,28 @@ def test_cuda_largest_finite_magnitude_and_histogram(dtype: str) -> None:
     key = ops.magnitude_key(1.5, hx.dtype)
     np.testing.assert_array_equal(ops.threshold_indices(gx, 10, 280_000, key).cpu().numpy(),
                                   ops.threshold_indices(hx, 10, 280_000, key))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_threshold_indices_with_a_bound_equals_the_cpu_kernel(dtype: str) -> None:
+    """at_most (a bound from the histogram): one read, no count pass, the same indices; a
+    bound below the count raises, and the kernel writes nothing beyond its output."""
+    x = threshold_inputs(1_000_003, dtype)[1]
+    gpu = torch.from_numpy(x).cuda()
+    for begin, end in ((0, x.size), (12_345, 600_000), (5, 5)):
+        for key in (ops.magnitude_key(1.5, dtype), 0):
+            want = ops.threshold_indices(x, begin, end, key)
+            for slack in (0, 1, 1000):
+                got = ops.threshold_indices(gpu, begin, end, key, at_most=want.size + slack)
+                np.testing.assert_array_equal(got.cpu().numpy(), want)
+            if want.size:
+                with pytest.raises(RuntimeError, match="more than the bound"):
+                    ops.threshold_indices(gpu, begin, end, key, at_most=want.size - 1)
+    key = ops.magnitude_key(1.5, dtype)
+    count = ops.threshold_indices(x, 0, x.size, key).size
+    room = torch.full((count + 100,), -7, dtype=torch.int32, device="cuda")
+    written = ops._cuda_threshold_indices_into(room[:count // 2], gpu, 0, x.size, key)
+    assert written == count
+    assert bool((room[count // 2:] == -7).all())
+    np.testing.assert_array_equal(room[:count // 2].cpu().numpy(),
+                                  ops.threshold_indices(x, 0, x.size, key)[:count // 2])

@@ -94,3 +94,18 @@ def test_the_other_schemes_on_torch_state_equal_numpy_bit_for_bit(device: str,
     """MiCRO / ExDyna (the threshold pass: the CUDA kernels on a GPU), the sketch and exact
     gTop-k with the state in torch tensors, against the numpy state."""
     assert_same_training(train(compression, None), train(compression, device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compression", [
+    Compression.micro(0.02, momentum_correction=True, warmup_densities=(0.2,), warmup_steps=2),
+    Compression.exdyna(0.05, blocks=16, momentum_correction=True),
+    Compression.micro(0.05, controller="multiplicative", threshold=0.5,
+                      momentum_correction=True),
+], ids=["micro-momentum+warmup", "exdyna-momentum", "micro-multiplicative-momentum"])
+def test_threshold_schemes_at_one_worker_equal_numpy_bit_for_bit(device: str,
+                                                                 compression: object) -> None:
+    """At P = 1 the threshold schemes hand the step the selection where it was made (the
+    velocity is cleared there): the same velocity and residual as the numpy state's."""
+    assert_same_training(train(compression, None, workers=1),
+                         train(compression, device, workers=1))

@@ -6,20 +6,25 @@
 //   histogram's base and the threshold in registers: the histogram is counted in shared memory
 //   per block (n_bins <= kSharedBins; global atomics beyond) and flushed once per block, and the
 //   entries at or above the threshold are counted (one shared atomic per thread, one global per
-//   block). Counts and histogram come back to the host: the stream is synchronised.
+//   block). Counts and histogram come back to the host in one copy: the stream is
+//   synchronised.
 // threshold_indices: cub::DeviceSelect::If over the indices [begin, end) with the predicate
 //   key(x[i]) >= threshold, which keeps the input order: one read of the partition, a single
-//   pass (decoupled look-back) writing the indices in order.
+//   pass (decoupled look-back) writing the indices in order, through an output that drops the
+//   writes at or beyond the output's capacity (the count still counts them).
 // Together: one pass over d and one read of the worker's partition, d / P entries.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 
 #include "cuda_check.cuh"
 #include "gtopk/cuda_ops.h"
@@ -86,6 +91,20 @@ template <typename T, typename Index> struct AtOrAbove {
     __device__ bool operator()(Index i) const { return magnitude_key(x[i]) >= threshold; }
 };
 
+// The output of threshold_indices: the selected index at position i goes to out[i] when
+// i < capacity, else nowhere.
+template <typename Index> struct WriteBelow {
+    Index* out;
+    int64_t capacity;
+    __device__ void operator()(std::ptrdiff_t i, Index index) const {
+        if (i < capacity) out[i] = index;
+    }
+};
+
+template <typename Index> auto bounded_output(Index* out, int64_t capacity) {
+    return thrust::make_tabulate_output_iterator(WriteBelow<Index>{out, capacity});
+}
+
 // Workspace of accumulate_count: the histogram and the selected count, as u64.
 struct CountLayout {
     size_t histogram, selected, bytes;
@@ -102,8 +121,9 @@ template <typename T, typename Index> struct SelectLayout {
     size_t cub_bytes = 0, temp, selected, bytes;
     explicit SelectLayout(int64_t n) {
         GTOPK_CUDA_CHECK(cub::DeviceSelect::If(
-            nullptr, cub_bytes, thrust::counting_iterator<Index>(0), static_cast<Index*>(nullptr),
-            static_cast<int64_t*>(nullptr), n, AtOrAbove<T, Index>{nullptr, 0}));
+            nullptr, cub_bytes, thrust::counting_iterator<Index>(0),
+            bounded_output<Index>(nullptr, 0), static_cast<int64_t*>(nullptr), n,
+            AtOrAbove<T, Index>{nullptr, 0}));
         detail::Layout layout;
         temp = layout.add<char>(static_cast<int64_t>(cub_bytes));
         selected = layout.add<int64_t>(1);
@@ -140,18 +160,20 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
             GTOPK_CUDA_CHECK_LAUNCH("accumulate_count_kernel");
         }
         static_assert(sizeof(u64) == sizeof(int64_t), "histogram counters are 64-bit");
-        GTOPK_CUDA_CHECK(cudaMemcpyAsync(histogram, device_histogram, n_bins * sizeof(u64),
-                                         cudaMemcpyDeviceToHost, stream));
-        GTOPK_CUDA_CHECK(cudaMemcpyAsync(&selected, device_selected, sizeof(u64),
+        // The histogram and the count in one copy (one transfer, one wait).
+        std::vector<unsigned char> host(layout.bytes);
+        GTOPK_CUDA_CHECK(cudaMemcpyAsync(host.data(), scratch.data, layout.bytes,
                                          cudaMemcpyDeviceToHost, stream));
         GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::memcpy(histogram, host.data() + layout.histogram, n_bins * sizeof(u64));
+        std::memcpy(&selected, host.data() + layout.selected, sizeof(u64));
     });
     return static_cast<int64_t>(selected);
 }
 
 template <typename T, typename Index>
 int64_t threshold_indices_typed(const void* x, int64_t begin, int64_t end, uint64_t threshold,
-                                void* out_index, cudaStream_t stream,
+                                void* out_index, int64_t capacity, cudaStream_t stream,
                                 const Workspace& workspace) {
     check_keys_fit<KeyOf<T>>(threshold);
     const int64_t n = end - begin;
@@ -164,7 +186,7 @@ int64_t threshold_indices_typed(const void* x, int64_t begin, int64_t end, uint6
         GTOPK_CUDA_CHECK(cub::DeviceSelect::If(
             detail::piece<char>(scratch, layout.temp), cub_bytes,
             thrust::counting_iterator<Index>(static_cast<Index>(begin)),
-            static_cast<Index*>(out_index), device_selected, n,
+            bounded_output<Index>(static_cast<Index*>(out_index), capacity), device_selected, n,
             AtOrAbove<T, Index>{static_cast<const T*>(x), static_cast<KeyOf<T>>(threshold)},
             stream));
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(&selected, device_selected, sizeof(int64_t),
@@ -217,14 +239,18 @@ size_t threshold_indices_workspace_bytes(ValueType value_type, IndexType index_t
 
 int64_t threshold_indices(ValueType value_type, IndexType index_type, const void* x, int64_t d,
                           int64_t begin, int64_t end, uint64_t threshold, void* out_index,
-                          void* stream, Workspace workspace) {
+                          int64_t capacity, void* stream, Workspace workspace) {
     require_range(begin, end, d, "threshold_indices");
+    if (capacity < 0) {
+        throw std::invalid_argument("gtopk::cuda::threshold_indices: capacity must be >= 0");
+    }
     detail::require_index_fits(index_type, d);
     const auto s = static_cast<cudaStream_t>(stream);
     return detail::with_types<false>(value_type, index_type, "threshold_indices",
                                      [&](auto v, auto i) {
         return threshold_indices_typed<decltype(v), decltype(i)>(x, begin, end, threshold,
-                                                                 out_index, s, workspace);
+                                                                 out_index, capacity, s,
+                                                                 workspace);
     });
 }
 

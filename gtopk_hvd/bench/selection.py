@@ -13,8 +13,9 @@ values:
     topk alone   the exact top-k of r (`ops.topk_abs`)
     micro P=n    the threshold schemes' selection as worker 0 of n runs it at a step whose
                  threshold moved by less than half an octave: the accumulation over d with the
-                 histogram and the candidates of its partition (d/n values), the threshold, the
-                 candidates kept (the all-reduce of the histogram is communication, not timed)
+                 histogram and (host) the candidates of its partition (d/n values), the
+                 threshold, the candidates kept; on a GPU one read of the partition instead of
+                 the candidates (the all-reduce of the histogram is communication, not timed)
     1-pass P=n   the authors' selection (controller="multiplicative"): the compare against the
                  carried threshold fused into the accumulation, no histogram, no second read
     sketch       (with --sketch) sketched SGD's step but the all-reduce: r += g with the 5 x 10k
@@ -56,14 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def micro_pass(gradient: Any, residual: Any, end: int, tau: float, k: int) -> Any:
     """Worker 0's selection at P = d / end, as `Micro._measured` makes it at a step whose
-    threshold moved little: the fused pass with the histogram and the candidates, the threshold
-    from that histogram (as after the all-reduce), the candidates at or above it."""
+    threshold moved little: the fused pass with the histogram and (host) the candidates, the
+    threshold from that histogram (as after the all-reduce), then the candidates at or above
+    it (host), or (a torch state: no candidates) one read of the partition into room for the
+    histogram's count from the threshold's bin."""
     window = control.window_around(tau)
-    candidate_key = ops.magnitude_key(tau * control.CANDIDATE_MARGIN)
+    host = isinstance(residual, np.ndarray)
+    candidate_key = ops.magnitude_key(tau * control.CANDIDATE_MARGIN) if host else control.NO_KEY
     candidates, histogram = ops.accumulate_threshold(gradient, residual, 0, end, candidate_key,
                                                      **window.kernel_arguments())
     threshold = control.from_histogram(histogram, window, max(1, k * end // len(residual)))
-    return ops.keep_at_or_above(residual, candidates, ops.magnitude_key(threshold))
+    key = ops.magnitude_key(threshold)
+    if host:
+        return ops.keep_at_or_above(residual, candidates, key)
+    return ops.threshold_indices(residual, 0, end, key, at_most=window.count_from(histogram, key))
 
 
 def rows_for(d: int, density: float, workers: list[int], repeats: int, sketch: bool,

@@ -80,6 +80,8 @@ class Micro(Scheme):
         self.threshold: float | None = None if start is None else float(np.float32(start))
         self.selected = -1  # |I| of the last step (-1: none yet)
         self.d = sum(self.sizes)
+        # The accumulation pass keeps candidates on the host only (`_measured`).
+        self.candidates = self.backend.name == "numpy"
 
     # -- partitions -------------------------------------------------------------------------
 
@@ -151,7 +153,16 @@ class Micro(Scheme):
     def _measured(self, gradient: Any, residual: Any, k: int, begin: int, end: int,
                   clear_gradient: bool, stats: ReductionStats) -> tuple[float, Any]:
         """This step's tau, measured on this step (`gtopk_hvd.schemes.threshold`), and this
-        worker's indices at or above it."""
+        worker's indices at or above it.
+
+        On the host the accumulation pass also keeps the candidates at or above
+        CANDIDATE_MARGIN x the last tau (written in that pass, they save a second read). On a
+        torch state (`self.candidates` False: a GPU's) they would cost what they save: the
+        CUDA side writes any selection in a read of the partition after its count, and their
+        number is unbounded (every entry of a partition whose magnitudes rose). So the pass
+        only counts there, and the indices at or above tau are written in one read of the
+        partition into room for this worker's histogram's count from tau's bin on
+        (`ops.histogram_count_from`: a bound, no count pass)."""
         size = self.transport.size
         if self.threshold is None:  # the first step: the window hangs from the largest |acc|
             largest = ops.largest_finite_magnitude(residual, begin, end, plus=gradient)
@@ -162,21 +173,23 @@ class Micro(Scheme):
             window, candidate_key = control.window_under(largest), control.NO_KEY
         else:
             window = control.window_around(self.threshold)
-            candidate_key = ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
+            candidate_key = (ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
+                             if self.candidates else control.NO_KEY)
         candidates, histogram = ops.accumulate_threshold(
             gradient, residual, begin, end, candidate_key, clear_gradient=clear_gradient,
             **window.kernel_arguments())
         summed = sum_counted(self.transport, histogram.astype(np.float32), stats)
         if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
             window = control.window_under(window.edge(0))
-            summed = sum_counted(self.transport, ops.magnitude_histogram(
-                residual, begin, end, window.base_key, window.shift, window.n_bins).astype(
-                    np.float32), stats)
+            histogram = ops.magnitude_histogram(residual, begin, end, window.base_key,
+                                                window.shift, window.n_bins)
+            summed = sum_counted(self.transport, histogram.astype(np.float32), stats)
         tau = control.from_histogram(summed, window, k)
         key = ops.magnitude_key(tau)
         if key >= candidate_key:  # the pass kept every entry at or above tau: no second read
             return tau, ops.keep_at_or_above(residual, candidates, key)
-        return tau, ops.threshold_indices(residual, begin, end, key)
+        at_most = None if self.candidates else window.count_from(histogram, key)
+        return tau, ops.threshold_indices(residual, begin, end, key, at_most=at_most)
 
     # -- checkpoint -------------------------------------------------------------------------
 

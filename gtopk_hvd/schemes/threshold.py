@@ -17,9 +17,11 @@ of ten either way from one step to the next. So the threshold is measured on the
        fewer than k entries (tau fell by more than half an octave since the last step), every
        worker counts the 20 octaves below the window too (a read of the partition) and one more
        all-reduce sums them;
-    4. the entries with |acc| >= tau: the accumulation pass also kept those at or above
-       CANDIDATE_MARGIN x the last threshold, so when tau is not lower than that they are
-       picked from those; else a read of the partition (ops.threshold_indices).
+    4. the entries with |acc| >= tau: on the host the accumulation pass also kept those at
+       or above CANDIDATE_MARGIN x the last threshold, so when tau is not lower than that they
+       are picked from those; else (and always on a torch state) a read of the partition
+       (ops.threshold_indices), into room for the count this worker's histogram gives from
+       tau's bin on (`Window.count_from`).
 
 With C(b) = the count at or above bin b's lower edge:
 
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gtopk_hvd.ops import magnitude_key, value_of_key
+from gtopk_hvd.ops import histogram_count_from, magnitude_key, value_of_key
 
 FINE_SHIFT = 17  # 1/64 octave
 COARSE_SHIFT = 20  # 1/8 octave
@@ -86,6 +88,13 @@ class Window:
             key = self.base_key + (self.n_fine << self.shift) + (
                 (b - self.n_fine) << self.coarse_shift)
         return value_of_key(min(key, 0x7F800000))
+
+    def count_from(self, histogram: np.ndarray, key: int) -> int | None:
+        """A bound of the entries with magnitude key >= `key` among those this window's
+        `histogram` counted: its bins from key's on (`ops.histogram_count_from`); None below
+        the window."""
+        return histogram_count_from(histogram, self.base_key, self.shift, self.n_bins, key,
+                                    self.n_fine, self.coarse_shift)
 
     def kernel_arguments(self) -> dict:
         """The histogram's arguments of `ops.accumulate_threshold`."""

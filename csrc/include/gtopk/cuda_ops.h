@@ -73,13 +73,16 @@ int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, i
                          Workspace workspace = {});
 
 // out_index = { i in [begin, end) : key(x[i]) >= threshold }, sorted; returns their number.
-// out_index must hold all of them: end - begin entries, or the count accumulate_count returned
-// for the same x, range and max(threshold, histogram_base) as `threshold`. x has d entries.
-// float32 / float64 only. Synchronises `stream`.
+// out_index holds `capacity` entries: only the first capacity selected are written, so a
+// capacity below the count (a bound that was not one) writes nothing beyond out_index and
+// returns the whole count, which the caller compares with capacity. A capacity that holds them
+// all: end - begin, the count accumulate_count returned for the same x, range and
+// max(threshold, histogram_base) as `threshold`, or the histogram's bins from threshold's on.
+// x has d entries. float32 / float64 only. Synchronises `stream`.
 size_t threshold_indices_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n);
 int64_t threshold_indices(ValueType value_type, IndexType index_type, const void* x, int64_t d,
                           int64_t begin, int64_t end, uint64_t threshold, void* out_index,
-                          void* stream, Workspace workspace = {});
+                          int64_t capacity, void* stream, Workspace workspace = {});
 
 // Count sketch of sketched SGD (gtopk/count_sketch.h): the tables and estimates of
 // cpu::sketch_table and cpu::sketch_select bit for bit (integer sums: the atomics' order does not
