@@ -397,3 +397,58 @@ def test_cuda_sketch_step_keeps_no_gradient_sized_buffer() -> None:
     torch.cuda.synchronize()
     steady = (torch.cuda.max_memory_allocated() - steady_before) / (4 * d)
     assert first < 1.15 and steady < 0.15, (first, steady)
+
+
+@pytest.mark.parametrize("second_round", [True, False])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_sketch_step_moves_only_what_it_must_to_the_host(workers: int,
+                                                             second_round: bool) -> None:
+    """The copies between device and host that the sketch scheme itself makes in a step on a
+    torch state (each copy to the host waits for the device): the selected indices (which the
+    union's host sum takes); the table only where the transport sums it (P > 1), back into the
+    same tensor; the estimates only without the second round. Was: the table both ways and the
+    estimates at every P."""
+    import sys
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from helpers.device_like import device_like, device_like_cpu
+    from helpers.thread_transport import ThreadGroup
+
+    from gtopk_hvd.backend import TorchBackend
+    from gtopk_hvd.compression import Compression
+    from gtopk_hvd.core import SparseStep
+
+    d = 20_000
+    counts: dict = {}
+    patch = pytest.MonkeyPatch()
+    for name in ("to_host", "from_host", "assign"):
+        def counted(self: object, *args: object, _name: str = name,
+                    _plain: object = getattr(TorchBackend, name)) -> object:
+            caller = sys._getframe(1).f_globals.get("__name__")
+            if caller == "gtopk_hvd.schemes.sketch":
+                key = (_name, threading.current_thread().name)
+                counts[key] = counts.get(key, 0) + 1
+            return _plain(self, *args)
+        patch.setattr(TorchBackend, name, counted)
+
+    def work(transport: object) -> None:
+        state = SparseStep(Compression.sketch(0.01, second_round=second_round), [d], transport,
+                           device="cpu")
+        rng = np.random.default_rng(transport.rank)
+        for _ in range(2):
+            gradient = device_like(torch.from_numpy(rng.standard_normal(d).astype(np.float32)))
+            state.update(gradient, device_like(torch.empty(d)), clear_gradient=True)
+
+    try:
+        with device_like_cpu():
+            ThreadGroup(workers).run(work)
+    finally:
+        patch.undo()
+    per_step: dict = {}
+    for (name, _), calls in counts.items():
+        per_step[name] = per_step.get(name, 0) + calls / (2 * workers)
+    want = {"to_host": 1 + (workers > 1) + (not second_round)}
+    if workers > 1:
+        want["assign"] = 1
+    assert per_step == want
