@@ -87,19 +87,19 @@ template <int Bound> struct SketchEstimates {
         float v[Bound];
         if constexpr (Bound <= kUnrolledRows) {
 #pragma unroll
-            for (int j = 0; j < Bound; ++j) {
-                v[j] = j < rows ? sketch::row_value(table + j * columns, index, keys[2 * j],
-                                                    keys[2 * j + 1], columns)
-                                : 0.0f;
-            }
+            for (int j = 0; j < Bound; ++j) v[j] = j < rows ? row_value(index, j) : 0.0f;
             return unrolled_median<Bound>(v, rows);
         } else {
-            for (int j = 0; j < rows; ++j) {
-                v[j] = sketch::row_value(table + j * columns, index, keys[2 * j], keys[2 * j + 1],
-                                         columns);
-            }
+            for (int j = 0; j < rows; ++j) v[j] = row_value(index, j);
             return sketch::median(v, rows);
         }
+    }
+    // sketch::row_value, the table read through the read-only data cache (the table does not
+    // change while a selection reads it).
+    __device__ float row_value(uint64_t index, int j) const {
+        const float value =
+            __ldg(table + j * columns + sketch::bucket(index, keys[2 * j], columns));
+        return sketch::negative(index, keys[2 * j + 1]) ? -value : value;
     }
 };
 
@@ -163,7 +163,7 @@ tile_sums_kernel(const float* acc, int64_t d, uint32_t key0, uint32_t key1, uint
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int64_t i = first + b * stride;
-            value[b] = i < d ? acc[i] : 0.0f;
+            value[b] = i < d ? __ldcs(acc + i) : 0.0f;  // streamed: the tile's sums keep L2
         }
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
