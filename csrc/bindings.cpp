@@ -619,13 +619,16 @@ void bind_cuda(py::module_& m) {
                                               capacity, as_pointer(stream),
                                               Workspace{as_pointer(workspace), workspace_bytes});
     });
-    m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns) {
-        return gtopk::cuda::sketch_table_workspace_bytes(sketch_rows(keys, columns), columns);
-    }, py::arg("keys"), py::arg("columns"), "Workspace bytes of cuda_sketch_table.");
+    m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns,
+                                                  int64_t tile_columns) {
+        return gtopk::cuda::sketch_table_workspace_bytes(sketch_rows(keys, columns), columns,
+                                                         tile_columns);
+    }, py::arg("keys"), py::arg("columns"), py::arg("tile_columns") = 0,
+       "Workspace bytes of cuda_sketch_table.");
     m.def("cuda_sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d,
                                   const py::array& keys, int64_t columns, bool clear_gradient,
                                   uintptr_t table, uintptr_t stream, uintptr_t workspace,
-                                  size_t workspace_bytes) {
+                                  size_t workspace_bytes, int64_t tile_columns) {
         const int rows = sketch_rows(keys, columns);
         const auto* key_words = static_cast<const uint32_t*>(keys.data());
         py::gil_scoped_release release;
@@ -633,8 +636,26 @@ void bind_cuda(py::module_& m) {
                                   static_cast<float*>(as_pointer(residual)), d, key_words, rows,
                                   columns, clear_gradient, static_cast<float*>(as_pointer(table)),
                                   as_pointer(stream),
-                                  Workspace{as_pointer(workspace), workspace_bytes});
-    });
+                                  Workspace{as_pointer(workspace), workspace_bytes},
+                                  tile_columns);
+    }, py::arg("gradient"), py::arg("residual"), py::arg("d"), py::arg("keys"),
+       py::arg("columns"), py::arg("clear_gradient"), py::arg("table"), py::arg("stream"),
+       py::arg("workspace"), py::arg("workspace_bytes"), py::arg("tile_columns") = 0);
+    m.def("cuda_sketch_select_workspace_bytes", &gtopk::cuda::sketch_select_workspace_bytes,
+          py::arg("index_type"), py::arg("d"), py::arg("k"));
+    m.def("cuda_sketch_select", [](uintptr_t table, const py::array& keys, int64_t columns,
+                                   int64_t d, int64_t k, IndexType index_type,
+                                   uintptr_t out_index, uintptr_t out_value, uintptr_t stream,
+                                   uintptr_t workspace, size_t workspace_bytes) {
+        const int rows = sketch_rows(keys, columns);
+        const auto* key_words = static_cast<const uint32_t*>(keys.data());
+        py::gil_scoped_release release;
+        return gtopk::cuda::sketch_select(static_cast<const float*>(as_pointer(table)), key_words,
+                                          rows, columns, d, k, index_type, as_pointer(out_index),
+                                          static_cast<float*>(as_pointer(out_value)),
+                                          as_pointer(stream),
+                                          Workspace{as_pointer(workspace), workspace_bytes});
+    }, "The top-k of the sketch's estimates, computed inside the selection (no estimate buffer).");
     m.def("cuda_sketch_estimate", [](uintptr_t table, const py::array& keys, int64_t columns,
                                      int64_t d, uintptr_t estimate, uintptr_t stream) {
         const int rows = sketch_rows(keys, columns);

@@ -393,7 +393,7 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
 
 
 def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
-                 clear_gradient: bool = False) -> Any:
+                 clear_gradient: bool = False, tile_columns: int = 0) -> Any:
     """Sketched SGD's count sketch fused with the accumulation (gtopk/count_sketch.h):
 
         residual += gradient                        (gradient = 0 too if clear_gradient)
@@ -403,15 +403,19 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     (word(i, key0_j) columns) >> 32, s_j(i) = -1 iff word(i, key1_j) >> 31, word(i, key) =
     mix32(lo32(i) ^ key ^ mix32(hi32(i))). The sums are exact integer sums of rint(residual[i]
     2^s), s = 62 - ceil(log2 d) - E (every finite |residual| < 2^E, E >= -126), each rounded
-    once to float32 (float64(sum) 2^-s, then float32): the table does not depend on threads or
-    device. A bucket with a NaN term, or with +Inf and -Inf terms, is NaN; with one infinity,
-    that infinity. float32 only; returns a (rows, columns) float32 array of the residual's kind
-    (numpy, or a torch tensor on its device). Two passes over d (one write), rows scattered adds
-    per entry.
+    once to float32 (float64(sum) 2^-s, then float32): the table does not depend on threads,
+    tiles or device. A bucket with a NaN term, or with +Inf and -Inf terms, is NaN; with one
+    infinity, that infinity. float32 only; returns a (rows, columns) float32 array of the
+    residual's kind (numpy, or a torch tensor on its device). CPU: two passes over d (one
+    write), rows scattered adds per entry. CUDA: one pass over d, then the table in tiles of at
+    most tile_columns columns of one row (0: as many as half the L2 cache holds as int64 sums),
+    one read of d and one tile's sums of workspace each; tile_columns never changes the result
+    (the CPU ignores it).
     """
     columns = int(columns)
     if is_cuda(gradient) or is_cuda(residual):
-        return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient)
+        return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient,
+                                  int(tile_columns))
     gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
     residual_view = as_numpy(residual, "residual", writeable=True)
     table = _C.sketch_table(gradient_view.array, residual_view.array, _host_keys(keys), columns,
@@ -419,24 +423,40 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     return like(table, residual_view)
 
 
-def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any) -> tuple[Any, Any]:
-    """The count sketch's heavy hitters: for every i < d = estimate's size
+def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
+                  d: int | None = None) -> tuple[Any, Any]:
+    """The count sketch's heavy hitters: for every i < d
 
-        estimate[i] = est(i) = median over rows j of s_j(i) table[j, h_j(i)]
+        est(i) = median over rows j of s_j(i) table[j, h_j(i)]
 
     (odd rows: the middle value; even: (lo + hi) / 2 in float32; NaN if any row value is NaN;
-    a zero median is +0.0), then the top-min(k, d) of estimate by magnitude in the selection
-    order above: (indices, values = est there), sorted by index. table: (rows, columns) float32
-    (the all-reduced S of `sketch_table`), keys as there; estimate: a writeable float32 buffer
-    of d values (reused between steps) on the table's device. CPU: the estimates are computed
-    block by block inside the selection's first pass (one pass over d, rows table reads an
-    entry); CUDA: the estimate kernel, then `topk_abs` of the estimate.
+    a zero median is +0.0), then the top-min(k, d) of est by magnitude in the selection order
+    above: (indices, values = est there), sorted by index. table: (rows, columns) float32 (the
+    all-reduced S of `sketch_table`), keys as there.
+
+    estimate: a writeable float32 buffer of d values on the table's device, or None; d: the
+    entries (default: estimate's size). CPU: the estimates are computed block by block inside
+    the selection's first pass and kept in estimate (a temporary buffer when None) for the
+    selection's later passes. CUDA (a CUDA table): the selection's passes compute est(i) from
+    the table as they read entry i, and nothing of d entries is stored; a given estimate is
+    filled besides (one more pass, for checks).
     """
     k = check_count(k)
     columns = _table_columns(table)
-    if is_cuda(estimate):
-        _cuda_sketch_estimate(table, keys, columns, estimate)
-        return _cuda_topk_abs(estimate, k)
+    if estimate is not None:
+        if d is not None and int(d) != estimate.shape[0]:
+            raise ValueError(f"d = {d} but the estimate buffer holds {estimate.shape[0]} values")
+        d = int(estimate.shape[0])
+    if d is None or int(d) < 0:
+        raise ValueError(f"sketch_select needs d >= 0 or an estimate buffer of d values, got "
+                         f"d = {d}")
+    d = int(d)
+    if is_cuda(table) or (estimate is not None and is_cuda(estimate)):
+        if estimate is not None:
+            _cuda_sketch_estimate(table, keys, columns, estimate)
+        return _cuda_sketch_select(table, keys, columns, k, d, estimate)
+    if estimate is None:
+        estimate = np.empty(d, np.float32)
     table_view = as_numpy(table, "table")
     estimate_view = as_numpy(estimate, "estimate", writeable=True)
     indices, values = _C.sketch_select(table_view.array, _host_keys(keys), columns,
@@ -964,7 +984,7 @@ def _cuda_sorted_union(a: Any, b: Any) -> Any:
 
 
 def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
-                       clear_gradient: bool) -> Any:
+                       clear_gradient: bool, tile_columns: int) -> Any:
     import torch
 
     _require_cuda_build()
@@ -975,12 +995,42 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
     keys = _host_keys(keys)
     device = residual.device
     with _on_device(device):
-        workspace = _workspace(_C.cuda_sketch_table_workspace_bytes(keys, columns), device)
+        workspace = _workspace(
+            _C.cuda_sketch_table_workspace_bytes(keys, columns, tile_columns), device)
         table = torch.empty((len(keys), columns), dtype=torch.float32, device=device)
         _C.cuda_sketch_table(gradient.data_ptr(), residual.data_ptr(), residual.numel(), keys,
                              columns, bool(clear_gradient), table.data_ptr(), _stream(device),
-                             workspace.data_ptr(), workspace.numel())
+                             workspace.data_ptr(), workspace.numel(), tile_columns)
     return table
+
+
+def _cuda_sketch_device_table(table: Any, keys: np.ndarray, columns: int, device: Any) -> Any:
+    """The table as a float32 tensor on `device` holding rows x columns values."""
+    import torch
+
+    table = torch.as_tensor(table, device=device)
+    _cuda_check(table, "table", device)
+    if table.dtype != torch.float32:
+        raise TypeError(f"the table must be float32, got {table.dtype}")
+    if table.numel() != len(keys) * columns:
+        raise ValueError(f"the table holds {table.numel()} values, rows x columns = "
+                         f"{len(keys) * columns}")
+    return table
+
+
+def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int,
+                        estimate: Any) -> tuple[Any, Any]:
+    _require_cuda_build()
+    keys = _host_keys(keys)
+    device = table.device if is_cuda(table) else estimate.device
+    table = _cuda_sketch_device_table(table, keys, columns, device)
+    indices, values, _, index_type = _cuda_outputs(table, min(k, d), d)
+    with _on_device(device):
+        workspace = _workspace(_C.cuda_sketch_select_workspace_bytes(index_type, d, k), device)
+        _C.cuda_sketch_select(table.data_ptr(), keys, columns, d, k, index_type,
+                              indices.data_ptr(), values.data_ptr(), _stream(device),
+                              workspace.data_ptr(), workspace.numel())
+    return indices, values
 
 
 def _cuda_sketch_estimate(table: Any, keys: Any, columns: int, estimate: Any) -> None:
@@ -989,14 +1039,10 @@ def _cuda_sketch_estimate(table: Any, keys: Any, columns: int, estimate: Any) ->
     _require_cuda_build()
     device = estimate.device
     _cuda_check(estimate, "estimate", device)
-    table = torch.as_tensor(table, device=device)
-    _cuda_check(table, "table", device)
-    if estimate.dtype != torch.float32 or table.dtype != torch.float32:
-        raise TypeError("the table and the estimate must be float32")
+    if estimate.dtype != torch.float32:
+        raise TypeError(f"the estimate must be float32, got {estimate.dtype}")
     keys = _host_keys(keys)
-    if table.numel() != len(keys) * columns:
-        raise ValueError(f"the table holds {table.numel()} values, rows x columns = "
-                         f"{len(keys) * columns}")
+    table = _cuda_sketch_device_table(table, keys, columns, device)
     with _on_device(device):
         _C.cuda_sketch_estimate(table.data_ptr(), keys, columns, estimate.numel(),
                                 estimate.data_ptr(), _stream(device))

@@ -284,3 +284,171 @@ def test_cuda_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="rows x columns"):
         ops.sketch_estimate(torch.zeros((3, 9), device="cuda"), sketch_keys(2),
                             torch.empty(d, device="cuda"))
+
+
+# -- the selection without an estimate buffer, and the CUDA kernels' tiles and fused selection ----
+
+def test_select_without_a_buffer_is_the_select_with_one() -> None:
+    d, rows, columns = 70_001, 5, 700
+    keys = sketch_keys(rows, 6)
+    table = table_of(vector("heavy_tailed", d), keys, columns)
+    for k in (0, 1, 700, d):
+        want = ops.sketch_select(table, keys, k, np.empty(d, np.float32))
+        got = ops.sketch_select(table, keys, k, d=d)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert_bits(got[1], want[1])
+    with pytest.raises(ValueError, match="d = 5 but the estimate buffer holds"):
+        ops.sketch_select(table, keys, 3, np.empty(d, np.float32), d=5)
+    with pytest.raises(ValueError, match="needs d >= 0 or an estimate buffer"):
+        ops.sketch_select(table, keys, 3)
+
+
+def cuda_select(table: np.ndarray, keys: np.ndarray, k: int, d: int) -> tuple:
+    """The CUDA selection with no estimate buffer (estimates computed inside it), on the host."""
+    import torch
+
+    indices, values = ops.sketch_select(torch.from_numpy(table).cuda(), keys, k, d=d)
+    assert indices.is_cuda and values.is_cuda
+    return indices.cpu().numpy(), values.cpu().numpy()
+
+
+@cuda
+@pytest.mark.parametrize("tile_columns", [1, 7, 1000, 2999, 10**6, 0])
+def test_cuda_tiles_do_not_change_the_table(tile_columns: int) -> None:
+    """The table built tile by tile (a tile: a range of columns of one row, its own read of d)
+    equals the CPU's bits, non-finite buckets included (their flags live in the table's
+    memory until the tile's values replace them)."""
+    import torch
+
+    d, rows, columns = 300_007, 3, 2999
+    keys = sketch_keys(rows, 7)
+    acc = vector("mixed_scales", d)
+    acc[[3, 4, 77_777]] = np.inf
+    acc[5] = -np.inf
+    acc[[6, 250_000]] = np.nan
+    want = table_of(acc, keys, columns)
+    assert_bits(want, table_reference(acc, keys, columns))
+    gpu = ops.sketch_table(torch.zeros(d, device="cuda"), torch.from_numpy(acc).cuda(), keys,
+                           columns, tile_columns=tile_columns)
+    assert_bits(gpu.cpu().numpy(), want)
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 64])
+@pytest.mark.parametrize("d", [100, 70_001, 1_000_003])
+def test_cuda_fused_select_equals_the_cpu_selection(rows: int, d: int) -> None:
+    """est computed inside the selection's passes (registers for rows <= 8, the general median
+    beyond): the CPU's indices and values, bit for bit, and the reference's."""
+    columns = 97
+    table, keys = random_table(rows, columns), sketch_keys(rows, rows + d)
+    want = estimate_reference(table, keys, d)
+    for k in sorted({0, 1, 3, d // 100, d // 17, d // 3, d - 1, d, d + 1}):
+        cpu_indices, cpu_values = ops.sketch_select(table, keys, k, np.empty(d, np.float32))
+        indices, values = cuda_select(table, keys, k, d)
+        np.testing.assert_array_equal(indices, cpu_indices)
+        assert_bits(values, cpu_values)
+        np.testing.assert_array_equal(indices, topk_reference(want, k))
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["zeros", "two_values", "heavy_tailed"])
+def test_cuda_fused_select_when_ties_need_more_passes(kind: str) -> None:
+    """All-equal and two-valued estimates make the selection pass over d again (the index
+    digits), computing the estimates again in each pass: still the CPU's bits."""
+    d, rows = 400_003, 5
+    keys = sketch_keys(rows, 9)
+    if kind == "zeros":
+        table = np.zeros((rows, 50), np.float32)
+    elif kind == "two_values":
+        table = np.ones((rows, 1), np.float32)  # est = +-1 by the signs' majority
+    else:
+        table = table_of(vector("heavy_tailed", d), keys, d // 50)
+    for k in (1, 4_000, d // 2):
+        cpu_indices, cpu_values = ops.sketch_select(table, keys, k, np.empty(d, np.float32))
+        indices, values = cuda_select(table, keys, k, d)
+        np.testing.assert_array_equal(indices, cpu_indices)
+        assert_bits(values, cpu_values)
+
+
+@cuda
+def test_cuda_sketch_step_keeps_no_gradient_sized_buffer() -> None:
+    """A sketch step on the GPU allocates the table, one tile's sums and the selection's O(k)
+    scratch, no estimate buffer of d entries: the peak beyond the residual stays under 0.15 of
+    the gradient at the first step (was 1.2: the estimate buffer) and after it."""
+    import torch
+
+    from gtopk_hvd.compression import Compression
+    from gtopk_hvd.core import SparseStep
+    from gtopk_hvd.transports.local import LocalGroup
+
+    d = 1 << 24
+    gradient = torch.randn(d, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step = SparseStep(Compression.sketch(0.001), [d], LocalGroup(1).transports[0],
+                      device="cuda")
+    step.step(gradient)
+    torch.cuda.synchronize()
+    first = (torch.cuda.max_memory_allocated() - before) / (4 * d)
+    torch.cuda.reset_peak_memory_stats()
+    steady_before = torch.cuda.memory_allocated()
+    step.step(gradient)
+    torch.cuda.synchronize()
+    steady = (torch.cuda.max_memory_allocated() - steady_before) / (4 * d)
+    assert first < 1.15 and steady < 0.15, (first, steady)
+
+
+@pytest.mark.parametrize("second_round", [True, False])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_sketch_step_moves_only_what_it_must_to_the_host(workers: int,
+                                                             second_round: bool) -> None:
+    """The copies between device and host that the sketch scheme itself makes in a step on a
+    torch state (each copy to the host waits for the device): the selected indices (which the
+    union's host sum takes); the table only where the transport sums it (P > 1), back into the
+    same tensor; the estimates only without the second round. Was: the table both ways and the
+    estimates at every P."""
+    import sys
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from helpers.device_like import device_like, device_like_cpu
+    from helpers.thread_transport import ThreadGroup
+
+    from gtopk_hvd.backend import TorchBackend
+    from gtopk_hvd.compression import Compression
+    from gtopk_hvd.core import SparseStep
+
+    d = 20_000
+    counts: dict = {}
+    patch = pytest.MonkeyPatch()
+    for name in ("to_host", "from_host", "assign"):
+        def counted(self: object, *args: object, _name: str = name,
+                    _plain: object = getattr(TorchBackend, name)) -> object:
+            caller = sys._getframe(1).f_globals.get("__name__")
+            if caller == "gtopk_hvd.schemes.sketch":
+                key = (_name, threading.current_thread().name)
+                counts[key] = counts.get(key, 0) + 1
+            return _plain(self, *args)
+        patch.setattr(TorchBackend, name, counted)
+
+    def work(transport: object) -> None:
+        state = SparseStep(Compression.sketch(0.01, second_round=second_round), [d], transport,
+                           device="cpu")
+        rng = np.random.default_rng(transport.rank)
+        for _ in range(2):
+            gradient = device_like(torch.from_numpy(rng.standard_normal(d).astype(np.float32)))
+            state.update(gradient, device_like(torch.empty(d)), clear_gradient=True)
+
+    try:
+        with device_like_cpu():
+            ThreadGroup(workers).run(work)
+    finally:
+        patch.undo()
+    per_step: dict = {}
+    for (name, _), calls in counts.items():
+        per_step[name] = per_step.get(name, 0) + calls / (2 * workers)
+    want = {"to_host": 1 + (workers > 1) + (not second_round)}
+    if workers > 1:
+        want["assign"] = 1
+    assert per_step == want

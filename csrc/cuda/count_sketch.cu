@@ -1,15 +1,25 @@
-// gtopk::cuda::sketch_table and sketch_estimate: the count sketch of sketched SGD on the GPU,
-// with the hashes, integer sums and median of gtopk/count_sketch.h, so that the table and the
-// estimates equal the CPU kernels' bit for bit.
+// gtopk::cuda::sketch_table, sketch_select and sketch_estimate: the count sketch of sketched SGD
+// on the GPU, with the hashes, integer sums and median of gtopk/count_sketch.h, so that the table
+// and the estimates equal the CPU kernels' bit for bit.
 //
-// sketch_table, three kernels and no synchronisation:
+// sketch_table, no synchronisation:
 //   1. one pass over d: residual += gradient (gradient = 0 when clearing), and the largest
-//      finite magnitude key and the largest key (a warp max, then one atomicMax per warp);
-//   2. one read of d: each entry's q(i) added to the rows x columns int64 sums with 64-bit
-//      integer atomics (integer adds commute: the order of the atomics does not matter), the
-//      scale read from kernel 1's result on the device; non-finite entries OR their flag in;
-//   3. over the table: S[j, b] from its sum and flags.
-// sketch_estimate: one pass over d writing est(i) (rows gathers from the table per entry).
+//      finite magnitude key (a warp max, then one atomicMax per warp);
+//   2. the table in tiles, each a range of at most T columns of one row (T: half the L2 cache in
+//      int64 sums, at most the row): a read of d that adds q(i) of every entry whose bucket falls
+//      in the tile to the tile's int64 sums with 64-bit integer atomics (integer adds commute:
+//      the order of the atomics does not matter; the tile's sums stay in the L2 cache), the
+//      scale read from step 1's result on the device; non-finite entries OR their flag into the
+//      tile's cells of the output table (zeroed first: the flags need no memory of their own);
+//      then the tile's S[j, b] from its sums and flags, in place of the flags, the sums zeroed
+//      for the next tile. rows x ceil(columns / T) reads of d in all (rows at the sizes where a
+//      row fits half the L2 cache), rows integer atomics an entry, and the workspace is one
+//      tile's sums, not the table's.
+// sketch_select: the top-k of |est| by the selection engine (select_engine.cuh) whose passes
+// compute est(i) from the table as they read entry i (rows gathers from the table and the median
+// of rows, in registers for rows <= kUnrolledRows): no d-entry estimate buffer, and typically
+// one pass over the entries.
+// sketch_estimate: est(i) for every i written to a d-entry buffer (one pass; tests and tools).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,98 +40,88 @@ namespace {
 using detail::kThreads;
 using detail::u64;
 
-// The keys and shape of a table, passed by value (512 bytes of keys at most).
-struct SketchShape {
-    uint32_t keys[2 * sketch::kMaxRows];
-    int rows;
-    int64_t columns;
-};
+constexpr int kUnrolledRows = 8;  // rows up to this bound keep their row values in registers
 
-SketchShape shape_of(const uint32_t* keys, int rows, int64_t columns, const char* what) {
+void check_shape(int rows, int64_t columns, const char* what) {
     if (rows < 1 || rows > sketch::kMaxRows || columns < 1 || columns > sketch::kMaxColumns) {
         throw std::invalid_argument(std::string("gtopk::cuda::") + what + ": need 1 <= rows <= " +
                                     std::to_string(sketch::kMaxRows) +
                                     " and 1 <= columns < 2^32, got " +
                                     std::to_string(rows) + " x " + std::to_string(columns));
     }
-    SketchShape shape{};
-    std::copy(keys, keys + 2 * rows, shape.keys);
-    shape.rows = rows;
-    shape.columns = columns;
-    return shape;
 }
 
-// extremes[0] = largest finite magnitude key, extremes[1] = largest key.
-__global__ void __launch_bounds__(kThreads)
-accumulate_extremes_kernel(float* gradient, float* residual, int64_t d, bool clear_gradient,
-                           unsigned int* extremes) {
-    unsigned int max_finite = 0, max_key = 0;
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        const float value = residual[i] + gradient[i];
-        residual[i] = value;
-        if (clear_gradient) gradient[i] = 0.0f;
-        const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
-        max_key = max(max_key, key);
-        max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
-    }
-    max_finite = __reduce_max_sync(0xFFFFFFFFu, max_finite);
-    max_key = __reduce_max_sync(0xFFFFFFFFu, max_key);
-    if (threadIdx.x % 32 == 0) {
-        atomicMax(&extremes[0], max_finite);
-        atomicMax(&extremes[1], max_key);
-    }
-}
-
-__global__ void __launch_bounds__(kThreads)
-integer_sums_kernel(const float* acc, int64_t d, SketchShape shape, const unsigned int* extremes,
-                    u64* sums, unsigned int* flags) {
-    const int s = sketch::scale_exponent(extremes[0], d > 1 ? d : 1);
-    const double scale = ldexp(1.0, s);
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        const float value = acc[i];
-        const bool finite = (__float_as_uint(value) & 0x7FFFFFFFu) < sketch::kFloatInfKey;
-        const u64 q = finite ? static_cast<u64>(static_cast<long long>(
-                                   rint(static_cast<double>(value) * scale)))
-                             : 0ull;
-        for (int j = 0; j < shape.rows; ++j) {
-            const int64_t cell = j * shape.columns +
-                                 sketch::bucket(static_cast<uint64_t>(i), shape.keys[2 * j],
-                                                shape.columns);
-            const bool negate = sketch::negative(static_cast<uint64_t>(i), shape.keys[2 * j + 1]);
-            if (finite) {
-                if (q != 0) atomicAdd(&sums[cell], negate ? 0ull - q : q);
-            } else {
-                atomicOr(&flags[cell], sketch::nonfinite_flag(value, negate));
+// The header's median rule (count_sketch.h: ranks in the order (value, row), the middle two),
+// with loops bounded at compile time so that the row values stay in registers.
+template <int Bound>
+__device__ __forceinline__ float unrolled_median(const float (&v)[Bound], int rows) {
+    float lo = 0.0f, hi = 0.0f;
+    bool any_nan = false;
+#pragma unroll
+    for (int j = 0; j < Bound; ++j) {
+        if (j < rows) {
+            any_nan = any_nan || v[j] != v[j];
+            int rank = 0;
+#pragma unroll
+            for (int m = 0; m < Bound; ++m) {
+                if (m < rows) rank += m < j ? (v[m] <= v[j]) : m > j ? (v[m] < v[j]) : 0;
             }
+            lo = rank == (rows - 1) / 2 ? v[j] : lo;
+            hi = rank == rows / 2 ? v[j] : hi;
         }
     }
+    return sketch::median_of_middle(lo, hi, rows, any_nan);
 }
 
-__global__ void __launch_bounds__(kThreads)
-table_values_kernel(const u64* sums, const unsigned int* flags, int64_t cells, int64_t d,
-                    const unsigned int* extremes, float* table) {
-    const int s = sketch::scale_exponent(extremes[0], d > 1 ? d : 1);
-    const double inverse_scale = ldexp(1.0, -s);
-    for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cells;
-         c += int64_t{gridDim.x} * blockDim.x) {
-        table[c] = sketch::table_value(static_cast<int64_t>(sums[c]), flags[c], inverse_scale);
-    }
-}
+// est(i) of a table, as a value source of the selection engine (load and peek alike: computing
+// an estimate has no side effects). Bound: the most rows it holds keys for.
+template <int Bound> struct SketchEstimates {
+    const float* table;
+    int64_t columns;
+    int rows;
+    uint32_t keys[2 * Bound];
 
-__global__ void __launch_bounds__(kThreads)
-estimate_kernel(const float* table, int64_t d, SketchShape shape, float* estimate) {
-    float values[sketch::kMaxRows];
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        for (int j = 0; j < shape.rows; ++j) {
-            values[j] = sketch::row_value(table + j * shape.columns, static_cast<uint64_t>(i),
-                                          shape.keys[2 * j], shape.keys[2 * j + 1],
-                                          shape.columns);
+    __device__ float load(int64_t i) const { return peek(i); }
+    __device__ float peek(int64_t i) const {
+        const auto index = static_cast<uint64_t>(i);
+        float v[Bound];
+        if constexpr (Bound <= kUnrolledRows) {
+#pragma unroll
+            for (int j = 0; j < Bound; ++j) v[j] = j < rows ? row_value(index, j) : 0.0f;
+            return unrolled_median<Bound>(v, rows);
+        } else {
+            for (int j = 0; j < rows; ++j) v[j] = row_value(index, j);
+            return sketch::median(v, rows);
         }
-        estimate[i] = sketch::median(values, shape.rows);
     }
+    // sketch::row_value, the table read through the read-only data cache (the table does not
+    // change while a selection reads it).
+    __device__ float row_value(uint64_t index, int j) const {
+        const float value =
+            __ldg(table + j * columns + sketch::bucket(index, keys[2 * j], columns));
+        return sketch::negative(index, keys[2 * j + 1]) ? -value : value;
+    }
+};
+
+// Calls body(estimates) with the SketchEstimates of the table, the smallest bound that holds
+// its rows.
+template <typename Body>
+auto with_estimates(const float* table, const uint32_t* keys, int rows, int64_t columns,
+                    Body&& body) {
+    auto fill = [&](auto& estimates) {
+        estimates.table = table;
+        estimates.columns = columns;
+        estimates.rows = rows;
+        std::copy(keys, keys + 2 * rows, estimates.keys);
+    };
+    if (rows <= kUnrolledRows) {
+        SketchEstimates<kUnrolledRows> estimates{};
+        fill(estimates);
+        return body(estimates);
+    }
+    SketchEstimates<sketch::kMaxRows> estimates{};
+    fill(estimates);
+    return body(estimates);
 }
 
 int grid_for(int64_t count) {
@@ -130,59 +130,218 @@ int grid_for(int64_t count) {
     return static_cast<int>(std::min(resident, detail::blocks_for(count, kThreads)));
 }
 
-// Workspace of sketch_table: the int64 sums, the flags, the two extremes.
+// extremes[0] = largest finite magnitude key.
+__global__ void __launch_bounds__(kThreads)
+accumulate_extremes_kernel(float* gradient, float* residual, int64_t d, bool clear_gradient,
+                           unsigned int* extremes) {
+    unsigned int max_finite = 0;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const float value = residual[i] + gradient[i];
+        residual[i] = value;
+        if (clear_gradient) gradient[i] = 0.0f;
+        const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
+        max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
+    }
+    max_finite = __reduce_max_sync(0xFFFFFFFFu, max_finite);
+    if (threadIdx.x % 32 == 0 && max_finite != 0) atomicMax(&extremes[0], max_finite);
+}
+
+constexpr int kBatch = 4;  // entries a thread loads before it hashes them
+
+// One tile, columns [begin, begin + n) of one row (keys key0, key1): for every entry i whose
+// bucket b falls in it, sums[b - begin] += s(i) q(i), or cells[b - begin] |= its non-finite flag.
+__global__ void __launch_bounds__(kThreads)
+tile_sums_kernel(const float* acc, int64_t d, uint32_t key0, uint32_t key1, uint32_t columns,
+                 uint32_t begin, uint32_t n, const unsigned int* extremes, u64* sums,
+                 unsigned int* cells) {
+    const double scale = ldexp(1.0, sketch::scale_exponent(extremes[0], d > 1 ? d : 1));
+    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+    for (int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; first < d;
+         first += kBatch * stride) {
+        float value[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            value[b] = i < d ? __ldcs(acc + i) : 0.0f;  // streamed: the tile's sums keep L2
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            if (i >= d) continue;
+            const auto index = static_cast<uint64_t>(i);
+            // Buckets below `begin` wrap to offsets >= n.
+            const uint32_t offset =
+                sketch::bucket_of_word(sketch::word(index, key0), columns) - begin;
+            if (offset >= n) continue;
+            const bool negate = sketch::negative(index, key1);
+            if ((__float_as_uint(value[b]) & 0x7FFFFFFFu) < sketch::kFloatInfKey) {
+                const auto q = static_cast<u64>(
+                    static_cast<long long>(rint(static_cast<double>(value[b]) * scale)));
+                if (q != 0) atomicAdd(&sums[offset], negate ? 0ull - q : q);
+            } else {
+                atomicOr(&cells[offset], sketch::nonfinite_flag(value[b], negate));
+            }
+        }
+    }
+}
+
+// cells[c] (the flags on entry) = the bits of S from sums[c] and the flags; sums[c] = 0.
+__global__ void __launch_bounds__(kThreads)
+tile_values_kernel(u64* sums, int64_t n, int64_t d, const unsigned int* extremes,
+                   unsigned int* cells) {
+    const double inverse_scale = ldexp(1.0, -sketch::scale_exponent(extremes[0], d > 1 ? d : 1));
+    for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < n;
+         c += int64_t{gridDim.x} * blockDim.x) {
+        const float value =
+            sketch::table_value(static_cast<int64_t>(sums[c]), cells[c], inverse_scale);
+        sums[c] = 0;
+        cells[c] = __float_as_uint(value);
+    }
+}
+
+template <typename Estimates>
+__global__ void __launch_bounds__(kThreads)
+estimate_kernel(Estimates estimates, int64_t d, float* estimate) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        estimate[i] = estimates.peek(i);
+    }
+}
+
+// k >= d: every entry, (i, est(i)).
+template <typename Index, typename Estimates>
+__global__ void __launch_bounds__(kThreads)
+take_all_kernel(Estimates estimates, int64_t d, Index* out_index, float* out_value) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        out_index[i] = static_cast<Index>(i);
+        out_value[i] = estimates.peek(i);
+    }
+}
+
+// Columns of a tile: `requested` if positive (at most a row); else a row split into as few
+// equal tiles as keep each within half the L2 cache of int64 sums (at least 2^16 sums).
+int64_t tile_columns_for(int64_t columns, int64_t requested) {
+    if (requested > 0) return std::min(columns, requested);
+    const int64_t l2 = detail::l2_bytes(detail::current_device());
+    const int64_t fit = std::max<int64_t>(int64_t{1} << 16, l2 / 2 / int64_t{sizeof(u64)});
+    const int64_t tiles = (columns + fit - 1) / fit;
+    return (columns + tiles - 1) / tiles;
+}
+
+// Workspace of sketch_table: one tile's int64 sums, the extremes.
 struct TableLayout {
-    size_t sums, flags, extremes, bytes;
-    explicit TableLayout(int64_t cells) {
+    size_t sums, extremes, bytes;
+    explicit TableLayout(int64_t tile) {
         detail::Layout layout;
-        sums = layout.add<u64>(cells);
-        flags = layout.add<unsigned int>(cells);
-        extremes = layout.add<unsigned int>(2);
+        sums = layout.add<u64>(tile);
+        extremes = layout.add<unsigned int>(1);
         bytes = layout.bytes();
     }
 };
 
+template <typename Index, typename Estimates>
+int64_t select_typed(const Estimates& estimates, int64_t d, int64_t k, void* out_index,
+                     float* out_value, cudaStream_t stream, const Workspace& workspace) {
+    const int64_t n = std::clamp<int64_t>(k, 0, d);
+    if (n == 0) return 0;
+    auto* index_out = static_cast<Index*>(out_index);
+    if (n == d) {
+        take_all_kernel<Index, Estimates>
+            <<<grid_for(d), kThreads, 0, stream>>>(estimates, d, index_out, out_value);
+        GTOPK_CUDA_CHECK_LAUNCH("take_all_kernel");
+        return n;
+    }
+    const auto plan = detail::plan_select<float, Index>(d, n);
+    detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
+        detail::select_topk_from<float, Index>(plan, estimates, estimates, index_out, out_value,
+                                               nullptr, scratch, stream);
+    });
+    return n;
+}
+
 }  // namespace
 
-size_t sketch_table_workspace_bytes(int rows, int64_t columns) {
-    return TableLayout(std::max(rows, 1) * std::max<int64_t>(columns, 1)).bytes;
+size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_columns) {
+    check_shape(rows, columns, "sketch_table_workspace_bytes");
+    return TableLayout(tile_columns_for(columns, tile_columns)).bytes;
 }
 
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
-                  Workspace workspace) {
+                  Workspace workspace, int64_t tile_columns) {
     if (d < 0) throw std::invalid_argument("gtopk::cuda::sketch_table: d < 0");
-    const SketchShape shape = shape_of(keys, rows, columns, "sketch_table");
-    const int64_t cells = rows * columns;
-    const TableLayout layout(cells);
+    check_shape(rows, columns, "sketch_table");
+    const int64_t tile = tile_columns_for(columns, tile_columns);
+    const TableLayout layout(tile);
     const auto s = static_cast<cudaStream_t>(stream);
+    auto* cells = reinterpret_cast<unsigned int*>(table);  // the flags, then S
     detail::with_workspace(workspace, layout.bytes, s, [&](const Workspace& scratch) {
         u64* sums = detail::piece<u64>(scratch, layout.sums);
-        auto* flags = detail::piece<unsigned int>(scratch, layout.flags);
         auto* extremes = detail::piece<unsigned int>(scratch, layout.extremes);
         GTOPK_CUDA_CHECK(cudaMemsetAsync(scratch.data, 0, layout.bytes, s));
+        GTOPK_CUDA_CHECK(cudaMemsetAsync(cells, 0, rows * columns * sizeof(float), s));
         if (d > 0) {
             accumulate_extremes_kernel<<<grid_for(d), kThreads, 0, s>>>(
                 gradient, residual, d, clear_gradient, extremes);
             GTOPK_CUDA_CHECK_LAUNCH("accumulate_extremes_kernel");
-            integer_sums_kernel<<<grid_for(d), kThreads, 0, s>>>(residual, d, shape, extremes,
-                                                                 sums, flags);
-            GTOPK_CUDA_CHECK_LAUNCH("integer_sums_kernel");
         }
-        table_values_kernel<<<grid_for(cells), kThreads, 0, s>>>(sums, flags, cells, d,
-                                                                 extremes, table);
-        GTOPK_CUDA_CHECK_LAUNCH("table_values_kernel");
+        for (int j = 0; j < rows; ++j) {
+            for (int64_t begin = 0; begin < columns; begin += tile) {
+                const int64_t n = std::min(tile, columns - begin);
+                unsigned int* tile_cells = cells + j * columns + begin;
+                if (d > 0) {
+                    tile_sums_kernel<<<grid_for(d), kThreads, 0, s>>>(
+                        residual, d, keys[2 * j], keys[2 * j + 1],
+                        static_cast<uint32_t>(columns), static_cast<uint32_t>(begin),
+                        static_cast<uint32_t>(n), extremes, sums, tile_cells);
+                    GTOPK_CUDA_CHECK_LAUNCH("tile_sums_kernel");
+                }
+                tile_values_kernel<<<grid_for(n), kThreads, 0, s>>>(sums, n, d, extremes,
+                                                                    tile_cells);
+                GTOPK_CUDA_CHECK_LAUNCH("tile_values_kernel");
+            }
+        }
+    });
+}
+
+size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k) {
+    return select_workspace_bytes(ValueType::kFloat32, index_type, d, k);
+}
+
+int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
+                      int64_t d, int64_t k, IndexType index_type, void* out_index,
+                      float* out_value, void* stream, Workspace workspace) {
+    if (d < 0) throw std::invalid_argument("gtopk::cuda::sketch_select: d < 0");
+    check_shape(rows, columns, "sketch_select");
+    detail::require_index_fits(index_type, d);
+    const auto s = static_cast<cudaStream_t>(stream);
+    return with_estimates(table, keys, rows, columns, [&](const auto& estimates) {
+        using Estimates = std::decay_t<decltype(estimates)>;
+        switch (index_type) {
+            case IndexType::kInt32:
+                return select_typed<int32_t, Estimates>(estimates, d, k, out_index, out_value, s,
+                                                        workspace);
+            case IndexType::kInt64:
+                return select_typed<int64_t, Estimates>(estimates, d, k, out_index, out_value, s,
+                                                        workspace);
+        }
+        throw std::invalid_argument("gtopk::cuda::sketch_select: unsupported index type");
     });
 }
 
 void sketch_estimate(const float* table, const uint32_t* keys, int rows, int64_t columns,
                      int64_t d, float* estimate, void* stream) {
     if (d < 0) throw std::invalid_argument("gtopk::cuda::sketch_estimate: d < 0");
-    const SketchShape shape = shape_of(keys, rows, columns, "sketch_estimate");
+    check_shape(rows, columns, "sketch_estimate");
     if (d == 0) return;
     const auto s = static_cast<cudaStream_t>(stream);
-    estimate_kernel<<<grid_for(d), kThreads, 0, s>>>(table, d, shape, estimate);
-    GTOPK_CUDA_CHECK_LAUNCH("estimate_kernel");
+    with_estimates(table, keys, rows, columns, [&](const auto& estimates) {
+        using Estimates = std::decay_t<decltype(estimates)>;
+        estimate_kernel<Estimates><<<grid_for(d), kThreads, 0, s>>>(estimates, d, estimate);
+        GTOPK_CUDA_CHECK_LAUNCH("estimate_kernel");
+    });
 }
 
 }  // namespace gtopk::cuda

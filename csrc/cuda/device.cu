@@ -11,6 +11,7 @@ namespace {
 
 std::mutex attributes_mutex;
 std::map<int, int> sm_counts;
+std::map<int, int> l2_sizes;
 std::map<std::tuple<const void*, int, int>, int> occupancy;  // (kernel, threads, device)
 
 }  // namespace
@@ -28,6 +29,17 @@ int sm_count(int device) {
         int sms = 0;
         GTOPK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         found = sm_counts.emplace(device, sms).first;
+    }
+    return found->second;
+}
+
+int l2_bytes(int device) {
+    std::lock_guard<std::mutex> lock(attributes_mutex);
+    auto found = l2_sizes.find(device);
+    if (found == l2_sizes.end()) {
+        int bytes = 0;
+        GTOPK_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+        found = l2_sizes.emplace(device, bytes).first;
     }
     return found->second;
 }

@@ -16,9 +16,10 @@
 namespace gtopk::cuda::detail {
 
 int current_device();
-// Queried once per device: its SM count, and how many blocks of `threads` threads of `kernel`
+// Queried once per device: its SM count, its L2 cache's bytes, and how many blocks of `threads` threads of `kernel`
 // an SM holds (`device` must be the current device).
 int sm_count(int device);
+int l2_bytes(int device);
 int max_blocks_per_sm(const void* kernel, int threads, int device);
 
 // The cached workspace of one device: whoever holds `mutex` may use [data, data + bytes) on its

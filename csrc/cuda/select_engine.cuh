@@ -627,9 +627,9 @@ __device__ void refine_tiles(const Entries& entries, int64_t count, const Select
 // wherever they are; a pass over the input with `collect` set also fills the buffer. The last
 // block chooses the level's bin. A pass with nothing to do returns at once in every block (and
 // leaves the state as it is).
-template <typename T, typename Index>
+template <typename T, typename Index, typename Later>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
-        const T* input, int64_t d, Level level, u64 last, u64 all_key_bits, SelectState* state,
+        Later input, int64_t d, Level level, u64 last, u64 all_key_bits, SelectState* state,
         u64* histogram, Index* buffer_index, T* buffer_value, u64 capacity) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
     __shared__ StagingArea<T, Index> staging;
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) refine_pass_kernel(
         refine_tiles<T, Index>(entries, count, s, level, last, histogram_wanted,
                                shared_histogram, false, appender);
     } else {
-        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
+        const InputEntries<T, Later> entries{input};
         refine_tiles<T, Index>(entries, d, s, level, last, histogram_wanted, shared_histogram,
                                collect, appender);
         appender.flush();
@@ -680,9 +680,9 @@ __device__ void stage_tiles(const Entries& entries, int64_t count, const SelectS
 
 // Appends the selected entries (at or above the final prefix: exactly n) to the staging area;
 // with residual_to_zero, residual_to_zero[index] = 0 for each of them.
-template <typename T, typename Index>
+template <typename T, typename Index, typename Later>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stage_selected_kernel(
-        const T* input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
+        Later input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
         const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value,
         T* residual_to_zero) {
     __shared__ StagingArea<T, Index> staging;
@@ -694,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stage_selected_kern
         stage_tiles(entries, static_cast<int64_t>(min(s.buffer_count, capacity)), s, last,
                     appender, residual_to_zero);
     } else {
-        const InputEntries<T, ReadValues<T>> entries{ReadValues<T>{input}};
+        const InputEntries<T, Later> entries{input};
         stage_tiles(entries, d, s, last, appender, residual_to_zero);
     }
     appender.flush();
@@ -770,12 +770,15 @@ template <typename T, typename Index> size_t select_bytes_bound(int64_t d, int64
 
 // Top-n of the d values into (out_index, out_value), sorted by index, as planned by
 // plan_select(d, n), in a workspace of at least plan.bytes.
-// Pass 1 reads through `values` (which may update `input` as it reads); later passes read
-// `input`. If residual_to_zero is set, residual_to_zero[selected] = 0 afterwards.
-template <typename T, typename Index, typename Values>
-void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input,
-                 Index* out_index, T* out_value, T* residual_to_zero, const Workspace& workspace,
-                 cudaStream_t stream) {
+// The sample and pass 1 read through `values` (which may update the input as it reads: load
+// once per entry, peek without side effects); later passes over d read through `input`, a
+// value source without side effects (ReadValues of an array, or values computed on the fly,
+// e.g. the count sketch's estimates). If residual_to_zero is set, residual_to_zero[selected] = 0
+// afterwards.
+template <typename T, typename Index, typename Values, typename Later>
+void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later input,
+                      Index* out_index, T* out_value, T* residual_to_zero,
+                      const Workspace& workspace, cudaStream_t stream) {
     if (workspace.bytes < plan.bytes) {
         throw std::logic_error("gtopk: select_topk was given a workspace of " +
                                std::to_string(workspace.bytes) + " bytes, it needs " +
@@ -818,7 +821,7 @@ void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input
         static_cast<u64>(capacity));
     GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
 
-    const auto refine_kernel = refine_pass_kernel<T, Index>;
+    const auto refine_kernel = refine_pass_kernel<T, Index, Later>;
     const int refine_grid = tile_grid<T>(refine_kernel, d);
     for (int l = 1; l < schedule.count; ++l) {
         refine_kernel<<<refine_grid, kThreads, 0, stream>>>(
@@ -827,7 +830,7 @@ void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input
         GTOPK_CUDA_CHECK_LAUNCH("refine_pass_kernel");
     }
 
-    const auto stage_kernel = stage_selected_kernel<T, Index>;
+    const auto stage_kernel = stage_selected_kernel<T, Index, Later>;
     stage_kernel<<<tile_grid<T>(stage_kernel, d), kThreads, 0, stream>>>(
         input, d, last, state, buffer_index, buffer_value, static_cast<u64>(capacity),
         stage_index, stage_value, residual_to_zero);
@@ -840,6 +843,15 @@ void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input
                    reinterpret_cast<UIndex*>(out_index), reinterpret_cast<const Bits*>(stage_value),
                    reinterpret_cast<Bits*>(out_value), n, 0, plan.end_bit, stream),
                "cub::DeviceRadixSort::SortPairs", __FILE__, __LINE__);
+}
+
+// select_topk_from with later passes reading the array `input`.
+template <typename T, typename Index, typename Values>
+void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input,
+                 Index* out_index, T* out_value, T* residual_to_zero, const Workspace& workspace,
+                 cudaStream_t stream) {
+    select_topk_from<T, Index>(plan, values, ReadValues<T>{input}, out_index, out_value,
+                               residual_to_zero, workspace, stream);
 }
 
 }  // namespace gtopk::cuda::detail

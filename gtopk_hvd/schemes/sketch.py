@@ -28,15 +28,23 @@ NaN's own index among them while they number at most k). The median of an even n
 Cost per step on every worker (`ops.sketch_table`, `ops.sketch_select`), in passes over d:
     1   the accumulation r += g (read g and r, write r; g = 0 in it when clearing), with the
         largest finite |acc| for the scale: the pass every error-feedback scheme makes
-    1   the table: a read of acc with `rows` scattered integer adds an entry
-    1   the estimates (`rows` hashed reads of the table an entry) written to a d-entry float32
-        buffer kept between steps, fused on the CPU with the top-k's first pass
-    0-1 the top-k's second read of the estimates (a wrong sampled guess; on a GPU: its one read)
-and O(rows columns + k) besides. Memory: the int64 sums of the table (plus, on the CPU, one per
-thread where they fit in 4d bytes), the estimate buffer. The scattered adds and hashed reads, not
+    1   CPU: the table, a read of acc with `rows` scattered integer adds an entry. CUDA: one
+        read of acc per tile of the table (a tile: at most one row, and at most half the L2
+        cache of int64 sums: `rows` reads while a row fits), each adding the entries that fall
+        in the tile, so that the integer atomics stay in the L2 cache
+    1   the estimates (`rows` hashed reads of the table an entry) inside the top-k's first pass:
+        on the CPU written to a d-entry float32 buffer kept between steps; on a GPU computed as
+        the selection reads them and never stored
+    0-1 the top-k's second pass over the estimates (a wrong sampled guess; on a GPU computed
+        again)
+and O(rows columns + k) besides. Memory: the table; the int64 sums (CPU: of the whole table,
+plus one per thread where they fit in 4d bytes; CUDA: of one tile, and the non-finite flags in
+the table's own memory); the CPU's estimate buffer. The scattered adds and hashed reads, not
 the reads of d, set the time: once the table outgrows the L2 cache they are random cache misses
 (docs/results.md: 1.2-2.1 s a step at d = 25.6M on two shared EPYC cores, 250-380 times a read
-pass, 4-5x faster than the numpy version it replaced).
+pass, 4-5x faster than the numpy version it replaced). At P = 1 the table never leaves the
+device; at P > 1 on a transport of host arrays it goes to the host for the sum and back into
+the same memory.
 
 Bytes per worker per step: 8 rows columns (P-1)/P, plus 8k (P-1)/P for the second round. The
 table must be much larger than k for the heavy hitters to stand out (the authors: 5 x 10k),
@@ -47,12 +55,12 @@ so it pays where d is much larger than 10 rows k. Options:
     columns       columns of the table (default: 10 k at the configured density)
     second_round  True (default) or False
 
+Needs granularity "model" and float32 on the wire and in the residual; keeps no state between
+steps but the CPU's estimate buffer (the hashes follow from the seed).
+
 With the state in torch tensors and one worker, or a transport that sends tensors from their
 device (`union.on_device`), the table's all-reduce, the selection and the second round stay in
 tensors there (`union.sum_counted_tensors`, `union.sum_at_tensors`): no host copy.
-
-Needs granularity "model" and float32 on the wire and in the residual; keeps no state between
-steps but the estimate buffer (the hashes follow from the seed).
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd import _C, ops
+from gtopk_hvd._arrays import is_cuda
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
@@ -98,9 +107,10 @@ class CountSketch:
         (rows, columns) float32 where the residual lives."""
         return ops.sketch_table(gradient, residual, self.keys, self.columns, clear_gradient)
 
-    def select(self, table: Any, k: int, estimate: Any) -> tuple[Any, Any]:
-        """estimate = est of the (summed) table; returns the top-k of |est| (indices, values)."""
-        return ops.sketch_select(table, self.keys, k, estimate)
+    def select(self, table: Any, k: int, d: int, estimate: Any = None) -> tuple[Any, Any]:
+        """The top-k of |est| of the (summed) table over d entries (indices, values); estimate:
+        the CPU kernel's buffer of d values (None on a GPU: none is needed)."""
+        return ops.sketch_select(table, self.keys, k, estimate, d)
 
 
 @SCHEMES.register("sketch")
@@ -141,23 +151,20 @@ class Sketch(Scheme):
         backend = self.backend
         on_tensors = on_device(self.transport, backend)
         table = self.sketch.table(gradient, residual, clear_gradient)
-        if not on_tensors:
-            table = backend.to_host(table)
         select_seconds = time.perf_counter() - start
         if on_tensors:
             sum_counted_tensors(self.transport, table, stats)
-        else:
-            sum_counted(self.transport, table, stats)
-            table = backend.from_host(table)
+        elif self.transport.size > 1:  # the transport sums host arrays: S = sum of the S_p
+            summed = sum_counted(self.transport, backend.to_host(table), stats)
+            backend.assign(table, summed)
         merge_start = time.perf_counter()
-        if self._estimate is None:
-            self._estimate = backend.zeros(self.d)
-        indices, estimated = self.sketch.select(table, min(budget.k, self.d), self._estimate)
+        indices, estimated = self.sketch.select(table, min(budget.k, self.d), self.d,
+                                                self._buffer(residual))
         if on_tensors:
             union = taken = backend.as_index_dtype(indices, self.index_dtype)
         else:
             union = backend.to_host(indices).astype(self.index_dtype, copy=False)
-            estimated = backend.to_host(estimated)
+            estimated = backend.to_host(estimated).astype(np.float32, copy=False)
             taken = backend.index(union)
         stats.merge_seconds += time.perf_counter() - merge_start
         if not self.second_round:
@@ -168,3 +175,12 @@ class Sketch(Scheme):
         else:
             values = sum_at(self.transport, backend, residual, union, stats)
         return Exchange(union, values, taken, stats, select_seconds)
+
+    def _buffer(self, residual: Any) -> Any:
+        """The estimate buffer of the CPU kernel (kept between steps), or None on a GPU, whose
+        selection computes the estimates as it reads them."""
+        if is_cuda(residual):
+            return None
+        if self._estimate is None:
+            self._estimate = self.backend.zeros(self.d)
+        return self._estimate

@@ -87,17 +87,23 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // Count sketch of sketched SGD (gtopk/count_sketch.h): the tables and estimates of
 // cpu::sketch_table and cpu::sketch_select bit for bit (integer sums: the atomics' order does not
 // matter); the accumulated residual too but for NaN payloads. keys: host memory, rows x 2
-// uint32, 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32. Neither call synchronises
-// `stream`.
+// uint32, 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32. No call synchronises `stream`.
 //
 // sketch_table: residual += gradient (gradient = 0 if clear_gradient), table (rows x columns
-// float32, device) = S of the accumulated residual: one pass over d, one read of d, one pass
-// over the table. sketch_estimate: estimate[i] = est(i) for i < d, one pass over d (then
-// topk_abs of the estimate selects).
-size_t sketch_table_workspace_bytes(int rows, int64_t columns);
+// float32, device) = S of the accumulated residual: one pass over d, then the table in tiles of
+// at most tile_columns columns of one row (0: half the L2 cache's worth of int64 sums), one read
+// of d per tile; the workspace holds one tile's sums.
+// sketch_select: the top-min(k, d) of |est(i)|, i < d, as topk_abs orders them (index-sorted
+// (indices, values = est)), est computed from the table inside the selection's passes (no
+// d-entry buffer): returns the count. sketch_estimate: estimate[i] = est(i) for i < d, one pass.
+size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_columns = 0);
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
-                  Workspace workspace = {});
+                  Workspace workspace = {}, int64_t tile_columns = 0);
+size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k);
+int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
+                      int64_t d, int64_t k, IndexType index_type, void* out_index,
+                      float* out_value, void* stream, Workspace workspace = {});
 void sketch_estimate(const float* table, const uint32_t* keys, int rows, int64_t columns,
                      int64_t d, float* estimate, void* stream);
 // cpu::max_key on the device: the largest magnitude key of x[i] + y[i] (of x[i] when
