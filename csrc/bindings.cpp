@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include "gtopk/count_sketch.h"
 #include "gtopk/cpu_ops.h"
 #include "gtopk/histogram_bins.h"
+#include "gtopk/segments.h"
 #include "gtopk/types.h"
 #ifdef GTOPK_WITH_CUDA
 #include "gtopk/cuda_ops.h"
@@ -155,6 +157,70 @@ py::tuple accumulate_select(const py::array& gradient, py::array& residual, int6
                 py::gil_scoped_release release;
                 gtopk::cpu::accumulate_select<T, Index>(g, r, d, k, hint_ptr, out_index,
                                                         out_value, clear_gradient);
+            }
+            return py::make_tuple(indices, values);
+        };
+        return gtopk::int32_indices_fit(d) ? run(int32_t{}) : run(int64_t{});
+    });
+}
+
+// offsets (segments + 1) and ks (segments) as int64 arrays, checked for a vector of d values.
+int64_t checked_segments(const py::array_t<int64_t>& offsets, const py::array_t<int64_t>& ks,
+                         int64_t d) {
+    require_contiguous_1d(offsets, "offsets");
+    require_contiguous_1d(ks, "ks");
+    const int64_t segments = ks.shape(0);
+    if (offsets.shape(0) != segments + 1) {
+        throw py::value_error("offsets must hold one more value than ks");
+    }
+    try {
+        gtopk::check_segments(offsets.data(), ks.data(), segments, d);
+    } catch (const std::invalid_argument& error) {
+        throw py::value_error(error.what());
+    }
+    return segments;
+}
+
+py::array_t<int64_t> segment_table(const py::array_t<int64_t>& offsets,
+                                   const py::array_t<int64_t>& ks, int64_t d) {
+    const int64_t segments = checked_segments(offsets, ks, d);
+    const std::vector<int64_t> table = gtopk::segment_table(offsets.data(), ks.data(), segments);
+    py::array_t<int64_t> result(static_cast<py::ssize_t>(table.size()));
+    std::copy(table.begin(), table.end(), result.mutable_data());
+    return result;
+}
+
+py::tuple segmented_accumulate_select(const std::optional<py::array>& gradient,
+                                      py::array& residual, const py::array_t<int64_t>& offsets,
+                                      const py::array_t<int64_t>& ks,
+                                      const std::string& value_type, bool clear_gradient) {
+    if (gradient) {
+        require_accumulation(*gradient, residual, clear_gradient);
+    } else {
+        require_contiguous_1d(residual, "residual");
+        if (!residual.writeable()) throw py::value_error("residual must be writeable");
+        clear_gradient = false;
+    }
+    const int64_t d = residual.shape(0);
+    const int64_t segments = checked_segments(offsets, ks, d);
+    const std::vector<int64_t> table = gtopk::segment_table(offsets.data(), ks.data(), segments);
+    const int64_t n = table[2 * segments + 1];  // out_offsets[segments]
+    return with_value_type<true>(value_type, residual, [&](auto tag) -> py::tuple {
+        using T = decltype(tag);
+        // Written only when clear_gradient, which required a writeable array above.
+        T* g = gradient ? static_cast<T*>(const_cast<void*>(gradient->data())) : nullptr;
+        T* r = static_cast<T*>(residual.mutable_data());
+        py::array values = empty_like_values(residual, n);
+        T* out_value = static_cast<T*>(values.mutable_data());
+        auto run = [&](auto index_tag) -> py::tuple {
+            using Index = decltype(index_tag);
+            py::array_t<Index> indices(n);
+            Index* out_index = indices.mutable_data();
+            {
+                py::gil_scoped_release release;
+                gtopk::cpu::segmented_accumulate_select<T, Index>(
+                    g, r, offsets.data(), ks.data(), segments, out_index, out_value,
+                    clear_gradient);
             }
             return py::make_tuple(indices, values);
         };
@@ -571,6 +637,34 @@ void bind_cuda(py::module_& m) {
             as_pointer(out_index), as_pointer(out_value), as_pointer(stream),
             Workspace{as_pointer(workspace), workspace_bytes});
     });
+    m.def("cuda_segmented_select_workspace_bytes", [](ValueType value_type,
+                                                      IndexType index_type,
+                                                      const py::array_t<int64_t>& table) {
+        require_contiguous_1d(table, "table");
+        return gtopk::cuda::segmented_select_workspace_bytes(
+            value_type, index_type, table.data(), table.shape(0) / gtopk::kSegmentTableRows - 1);
+    }, py::arg("value_type"), py::arg("index_type"), py::arg("table"),
+          "Workspace bytes of cuda_segmented_accumulate_select (table: segment_table's).");
+    m.def("cuda_segmented_accumulate_select", [](ValueType value_type, IndexType index_type,
+                                                 uintptr_t gradient, uintptr_t residual,
+                                                 int64_t d, const py::array_t<int64_t>& table,
+                                                 uintptr_t device_table, bool clear_gradient,
+                                                 uintptr_t out_index, uintptr_t out_value,
+                                                 uintptr_t stream, uintptr_t workspace,
+                                                 size_t workspace_bytes) {
+        require_contiguous_1d(table, "table");
+        if (table.shape(0) % gtopk::kSegmentTableRows != 0 || table.shape(0) == 0) {
+            throw py::value_error("table must be segment_table's (3 rows of segments + 1)");
+        }
+        const int64_t segments = table.shape(0) / gtopk::kSegmentTableRows - 1;
+        const int64_t* host_table = table.data();
+        py::gil_scoped_release release;
+        return gtopk::cuda::segmented_accumulate_select(
+            value_type, index_type, as_pointer(gradient), as_pointer(residual), d, host_table,
+            static_cast<const int64_t*>(as_pointer(device_table)), segments,
+            as_pointer(out_index), as_pointer(out_value), clear_gradient, as_pointer(stream),
+            Workspace{as_pointer(workspace), workspace_bytes});
+    });
     m.def("cuda_merge_topk", [](ValueType value_type, IndexType index_type, uintptr_t index_a,
                                 uintptr_t value_a, int64_t n_a, uintptr_t index_b,
                                 uintptr_t value_b, int64_t n_b, int64_t k, uintptr_t out_index,
@@ -704,6 +798,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("accumulate_select", &accumulate_select, py::arg("gradient"), py::arg("residual"),
           py::arg("k"), py::arg("threshold_hint"), py::arg("value_type"),
           py::arg("clear_gradient") = false);
+    m.def("segment_table", &segment_table, py::arg("offsets"), py::arg("ks"), py::arg("d"),
+          "The segments' table (gtopk/segments.h), checked for a vector of d values.");
+    m.def("segmented_accumulate_select", &segmented_accumulate_select, py::arg("gradient"),
+          py::arg("residual"), py::arg("offsets"), py::arg("ks"), py::arg("value_type"),
+          py::arg("clear_gradient"));
     m.def("accumulate_threshold", &accumulate_threshold, py::arg("gradient"),
           py::arg("residual"), py::arg("begin"), py::arg("end"), py::arg("threshold_key"),
           py::arg("histogram_base_key"), py::arg("histogram_shift"), py::arg("n_bins"),

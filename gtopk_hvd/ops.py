@@ -31,6 +31,7 @@ from gtopk_hvd._arrays import (
 __all__ = [
     "topk_abs",
     "accumulate_select",
+    "segmented_accumulate_select",
     "merge_topk",
     "write_sparse",
     "restore_residual",
@@ -134,6 +135,52 @@ def accumulate_select(
         _hint_array(threshold_hint, gradient_view), gradient_view.value_type,
         bool(clear_gradient))
     return like(indices, gradient_view), like(values, gradient_view)
+
+
+def segmented_accumulate_select(
+    gradient: Any, residual: Any, offsets: Any, ks: Any, clear_gradient: bool = False,
+) -> tuple[Any, Any]:
+    """`accumulate_select` over each segment of the vector, each with its own k, in one call:
+    for segment s = [offsets[s], offsets[s + 1]) and its k = ks[s],
+
+        residual[s] += gradient[s]
+        (I_s, V_s) = topk_abs(residual[s], ks[s]),  I_s local to the segment (ties: lower index)
+        residual[s][I_s] = 0
+        gradient = 0                        (only if clear_gradient)
+
+    and returns (concatenation of offsets[s] + I_s, concatenation of V_s) in segment order, so
+    sorted by index; indices of index_dtype_for(d), d the residual's length. Bit for bit the
+    per-segment `accumulate_select` calls (concatenated, offsets added). offsets: S + 1
+    non-decreasing integers from 0 to d; ks: S integers >= 0 (min(k_s, segment length) entries
+    each; empty segments and k_s = 0 give none). float32 / float64; gradient None: the residual
+    already holds the sum. CPU: one kernel call looping over the segments (`_C`); CUDA: one
+    launch sequence for all the segments (segmented_select.cu), its segment table copied to the
+    device once per (device, segments) and kept.
+    """
+    offsets, ks = _segments(offsets, ks)
+    if gradient is None:
+        clear_gradient = False
+    if is_cuda(residual) or (gradient is not None and is_cuda(gradient)):
+        return _cuda_segmented_accumulate_select(gradient, residual, offsets, ks,
+                                                 clear_gradient)
+    gradient_array = None
+    if gradient is not None:
+        gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
+    residual_view = as_numpy(residual, "residual", writeable=True)
+    indices, values = _C.segmented_accumulate_select(
+        gradient_array, residual_view.array, offsets, ks, residual_view.value_type,
+        bool(clear_gradient))
+    return like(indices, residual_view), like(values, residual_view)
+
+
+def _segments(offsets: Any, ks: Any) -> tuple[np.ndarray, np.ndarray]:
+    """offsets and ks as contiguous int64 arrays (the kernels check their values)."""
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+    ks = np.ascontiguousarray(ks, dtype=np.int64).reshape(-1)
+    if offsets.size != ks.size + 1:
+        raise ValueError(f"offsets must hold one more value than ks, got {offsets.size} and "
+                         f"{ks.size}")
+    return offsets, ks
 
 
 def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
@@ -815,6 +862,50 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
         if clear_gradient:  # on the same stream, after the kernel has read it
             gradient.zero_()
     return indices, values
+
+
+def _cuda_segmented_accumulate_select(gradient: Any, residual: Any, offsets: np.ndarray,
+                                      ks: np.ndarray, clear_gradient: bool) -> tuple[Any, Any]:
+    _require_cuda_build()
+    if gradient is None:
+        _cuda_check(residual, "residual", residual.device)
+    else:
+        _cuda_check_pair(gradient, residual)
+    d, device = residual.numel(), residual.device
+    table, device_table = _segment_tables(offsets, ks, d, device)
+    n = int(table[2 * len(ks) + 1])  # out_offsets[S]: the entries selected
+    indices, values, value_type, index_type = _cuda_outputs(residual, n, d)
+    with _on_device(device):
+        workspace = _workspace(
+            _C.cuda_segmented_select_workspace_bytes(value_type, index_type, table), device)
+        _C.cuda_segmented_accumulate_select(
+            value_type, index_type, 0 if gradient is None else gradient.data_ptr(),
+            residual.data_ptr(), d, table, device_table.data_ptr(), bool(clear_gradient),
+            indices.data_ptr(), values.data_ptr(), _stream(device), workspace.data_ptr(),
+            workspace.numel())
+    return indices, values
+
+
+_SEGMENT_TABLES: dict[tuple[Any, ...], tuple[np.ndarray, Any]] = {}
+_SEGMENT_TABLES_KEPT = 16
+
+
+def _segment_tables(offsets: np.ndarray, ks: np.ndarray, d: int, device: Any
+                    ) -> tuple[np.ndarray, Any]:
+    """The segments' table (gtopk/segments.h) on the host, and its copy on `device`: made once
+    per (device, segments) and kept (the last _SEGMENT_TABLES_KEPT), so a step copies nothing
+    to the device."""
+    import torch
+
+    key = (str(device), d, offsets.tobytes(), ks.tobytes())
+    found = _SEGMENT_TABLES.get(key)
+    if found is None:
+        table = _C.segment_table(offsets, ks, d)
+        found = (table, torch.from_numpy(table).to(device))
+        if len(_SEGMENT_TABLES) >= _SEGMENT_TABLES_KEPT:
+            _SEGMENT_TABLES.pop(next(iter(_SEGMENT_TABLES)))
+        _SEGMENT_TABLES[key] = found
+    return found
 
 
 def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,

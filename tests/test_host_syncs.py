@@ -60,3 +60,28 @@ def test_the_counter_sees_a_synchronisation() -> None:
         x[x > 2] = 0  # a boolean mask: nonzero on the device, a wait
         _ = x.sum().item()
     assert syncs.total == 2, dict(syncs)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_bucket_granularity_makes_no_host_synchronisation(workers: int) -> None:
+    """Granularity "bucket" selects every part in one segmented kernel call: no copy of the
+    parts' sets or of the segments to the host, and no wait."""
+    sizes = [9_000, 64, 0, 10_936]
+
+    def work(transport: object) -> list:
+        state = SparseStep(Compression.gtopk(0.01, granularity="bucket"), sizes, transport,
+                           device="cpu")
+        counts = []
+        for step in range(3):
+            rng = np.random.default_rng([transport.rank, step])
+            gradient = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
+            out = device_like(torch.empty(D))
+            with count_host_syncs() as syncs:
+                state.update(gradient, out, clear_gradient=True)
+            counts.append(syncs)
+        return counts
+
+    with device_like_cpu():
+        for counts in ThreadGroup(workers).run(work):
+            for syncs in counts:
+                assert syncs.total == 0, dict(syncs)

@@ -395,3 +395,93 @@ def test_cuda_threshold_indices_with_a_bound_equals_the_cpu_kernel(dtype: str) -
     assert bool((room[count // 2:] == -7).all())
     np.testing.assert_array_equal(room[:count // 2].cpu().numpy(),
                                   ops.threshold_indices(x, 0, x.size, key)[:count // 2])
+
+
+SEGMENT_LAYOUTS = {
+    # (lengths, ks): empty segments, k = 0, k >= length, one huge and many tiny, more segments
+    # than one launch sequence takes (256), segments over several chunks (2^15 entries).
+    "mixed": ([5, 0, 17, 1, 40_000, 3, 0, 300], [2, 4, 0, 1, 40, 3, 1, 500]),
+    "huge_and_tiny": ([1_500_000] + [int(n) for n in np.random.default_rng(5).integers(1, 70, 600)],
+                      [1_500] + [1 + int(n) % 7 for n in range(600)]),
+    "k_at_least_length": ([1, 2, 3, 70_000, 100_000], [1, 5, 3, 70_000, 100_001]),
+    "k_zero": ([100, 70_000], [0, 0]),
+    "all_empty": ([0, 0], [1, 2]),
+    "resnet_like": ([9408, 64, 64, 4096, 64, 64, 36864, 64, 64, 16384, 256, 256, 2359296,
+                     2048, 2048, 2048000, 1000], [0] * 17),
+}
+
+
+def _segmented_case(layout: str, kind: str, dtype: str, density: float = 0.001):
+    lengths, ks = SEGMENT_LAYOUTS[layout]
+    if layout == "resnet_like":
+        ks = [max(1, int(np.ceil(density * n))) for n in lengths]
+    offsets = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
+    d = offsets[-1]
+    gradient = make_input(kind, d, np.float64).astype(dtype)
+    residual = make_input("normal" if kind != "all_zero" else kind, d, np.float64).astype(dtype)
+    return offsets, ks, gradient, residual
+
+
+def _assert_same_bits(actual: torch.Tensor, expected: np.ndarray) -> None:
+    """Bit for bit, but for NaN payloads (a GPU's arithmetic returns one canonical NaN)."""
+    actual = actual.cpu().numpy()
+    assert actual.dtype == expected.dtype
+    both_nan = np.isnan(actual) & np.isnan(expected)
+    np.testing.assert_array_equal(actual[~both_nan].view(np.uint8),
+                                  expected[~both_nan].view(np.uint8))
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layout", list(SEGMENT_LAYOUTS))
+def test_cuda_segmented_select_matches_the_cpu_kernel(dtype: str, kind: str, layout: str) -> None:
+    offsets, ks, gradient, residual = _segmented_case(layout, kind, dtype)
+    clear_gradient = kind in ("normal", "few_levels", "nan_inf")  # the fused clear, some cases
+    host_gradient, host_residual = gradient.copy(), residual.copy()
+    expected = ops.segmented_accumulate_select(host_gradient, host_residual, offsets, ks,
+                                               clear_gradient)
+    device_gradient = torch.from_numpy(gradient).cuda()
+    device_residual = torch.from_numpy(residual).cuda()
+    indices, values = ops.segmented_accumulate_select(device_gradient, device_residual, offsets,
+                                                      ks, clear_gradient)
+    assert indices.is_cuda and indices.dtype == torch.int32
+    np.testing.assert_array_equal(indices.cpu().numpy(), expected[0])
+    _assert_same_bits(values, expected[1])
+    _assert_same_bits(device_residual, host_residual)
+    _assert_same_bits(device_gradient, host_gradient)
+
+
+@pytest.mark.parametrize("kind", ["normal", "all_zero", "few_levels", "plateau"])
+def test_cuda_segmented_select_without_gradient_matches_the_reference(kind: str) -> None:
+    offsets, ks, _, residual = _segmented_case("huge_and_tiny", kind, "float32")
+    expected_residual = residual.copy()
+    chosen = [begin + topk_reference(expected_residual[begin:end], k)
+              for begin, end, k in zip(offsets[:-1], offsets[1:], ks)]
+    expected = np.concatenate(chosen)
+    device_residual = torch.from_numpy(residual).cuda()
+    indices, values = ops.segmented_accumulate_select(None, device_residual, offsets, ks)
+    np.testing.assert_array_equal(indices.cpu().numpy(), expected)
+    _assert_same_bits(values, expected_residual[expected])
+    expected_residual[expected] = 0
+    _assert_same_bits(device_residual, expected_residual)
+
+
+def test_cuda_segmented_select_equals_per_part_cuda_calls() -> None:
+    offsets, ks, gradient, residual = _segmented_case("resnet_like", "normal", "float32")
+    parts_gradient = torch.from_numpy(gradient).cuda()
+    parts_residual = torch.from_numpy(residual).cuda()
+    chosen, picked = [], []
+    for begin, end, k in zip(offsets[:-1], offsets[1:], ks):
+        part_indices, part_values = ops.accumulate_select(
+            parts_gradient[begin:end], parts_residual[begin:end], k, clear_gradient=True)
+        chosen.append(part_indices.long() + begin)
+        picked.append(part_values)
+    device_gradient = torch.from_numpy(gradient).cuda()
+    device_residual = torch.from_numpy(residual).cuda()
+    indices, values = ops.segmented_accumulate_select(device_gradient, device_residual, offsets,
+                                                      ks, True)
+    assert torch.equal(indices.long(), torch.cat(chosen))
+    assert torch.equal(values.view(torch.int32), torch.cat(picked).view(torch.int32))
+    assert torch.equal(device_residual.view(torch.int32), parts_residual.view(torch.int32))
+    assert torch.equal(device_gradient, parts_gradient)

@@ -13,7 +13,8 @@
 //   4. Otherwise (hint or sample was wrong, or heavy ties): radix select over the whole input
 //      with 16-bit digits of the key finds the exact n-th key K; all entries with key > K and the
 //      first (n - #above) entries with key == K in index order are output.
-// Inputs up to kSmallInput are handled by step 3 alone (every entry is a candidate).
+// Inputs up to kSmallInput that keep too many entries to guess (more than 1/16), or are no
+// longer than kGuessMinInput, are handled by step 3 alone (every entry is a candidate).
 #pragma once
 
 #include <omp.h>
@@ -36,6 +37,9 @@ namespace gtopk::cpu::detail {
 constexpr int64_t kBlock = 256;
 constexpr int kGroup = 16;  // one 64-byte line of float32: the unit rescanned on a hit
 constexpr int64_t kSmallInput = int64_t{1} << 16;
+// Inputs longer than this guess a threshold from a sample when they keep few entries (a sample
+// of all of a short input, then a filter, costs far less than ordering every entry).
+constexpr int64_t kGuessMinInput = int64_t{1} << 8;
 constexpr int64_t kSampleSize = int64_t{1} << 16;
 constexpr int64_t kParallelMin = int64_t{1} << 15;
 // Guessing a threshold pays off only when few entries are kept.
@@ -305,7 +309,7 @@ int64_t select_topk(Source& source, int64_t d, int64_t k, const T* threshold_hin
     using Key = KeyOf<T>;
     const int64_t n = std::clamp<int64_t>(k, 0, d);
     std::vector<Candidate<T, Index>> candidates;
-    const bool guessable = n > 0 && n * kGuessMaxFraction <= d && d > kSmallInput;
+    const bool guessable = n > 0 && n * kGuessMaxFraction <= d && d > kGuessMinInput;
     bool first_pass_done = false;
 
     if (n > 0 && !guessable && (n == d || d <= kSmallInput)) {

@@ -22,7 +22,8 @@ sums in the same order; `Exchange.taken` is then both sets one after the other (
 appear twice), not their union, whose length would wait for the device.
 
 Granularity "model" selects once over the fused gradient; "bucket" selects each part (parameter)
-with its own k_i (`gtopk_hvd.density`) and joins the sets. The sparsifier and the reduction
+with its own k_i (`gtopk_hvd.density`) and joins the sets (`Sparsifier.select_parts`: Top-k
+does all the parts in one segmented kernel call). The sparsifier and the reduction
 are chosen by name (`config.sparsifier`, `config.reduction`; no reduction: the sparsifier's
 `default_reduction`).
 """
@@ -122,11 +123,5 @@ class SelectReduce(Scheme):
         if self.config.granularity == "model":
             indices, values = select(gradient, residual, budget.k, clear_gradient, step, 0)
             return backend.as_index_dtype(indices, self.index_dtype), values
-        indices, values = [], []
-        for part, begin, end, k in budget.parts:
-            part_gradient = None if gradient is None else gradient[begin:end]
-            part_indices, part_values = select(part_gradient, residual[begin:end], k,
-                                               clear_gradient, step, part)
-            indices.append(backend.as_index_dtype(part_indices, self.index_dtype) + begin)
-            values.append(part_values)
-        return backend.concatenate(indices), backend.concatenate(values)
+        return self.sparsifier.select_parts(gradient, residual, budget.parts, clear_gradient,
+                                            step, self.index_dtype)

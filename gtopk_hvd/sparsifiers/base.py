@@ -15,6 +15,7 @@ the "select-reduce" scheme, `gtopk_hvd.schemes.select_reduce`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from gtopk_hvd.backend import NUMPY, ArrayBackend
@@ -40,6 +41,24 @@ class Sparsifier(ABC):
         arrays, or torch tensors on one device (the result is then on that device too).
         step: the optimizer step; part: which bucket (0 for a model-wide selection).
         gradient None: the residual already holds acc (nothing to add, nothing to clear)."""
+
+    def select_parts(self, gradient: Any, residual: Any, parts: Sequence[tuple[int, int, int, int]],
+                     clear_gradient: bool, step: int, index_dtype: Any) -> tuple[Any, Any]:
+        """`select` over each part (part, begin, end, k) of the fused gradient (granularity
+        "bucket": `gtopk_hvd.density.Budget.parts`, contiguous, in increasing begin), joined:
+        (begin + I_p of each part, V_p of each part) concatenated in the parts' order, so
+        index-sorted, indices into the fused gradient of `index_dtype`. This default calls
+        `select` on each part's slices; a rule with a segmented kernel overrides it with one
+        call for all the parts, giving the same result."""
+        backend = self.backend
+        indices, values = [], []
+        for part, begin, end, k in parts:
+            part_gradient = None if gradient is None else gradient[begin:end]
+            part_indices, part_values = self.select(part_gradient, residual[begin:end], k,
+                                                    clear_gradient, step, part)
+            indices.append(backend.as_index_dtype(part_indices, index_dtype) + begin)
+            values.append(part_values)
+        return backend.concatenate(indices), backend.concatenate(values)
 
 
 SPARSIFIERS: Registry[type[Sparsifier]] = Registry("sparsifier")

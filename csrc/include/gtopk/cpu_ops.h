@@ -29,6 +29,20 @@ int64_t accumulate_select(T* gradient, T* residual, int64_t d, int64_t k,
                           const T* threshold_hint, Index* out_index, T* out_value,
                           bool clear_gradient);
 
+// accumulate_select over each segment of a vector (gtopk/segments.h) with its own k, in one
+// call: for s = 0 .. segments - 1, with [b, e) = [offsets[s], offsets[s + 1]),
+//   residual[b:e) += gradient[b:e);  top-min(ks[s], e - b) of residual[b:e) by magnitude
+//   (magnitude_order.h, indices local to the segment for the ties);  residual there = 0
+// (gradient = 0 too if clear_gradient). The entries go to out_index / out_value at
+// out_offsets[s], with indices into the whole vector (b + local index), so the outputs are the
+// segments' results concatenated in segment order, sorted by index. Bit for bit what
+// accumulate_select gives on each segment. gradient == nullptr: the residual already holds
+// the sum (topk_abs of each segment, zeroed there). float / double. Returns out_offsets[S].
+template <typename T, typename Index>
+int64_t segmented_accumulate_select(T* gradient, T* residual, const int64_t* offsets,
+                                    const int64_t* ks, int64_t segments, Index* out_index,
+                                    T* out_value, bool clear_gradient);
+
 // Threshold selection fused with the accumulation (MiCRO, ExDyna), one pass over d:
 //   residual += gradient over [0, d)                 (gradient = 0 there too if clear_gradient)
 //   out_index = { i in [begin, end) : key(residual[i]) >= max(threshold, histogram_base) },

@@ -40,6 +40,23 @@ int64_t accumulate_select(ValueType value_type, IndexType index_type, const void
                           void* residual, int64_t d, int64_t k, void* out_index, void* out_value,
                           void* stream, Workspace workspace = {});
 
+// cpu::segmented_accumulate_select on the device: accumulate_select over each segment of a
+// vector of d values with its own k, the outputs concatenated in segment order with indices
+// into the whole vector, bit for bit the per-segment accumulate_select results (and the CPU
+// kernel's, but for NaN payloads). The segments are given by their table (gtopk/segments.h):
+// host_table, segment_table(offsets, ks) in host memory, and device_table, a copy of it in
+// device memory (built once by the caller and kept: no copy per call). gradient == nullptr: the
+// residual already holds the sum (nothing is added; clear_gradient must be false). One fixed
+// sequence of launches per 256 segments, whatever their sizes (segmented_select.cu).
+// float32 / float64 only. Returns the table's out_offsets[segments] without synchronising.
+size_t segmented_select_workspace_bytes(ValueType value_type, IndexType index_type,
+                                        const int64_t* host_table, int64_t segments);
+int64_t segmented_accumulate_select(ValueType value_type, IndexType index_type, void* gradient,
+                                    void* residual, int64_t d, const int64_t* host_table,
+                                    const int64_t* device_table, int64_t segments,
+                                    void* out_index, void* out_value, bool clear_gradient,
+                                    void* stream, Workspace workspace = {});
+
 size_t merge_topk_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n_a,
                                   int64_t n_b, int64_t k);
 
