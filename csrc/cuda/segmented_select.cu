@@ -39,7 +39,6 @@
 namespace gtopk::cuda {
 namespace {
 
-using detail::append_flagged;
 using detail::check_cuda;
 using detail::BinChoice;
 using detail::blocks_for;
@@ -63,6 +62,37 @@ using detail::TileItems;
 using detail::u64;
 
 constexpr int64_t kBatchSegments = 256;
+
+// Appends the flagged items of a tile at out[counter...]: one global atomic per tile; slots at
+// or past capacity are counted but not written. Call with every thread of the block.
+template <typename T, typename Entries, typename Index>
+__device__ void append_flagged(const bool (&flag)[kItems<T>], const TileItems<T>& items,
+                               const Entries& entries, u64* counter, u64 capacity,
+                               Index* out_index, T* out_value) {
+    using BlockScan = cub::BlockScan<unsigned, kThreads>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ u64 tile_base;
+    unsigned count = 0;
+#pragma unroll
+    for (int j = 0; j < kItems<T>; ++j) count += flag[j] ? 1u : 0u;
+    if (!__syncthreads_or(count != 0)) return;
+    unsigned offset = 0, total = 0;
+    BlockScan(scan_storage).ExclusiveSum(count, offset, total);
+    if (threadIdx.x == 0) tile_base = atomicAdd(counter, static_cast<u64>(total));
+    __syncthreads();
+    u64 slot = tile_base + offset;
+#pragma unroll
+    for (int j = 0; j < kItems<T>; ++j) {
+        if (flag[j]) {
+            if (slot < capacity) {
+                out_index[slot] = static_cast<Index>(entries.index(items.position(j)));
+                out_value[slot] = items.value[j];
+            }
+            ++slot;
+        }
+    }
+}
+
 
 // The table's rows for the segments of one batch, [first, first + count) of the table.
 struct Segments {
