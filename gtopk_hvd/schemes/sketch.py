@@ -164,10 +164,11 @@ class Sketch(Scheme):
             union = taken = backend.as_index_dtype(indices, self.index_dtype)
         else:
             union = backend.to_host(indices).astype(self.index_dtype, copy=False)
-            estimated = backend.to_host(estimated).astype(np.float32, copy=False)
             taken = backend.index(union)
         stats.merge_seconds += time.perf_counter() - merge_start
         if not self.second_round:
+            if not on_tensors:
+                estimated = backend.to_host(estimated).astype(np.float32, copy=False)
             residual[taken] = 0
             return Exchange(union, estimated, taken, stats, select_seconds)
         if on_tensors:
