@@ -334,6 +334,9 @@ def test_cuda_mark_nonfinite_does_not_wait_for_the_device() -> None:
     a kernel queued before the mark."""
     x = torch.zeros(1 << 20, device="cuda")
     flag = ops.nonfinite_flag(x)
+    # A first call loads the kernels (CUDA's lazy module loading may wait for the device then)
+    ops.mark_nonfinite(x, flag)
+    assert ops.read_flag(flag) == 0
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the current stream
     x[12345] = float("nan")
