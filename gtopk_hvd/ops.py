@@ -875,6 +875,8 @@ def _cuda_segmented_accumulate_select(gradient: Any, residual: Any, offsets: np.
     table, device_table = _segment_tables(offsets, ks, d, device)
     n = int(table[2 * len(ks) + 1])  # out_offsets[S]: the entries selected
     indices, values, value_type, index_type = _cuda_outputs(residual, n, d)
+    if d == 0:  # every segment empty: nothing to read (an empty tensor has no address)
+        return indices, values
     with _on_device(device):
         workspace = _workspace(
             _C.cuda_segmented_select_workspace_bytes(value_type, index_type, table), device)
