@@ -37,7 +37,10 @@
 #   GPU_CHECK_PYTHON         the Python (default python3)
 #   GPU_CHECK_BUNDLE         the bundle folder (default .gpu_bundle)
 #   GPU_CHECK_HOROVOD_JOBS   make jobs of the background Horovod build (default 8)
-#   GPU_CHECK_STAGES         only these stages, e.g. "machine build tests" (default: all)
+#   GPU_CHECK_STAGES         only these stages, e.g. "machine build tests" (default: all but the
+#                            Horovod ones, whose compile would load the CPUs while the timed
+#                            stages run; Horovod in a call of its own:
+#                            "machine build horovod_build horovod_run")
 #   GPU_CHECK_FULL_TESTS=1   the tests stage includes the full-sort references at d = 2^24
 #   GPU_CHECK_WORK           the work folder (default: a new /tmp/gpu_check.XXXXXX)
 # docs/gpu.md has the device call.
@@ -51,7 +54,7 @@ BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 OUT_DIR="${OUT:-$REPO_ROOT/results/tmp/gpu_check}"
 BUNDLE="${GPU_CHECK_BUNDLE:-$REPO_ROOT/.gpu_bundle}"
 HOROVOD_JOBS="${GPU_CHECK_HOROVOD_JOBS:-8}"
-STAGES="${GPU_CHECK_STAGES:-machine horovod_build build ddp_e2e step_memory bench_memory bench_topk bench_select horovod_run tests}"
+STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e step_memory bench_topk bench_select bench_memory}"
 JOBS="$(nproc)"
 BASE="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
 FIG="$BASE/figures"         # what the report reads (and gpu_logs.tar.gz carries back)
