@@ -7,8 +7,8 @@ worker sent per step, dense first.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -29,4 +29,7 @@ def main(folder: str = "results/adamw") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", default="results/adamw",
+                        help="the runs' history JSONs (scripts/adamw_study.sh's folder)")
+    main(parser.parse_args().folder)
