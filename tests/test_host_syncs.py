@@ -31,27 +31,32 @@ SCHEMES = {
 }
 
 
-@pytest.mark.parametrize("workers", [1, 4])
-@pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_host_synchronisations_per_step(scheme: str, workers: int) -> None:
-    make, allowed = SCHEMES[scheme]
+def syncs_per_step(compression: object, sizes: list[int], workers: int) -> list:
+    """Every worker's host synchronisations in each of 3 steps on a device-like state."""
 
     def work(transport: object) -> list:
-        state = SparseStep(make(), [D], transport, device="cpu")
+        state = SparseStep(compression, sizes, transport, device="cpu")
         counts = []
         for step in range(3):
             rng = np.random.default_rng([transport.rank, step])
-            gradient = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
-            out = device_like(torch.empty(D))
+            gradient = device_like(torch.from_numpy(
+                rng.standard_normal(sum(sizes)).astype(np.float32)))
+            out = device_like(torch.empty(sum(sizes)))
             with count_host_syncs() as syncs:
                 state.update(gradient, out, clear_gradient=True)
             counts.append(syncs)
         return counts
 
     with device_like_cpu():
-        for counts in ThreadGroup(workers).run(work):
-            for syncs in counts:
-                assert syncs.total <= allowed, dict(syncs)
+        return [syncs for counts in ThreadGroup(workers).run(work) for syncs in counts]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_host_synchronisations_per_step(scheme: str, workers: int) -> None:
+    make, allowed = SCHEMES[scheme]
+    for syncs in syncs_per_step(make(), [D], workers):
+        assert syncs.total <= allowed, dict(syncs)
 
 
 def test_the_counter_sees_a_synchronisation() -> None:
@@ -67,21 +72,5 @@ def test_bucket_granularity_makes_no_host_synchronisation(workers: int) -> None:
     """Granularity "bucket" selects every part in one segmented kernel call: no copy of the
     parts' sets or of the segments to the host, and no wait."""
     sizes = [9_000, 64, 0, 10_936]
-
-    def work(transport: object) -> list:
-        state = SparseStep(Compression.gtopk(0.01, granularity="bucket"), sizes, transport,
-                           device="cpu")
-        counts = []
-        for step in range(3):
-            rng = np.random.default_rng([transport.rank, step])
-            gradient = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
-            out = device_like(torch.empty(D))
-            with count_host_syncs() as syncs:
-                state.update(gradient, out, clear_gradient=True)
-            counts.append(syncs)
-        return counts
-
-    with device_like_cpu():
-        for counts in ThreadGroup(workers).run(work):
-            for syncs in counts:
-                assert syncs.total == 0, dict(syncs)
+    for syncs in syncs_per_step(Compression.gtopk(0.01, granularity="bucket"), sizes, workers):
+        assert syncs.total == 0, dict(syncs)
