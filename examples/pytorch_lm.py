@@ -76,11 +76,7 @@ class LSTMLanguageModel(nn.Module):
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", choices=digits_common.COMPRESSIONS, default="gtopk",
-                        help="none/fp16: Horovod's dense allreduce; the others gtopk_hvd's "
-                             "sparse schemes")
-    parser.add_argument("--density", type=float, default=0.001, help="k/d for the sparse schemes")
-    parser.add_argument("--vocab-size", type=int, default=10_000)
+    add_scheme_arguments(parser, density=0.001)
     parser.add_argument("--size", type=int, default=256, help="embedding and LSTM width")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--dropout", type=float, default=0.2)
@@ -91,13 +87,30 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--momentum", type=float, default=0.0,
                         help="SGD momentum (0: plain SGD, as the classic LSTM recipe)")
     parser.add_argument("--clip", type=float, default=0.25, help="max norm of the gradient")
+    parser.add_argument("--decay-at", type=float, nargs="*", default=[0.5, 0.75],
+                        help="fractions of the run after which the learning rate is x --decay")
+    parser.add_argument("--decay", type=float, default=0.25)
+    add_run_arguments(parser)
+    return check_run_arguments(parser, parser.parse_args(argv))
+
+
+def add_scheme_arguments(parser: argparse.ArgumentParser, density: float) -> None:
+    """--compression, --density (default `density`) and --vocab-size: what this example and
+    examples/pytorch_transformer.py share first."""
+    parser.add_argument("--compression", choices=digits_common.COMPRESSIONS, default="gtopk",
+                        help="none/fp16: Horovod's dense allreduce; the others gtopk_hvd's "
+                             "sparse schemes")
+    parser.add_argument("--density", type=float, default=density,
+                        help="k/d for the sparse schemes")
+    parser.add_argument("--vocab-size", type=int, default=10_000)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run's length, evaluation, seed, sparse options and outputs (`train` reads them)."""
     parser.add_argument("--epochs", type=int, default=1, help="passes over each worker's shard")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=0,
                         help="steps between validations (0: once per epoch)")
-    parser.add_argument("--decay-at", type=float, nargs="*", default=[0.5, 0.75],
-                        help="fractions of the run after which the learning rate is x --decay")
-    parser.add_argument("--decay", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=42)
     add_sparse_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -106,7 +119,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                              "phase times, bytes per step) to PATH as JSON")
     parser.add_argument("--save", metavar="PATH", default=None,
                         help="rank 0 writes the final parameters to PATH (.npz, by name)")
-    args = parser.parse_args(argv)
+
+
+def check_run_arguments(parser: argparse.ArgumentParser,
+                        args: argparse.Namespace) -> argparse.Namespace:
+    """Refuses a density outside (0, 1] and negative step counts; returns args."""
     if not 0.0 < args.density <= 1.0:
         parser.error("--density must be in (0, 1]")
     if args.max_steps < 0 or args.eval_every < 0:

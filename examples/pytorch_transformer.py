@@ -31,11 +31,9 @@ import math
 import sys
 from typing import Optional
 
-import digits_common
 import pytorch_lm
 import torch
 import torch.nn.functional as F
-from sparse_options import add_sparse_arguments
 from torch import nn
 
 
@@ -111,11 +109,7 @@ class GPTDecoder(nn.Module):
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", choices=digits_common.COMPRESSIONS, default="gtopk",
-                        help="none/fp16: Horovod's dense allreduce; the others gtopk_hvd's "
-                             "sparse schemes")
-    parser.add_argument("--density", type=float, default=0.01, help="k/d for the sparse schemes")
-    parser.add_argument("--vocab-size", type=int, default=10_000)
+    pytorch_lm.add_scheme_arguments(parser, density=0.01)
     parser.add_argument("--size", type=int, default=192, help="embedding and model width")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
@@ -134,22 +128,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="what the sparse scheme reduces: the gradient (AdamW then steps on "
                              "the sparse average), or each worker's own AdamW step (its "
                              "moments its own; simulated cluster only)")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over each worker's shard")
-    parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: none)")
-    parser.add_argument("--eval-every", type=int, default=0,
-                        help="steps between validations (0: once per epoch)")
-    parser.add_argument("--seed", type=int, default=42)
-    add_sparse_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--history", metavar="PATH", default=None,
-                        help="rank 0 writes every validation to PATH as JSON")
-    parser.add_argument("--save", metavar="PATH", default=None,
-                        help="rank 0 writes the final parameters to PATH (.npz, by name)")
-    args = parser.parse_args(argv)
-    if not 0.0 < args.density <= 1.0:
-        parser.error("--density must be in (0, 1]")
-    if args.max_steps < 0 or args.eval_every < 0 or args.warmup_steps < 0:
-        parser.error("--max-steps, --eval-every and --warmup-steps must be >= 0")
+    pytorch_lm.add_run_arguments(parser)
+    args = pytorch_lm.check_run_arguments(parser, parser.parse_args(argv))
+    if args.warmup_steps < 0:
+        parser.error("--warmup-steps must be >= 0")
     if args.size % args.heads:
         parser.error(f"--size ({args.size}) must be a multiple of --heads ({args.heads})")
     args.momentum = 0.0  # sparse_options' momentum-correction check reads it: AdamW has none
