@@ -22,6 +22,8 @@
 #                  gTop-k 0.001 (trace_*.json.gz; scripts/gpu_e2e.py)
 #   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
 #                  memory, exact / sketch / granularity (scripts/gpu_step.py)
+#   profile        where the time goes: the top-k kernel's and each step's device kernels beside
+#                  its wall time (scripts/gpu_profile.py)
 #   bench_topk     python -m gtopk_hvd.bench topk --device cuda
 #   bench_select   python -m gtopk_hvd.bench select --device cuda
 #   bench_memory   python -m gtopk_hvd.bench memory --states cuda
@@ -54,7 +56,7 @@ BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 OUT_DIR="${OUT:-$REPO_ROOT/results/tmp/gpu_check}"
 BUNDLE="${GPU_CHECK_BUNDLE:-$REPO_ROOT/.gpu_bundle}"
 HOROVOD_JOBS="${GPU_CHECK_HOROVOD_JOBS:-8}"
-STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e step_memory bench_topk bench_select bench_memory}"
+STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e step_memory profile bench_topk bench_select bench_memory}"
 JOBS="$(nproc)"
 BASE="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
 FIG="$BASE/figures"         # what the report reads (and gpu_logs.tar.gz carries back)
@@ -197,6 +199,15 @@ stage_step_memory() {
     fi
 }
 
+stage_profile() {
+    if [[ $DEVICE == cpu ]]; then
+        "$PY" scripts/gpu_profile.py --device cpu --topk-d 2e5 --step-d 2e5 --repeats 2 \
+            --json "$FIG/profile.json"
+    else
+        "$PY" scripts/gpu_profile.py --json "$FIG/profile.json"
+    fi
+}
+
 stage_bench_memory() {
     if ! "$PY" -m gtopk_hvd.bench memory -h >"$FIG/logs/bench_memory_help.txt" 2>&1; then
         echo "python -m gtopk_hvd.bench memory is not in this tree; the peak memory per scheme is step_memory's"
@@ -269,7 +280,7 @@ stage_tests() {
 }
 
 export -f stage_machine nccl_home stage_horovod_build stage_build stage_ddp_e2e \
-    stage_step_memory stage_bench_memory stage_bench_topk stage_bench_select stage_horovod_run \
+    stage_step_memory stage_profile stage_bench_memory stage_bench_topk stage_bench_select stage_horovod_run \
     stage_tests
 
 # -- the background Horovod build --------------------------------------------------------------
@@ -313,9 +324,10 @@ echo "gpu_check: device mode $DEVICE, budget $BUDGET s, report in $OUT_DIR, work
 run_stage machine 30 bash -c stage_machine
 start_horovod_build
 run_stage build 240 bash -c stage_build
-run_stage tests 150 --signal INT bash -c stage_tests
+run_stage tests 180 --signal INT bash -c stage_tests
 run_stage ddp_e2e 150 bash -c stage_ddp_e2e
 run_stage step_memory 100 bash -c stage_step_memory
+run_stage profile 60 bash -c stage_profile
 run_stage bench_topk 40 bash -c stage_bench_topk
 run_stage bench_select 30 bash -c stage_bench_select
 run_stage bench_memory 30 bash -c stage_bench_memory

@@ -27,6 +27,8 @@ STAGES = [
                 "host syncs (scripts/gpu_e2e.py)"),
     ("step_memory", "SparseStep per scheme at P = 1: time vs the fused kernel, peak memory, "
                     "granularity (scripts/gpu_step.py)"),
+    ("profile", "where the time goes: the top-k kernel's and each step's device kernels beside "
+                "its wall time (scripts/gpu_profile.py)"),
     ("bench_memory", "python -m gtopk_hvd.bench memory (when the command exists)"),
     ("bench_topk", "python -m gtopk_hvd.bench topk --device cuda"),
     ("bench_select", "python -m gtopk_hvd.bench select --device cuda"),
@@ -111,7 +113,8 @@ class Report:
         self.work = work
         self.stages = read_stages(work)
         self.figures = {name: load_json(work / f"{name}.json") for name in
-                        ("machine", "build", "e2e", "step", "topk", "select", "horovod")}
+                        ("machine", "build", "e2e", "step", "topk", "select", "horovod",
+                         "profile")}
         self.figures["tests"] = tests_summary(work)
         self.targets: list[dict] = []
 
@@ -321,6 +324,24 @@ class Report:
         out += self.details()
         return "\n".join(out) + "\n"
 
+    def profile_details(self) -> list[str]:
+        profile = self.figures["profile"]
+        if not profile:
+            return []
+        out = ["### Where the time goes (scripts/gpu_profile.py: median wall; device kernels "
+               "per call under torch.profiler)", ""]
+        for name, case in profile.get("cases", {}).items():
+            if "error" in case:
+                out += [f"- {name}: {_cell(case['error'])}"]
+                continue
+            out += [f"- **{name}**: wall {case['wall_us']:.0f} us, device busy "
+                    f"{case['device_busy_us']:.0f} us, host + idle "
+                    f"{case['host_and_idle_us']:.0f} us, {case['launches_per_call']:.0f} device "
+                    "operations; " + "; ".join(
+                        f"{row['name'][:60]} x{row['calls_per_call']:g} "
+                        f"{row['us_per_call']:.1f} us" for row in case["kernels"])]
+        return out + [""]
+
     def details(self) -> list[str]:
         out = ["", "## Figures", ""]
         e2e = self.figures["e2e"]
@@ -392,6 +413,7 @@ class Report:
             out += ["### bench memory (its output)", "", "```",
                     *memory_log.read_text(errors="replace").splitlines()[-40:], "```", ""]
         failures = [(name, s) for name, s in self.stages.items() if s["status"] != "ok"]
+        out += self.profile_details()
         if failures:
             out += ["## Stages that did not end well (last lines of their logs)", ""]
             for name, _ in failures:

@@ -45,6 +45,9 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_script("-m", "gtopk_hvd.bench", "topk", "--device", "cpu", "--sizes", "1e5",
                "--densities", "0.001", "--repeats", "1", "--torch-repeats", "1",
                "--json", str(work / "topk.json"))
+    run_script(str(SCRIPTS / "gpu_profile.py"), "--device", "cpu", "--topk-d", "5e4",
+               "--step-d", "5e4", "--schemes", "gtopk", "--repeats", "1",
+               "--json", str(work / "profile.json"))
     run_script(str(SCRIPTS / "gpu_machine.py"), "build", str(work / "build.json"))
     (work / "logs" / "tests.log").write_text("....\n4 passed, 1 skipped in 3.2s\n")
     (work / "stages.tsv").write_text(
@@ -81,6 +84,12 @@ def test_the_stage_scripts_write_their_figures(figures: Path) -> None:
     assert all("ratio_to_fused" in r for r in entry["schemes"].values()), entry
     assert entry["exact_over_gtopk"] > 0
     assert step["granularity"]["tensors"] == 161 and step["granularity"]["bucket_over_model"] > 0
+    profile = json.loads((figures / "profile.json").read_text())["cases"]
+    assert set(profile) == {"topk@50000", "gtopk@50000"}
+    for case in profile.values():  # on the CPU no device kernel: all of the wall is the host's
+        assert "error" not in case, case
+        assert case["wall_us"] > 0 and case["device_busy_us"] == 0
+        assert case["host_and_idle_us"] == case["wall_us"]
 
 
 def test_the_report_has_every_stage_and_target(figures: Path, tmp_path: Path) -> None:

@@ -1,0 +1,145 @@
+"""Where a GPU call's time goes: the device kernels of the top-k kernel and of one sparse step,
+each with its device time, beside the call's wall time (the rest is host work and idle device).
+
+    python scripts/gpu_profile.py --json profile.json                    # on a GPU
+    python scripts/gpu_profile.py --device cpu --topk-d 2e5 --step-d 2e5 --json p.json   # dry run
+
+Cases (density 0.001, float32, Gaussian values):
+
+    topk@D          ops.topk_abs(x, k) alone, D = --topk-d
+    <scheme>@D      SparseStep(...).step(gradient) at P = 1 (one-worker transport), D = --step-d
+                    for every --schemes entry
+
+For each case: the median wall time of --repeats calls (synchronised around each), then one
+profiled call per repeat under torch.profiler: per kernel name its calls and device time per
+call, the device-busy time per call (the sum of kernel, copy and set times), and "host + idle" =
+wall - busy. Written to --json and printed as tables; a case that fails is recorded as its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from gpu_common import JsonRecord, dump_stacks_on_term, ensure_parent, error_record
+from gpu_step import SCHEMES
+
+from gtopk_hvd import ops
+from gtopk_hvd.core import SparseStep
+from gtopk_hvd.transports.local import LocalGroup
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--topk-d", type=float, nargs="*", default=[1e8, 1e9])
+    parser.add_argument("--step-d", type=float, nargs="*", default=[25.6e6, 1e9])
+    parser.add_argument("--schemes", nargs="*", choices=sorted(SCHEMES),
+                        default=["gtopk", "topk", "gtopk-momentum", "sketch"])
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--top", type=int, default=12, help="kernels listed per case")
+    parser.add_argument("--json", required=True)
+    return parser.parse_args()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_call(fn: Callable[[], object], device: torch.device, repeats: int, top: int
+                 ) -> dict[str, Any]:
+    """Median wall time of fn, and its device kernels under the profiler (module docstring)."""
+    fn()  # warm-up: kernel loading, allocator growth
+    walls = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        walls.append(time.perf_counter() - start)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(repeats):
+            fn()
+            synchronize(device)
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    busy_us = 0.0
+    for event in profiler.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # host events; kernels, copies and sets are the device's
+        per_kernel[event.name].append(event.time_range.elapsed_us())
+        busy_us += event.time_range.elapsed_us()
+    kernels = sorted(({"name": name[:120], "calls_per_call": len(times) / repeats,
+                       "us_per_call": sum(times) / repeats}
+                      for name, times in per_kernel.items()),
+                     key=lambda row: -row["us_per_call"])
+    wall_us = statistics.median(walls) * 1e6
+    busy = busy_us / repeats
+    return {"wall_us": wall_us, "device_busy_us": busy, "host_and_idle_us": wall_us - busy,
+            "launches_per_call": sum(len(t) for t in per_kernel.values()) / repeats,
+            "kernels": kernels[:top], "kernels_listed_of": len(kernels)}
+
+
+def topk_case(device: torch.device, d: int, density: float) -> Callable[[], object]:
+    x = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(0))
+    k = max(1, int(density * d))
+    return lambda: ops.topk_abs(x, k)
+
+
+def step_case(device: torch.device, d: int, density: float, scheme: str
+              ) -> Callable[[], object]:
+    gradient = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(1))
+    step = SparseStep(SCHEMES[scheme](density), [d], LocalGroup(1).transports[0], device=device)
+    return lambda: step.step(gradient)
+
+
+def print_case(name: str, record: dict[str, Any]) -> None:
+    if "error" in record:
+        print(f"{name}: error {record['error']}", flush=True)
+        return
+    print(f"{name}: wall {record['wall_us']:.0f} us, device busy {record['device_busy_us']:.0f} "
+          f"us, host + idle {record['host_and_idle_us']:.0f} us, "
+          f"{record['launches_per_call']:.0f} device operations", flush=True)
+    for row in record["kernels"]:
+        print(f"    {row['us_per_call']:9.1f} us  x{row['calls_per_call']:<5g} {row['name']}")
+
+
+def main() -> None:
+    args = parse_arguments()
+    dump_stacks_on_term()
+    ensure_parent(args.json)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not (torch.cuda.is_available() and ops.cuda_built):
+        raise SystemExit("gpu_profile: needs a GPU and the CUDA kernels")
+    out = JsonRecord(args.json, device=str(device), density=args.density, cases={})
+    cases: list[tuple[str, Callable[[], Callable[[], object]]]] = []
+    for size in args.topk_d:
+        cases.append((f"topk@{int(size)}",
+                      lambda d=int(size): topk_case(device, d, args.density)))
+    for size in args.step_d:
+        for scheme in args.schemes:
+            cases.append((f"{scheme}@{int(size)}",
+                          lambda d=int(size), s=scheme: step_case(device, d, args.density, s)))
+    for name, make in cases:
+        try:
+            record = profile_call(make(), device, args.repeats, args.top)
+        except Exception as error:  # noqa: BLE001 - a failed case is recorded, the rest run
+            record = error_record(error)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        out.data["cases"][name] = record
+        out.save()
+        print_case(name, record)
+
+
+if __name__ == "__main__":
+    main()
