@@ -177,6 +177,12 @@ class Report:
                 self.add("step_vs_fused", where, _fmt(ratio, "x") + _ms(record["median_s"]),
                          f"<= {STEP_LIMIT}x", None if ratio is None else ratio <= STEP_LIMIT,
                          record.get("note", ""))
+                update_ratio = record.get("update_ratio_to_fused")
+                if update_ratio is not None:
+                    self.add("step_vs_fused", f"{name} update() into a device buffer, d = "
+                             f"{int(d):,}", _fmt(update_ratio, "x")
+                             + _ms(record["update_median_s"]), f"<= {STEP_LIMIT}x",
+                             update_ratio <= STEP_LIMIT, "what the adapters run")
                 if "peak_extra_x_gradient" in record:
                     extra, limit = record["peak_extra_x_gradient"], \
                         record["memory_target_x_gradient"]
@@ -370,16 +376,18 @@ class Report:
         if step:
             out += [f"### SparseStep at P = 1 ({step.get('device')}, density "
                     f"{step.get('density')})", "",
-                    "| d | scheme | median ms | x fused | read passes | peak extra x gradient | "
-                    "steady x gradient | memory target | note |",
-                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                    "| d | scheme | median ms | x fused | update() ms | x fused | read passes | "
+                    "peak extra x gradient | steady x gradient | memory target | note |",
+                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
             for d, entry in step.get("sizes", {}).items():
                 out.append(f"| {int(d):,} | read / fused floors | {_msv(entry.get('read_s'))} / "
-                           f"{_msv(entry.get('fused_s'))} | | | | | | |")
+                           f"{_msv(entry.get('fused_s'))} | | | | | | | | |")
                 for name, r in entry.get("schemes", {}).items():
                     out.append(
                         f"| {int(d):,} | {name} | {_msv(r.get('median_s'))} | "
-                        f"{_fmt(r.get('ratio_to_fused'), '')} | {_fmt(r.get('read_passes'), '')}"
+                        f"{_fmt(r.get('ratio_to_fused'), '')} | {_msv(r.get('update_median_s'))} | "
+                        f"{_fmt(r.get('update_ratio_to_fused'), '')} | "
+                        f"{_fmt(r.get('read_passes'), '')}"
                         f" | {_fmt(r.get('peak_extra_x_gradient'), '')} | "
                         f"{_fmt(r.get('steady_extra_x_gradient'), '')} | "
                         f"{_fmt(r.get('memory_target_x_gradient'), '')} | "

@@ -11,7 +11,11 @@ For each d (one flat float32 gradient, Gaussian) in the same process:
                 select kernel every error-feedback scheme's step contains
     <scheme>    SparseStep(config, [d], a one-worker transport, device).step(gradient): the
                 whole step (the non-finite check, selection, the exchange with itself, the
-                residual update), median of --steps after one warm-up step
+                residual update, the global set copied to the host: step's return), median of
+                --steps after one warm-up step
+    update      the same SparseStep's update(gradient, out) into a device buffer: what the
+                adapters run (the set stays on the device, written into out), median of
+                --steps after one warm-up; reported beside the step, not in its memory
 
 Targets (issue 38): step <= 1.5 x fused, every scheme; exact gTop-k <= 1.3 x gTop-k; sketch
 <= 10 read passes. Memory (CUDA only): the gradient is allocated first; the peak of
@@ -34,6 +38,7 @@ is not run (none by default: the sketch runs on the GPU since its CUDA kernels).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import time
@@ -176,6 +181,11 @@ def measure_step(dev: Device, config: Any, sizes: list[int], steps: int, budget_
         step.step(gradient)
         steady = dev.peak() - steady_before
         record["steady_extra_x_gradient"] = steady / (4 * d)
+    if times:  # what the adapters run: the dense update written into a device buffer
+        out = torch.empty_like(gradient)
+        record["update_median_s"] = dev.median(functools.partial(step.update, gradient, out),
+                                               steps)
+        del out
     del step, gradient
     dev.free()
     return record
@@ -223,6 +233,9 @@ def main() -> None:
                                       args.budget_s)
                 if "fused_s" in entry:
                     record["ratio_to_fused"] = record["median_s"] / entry["fused_s"]
+                    if "update_median_s" in record:
+                        record["update_ratio_to_fused"] = (record["update_median_s"]
+                                                           / entry["fused_s"])
                 if "read_s" in entry:
                     record["read_passes"] = record["median_s"] / entry["read_s"]
             except Exception as error:  # noqa: BLE001 - a failed scheme is a figure
@@ -265,6 +278,8 @@ def _summary(record: dict) -> str:
     text = f"{record['median_s'] * 1e3:.3f} ms"
     if "ratio_to_fused" in record:
         text += f" = {record['ratio_to_fused']:.2f} x fused"
+    if "update_ratio_to_fused" in record:
+        text += f"; update {record['update_ratio_to_fused']:.2f} x fused"
     if "peak_extra_x_gradient" in record:
         text += (f", peak extra {record['peak_extra_x_gradient']:.2f} x gradient (target <= "
                  f"{record['memory_target_x_gradient']:.2f})")

@@ -81,7 +81,8 @@ def test_the_stage_scripts_write_their_figures(figures: Path) -> None:
     step = json.loads((figures / "step.json").read_text())
     entry = step["sizes"]["50000"]
     assert set(entry["schemes"]) == {"gtopk", "gtopk-exact", "sketch"}
-    assert all("ratio_to_fused" in r for r in entry["schemes"].values()), entry
+    assert all("ratio_to_fused" in r and "update_ratio_to_fused" in r
+               for r in entry["schemes"].values()), entry
     assert entry["exact_over_gtopk"] > 0
     assert step["granularity"]["tensors"] == 161 and step["granularity"]["bucket_over_model"] > 0
     profile = json.loads((figures / "profile.json").read_text())["cases"]
