@@ -75,6 +75,54 @@ def test_cuda_accumulate_select_every_kind(dtype: str, kind: str, d: int) -> Non
         np.testing.assert_array_equal(residual.cpu().numpy(), remaining)
 
 
+def _guess_too_high(d: int, rest: str) -> np.ndarray:
+    """An input whose sampled entries lie: the engine samples 2^16 keys at j * stride +
+    stride / 2 (stride = d / 2^16); 5,000 of those positions hold large values and nothing
+    else does, so the sample puts the k-th largest among them (a first-digit guess that should
+    fit in the buffer) while fewer than k = 100,000 entries reach it: pass 1's partial
+    histogram misses and the retry pass histograms every entry. rest: "normal" (small
+    Gaussian values elsewhere) or "zeros" (20,000 small values elsewhere, zeros beside them,
+    so the k-th largest is a zero)."""
+    rng = np.random.default_rng(21)
+    stride = d // (1 << 16)
+    if rest == "normal":
+        x = rng.standard_normal(d)
+    else:
+        x = np.zeros(d)
+        x[rng.choice(d, 20_000, replace=False)] = rng.standard_normal(20_000)
+    sampled = np.arange(1 << 16) * stride + stride // 2
+    x[sampled] = 0.0
+    x[rng.choice(sampled, 5_000, replace=False)] = rng.uniform(100.0, 300.0, 5_000)
+    return x
+
+
+@pytest.mark.parametrize("rest", ["normal", "zeros"])
+def test_cuda_topk_abs_when_the_sampled_guess_is_too_high(rest: str) -> None:
+    d, k = 1 << 21, 100_000
+    x = on_gpu(_guess_too_high(d, rest), "float32")
+    host = x.cpu().numpy()
+    indices, values = ops.topk_abs(x, k)
+    expected = topk_reference(host, k)
+    np.testing.assert_array_equal(indices.cpu().numpy(), expected)
+    np.testing.assert_array_equal(values.cpu().numpy(), host[expected])
+
+
+@pytest.mark.parametrize("rest", ["normal", "zeros"])
+def test_cuda_accumulate_select_when_the_sampled_guess_is_too_high(rest: str) -> None:
+    """The retry pass reads the residual pass 1 has already accumulated (not gradient +
+    residual again): the selection and the residual equal the host kernel's, bit for bit."""
+    d, k = 1 << 21, 100_000
+    x = _guess_too_high(d, rest).astype(np.float32)
+    gradient_host = (x * np.float32(0.75)).astype(np.float32)
+    residual_host = (x * np.float32(0.25)).astype(np.float32)
+    gradient, residual = on_gpu(gradient_host, "float32"), on_gpu(residual_host, "float32")
+    indices, values = ops.accumulate_select(gradient, residual, k)
+    expected_indices, expected_values = ops.accumulate_select(gradient_host, residual_host, k)
+    np.testing.assert_array_equal(indices.cpu().numpy(), expected_indices)
+    np.testing.assert_array_equal(values.cpu().numpy(), expected_values)
+    np.testing.assert_array_equal(residual.cpu().numpy(), residual_host)
+
+
 def test_cuda_topk_abs_calls_in_a_row_share_the_cached_workspace() -> None:
     """The device state (arrival counts, histograms) starts afresh at every call: alternating
     sizes, dtypes and k on the cached workspace give each call's own reference."""

@@ -14,10 +14,14 @@
 // Passes over the d input values, for n = min(k, d) with 0 < n < d:
 //   0. (n <= d/16, d > 2^16) sample 2^16 strided keys, and from their first-digit histogram
 //      guess a first-digit bin g a little below the n-th largest key.
-//   1. Pass 1 over d: first-digit histogram (shared memory per block), and append every entry
-//      with first digit >= g to a candidate buffer of capacity ~2n (one global atomic per tile
-//      of 256 x 16 entries). accumulate_select's residual += gradient is fused into this pass.
-//   The first digit's bin b is chosen on the device. If b >= g and the buffer did not overflow,
+//   1. Pass 1 over d: first-digit histogram (shared memory per block) of the entries with first
+//      digit >= g (of every entry without a guess), and append those entries to a candidate
+//      buffer of capacity ~2n (one global atomic per tile of 256 x 16 entries).
+//      accumulate_select's residual += gradient is fused into this pass.
+//   The first digit's bin b is chosen on the device. If the bins >= g hold fewer than n entries
+//   (the guess was too high), one more pass over d histograms every entry's first digit (the
+//   retry pass, launched always, returns at once otherwise). If b >= g and the buffer did not
+//   overflow,
 //   every entry that can still be selected is in the buffer and d is never read again: the
 //   remaining digits are histogrammed over the buffer, O(n). Otherwise, the next pass over d
 //   appends the entries at or above the prefix to the buffer as soon as they fit, while it
@@ -30,7 +34,7 @@
 // Typical data: 1 read of d (plus the O(n) work); a wrong guess costs 1 more read.
 //
 // Launches per call, nothing else enqueued: init (zeroes the histograms, starts the state), the
-// sample (guessing only), pass 1, one refine pass per later digit (a pass whose level has
+// sample and the retry (guessing only), pass 1, one refine pass per later digit (a pass whose level has
 // nothing to do returns at once), stage, and cub's sort. The last block of each histogram pass
 // chooses the bin (arrive_last), so no one-block kernel runs between passes. Appends to the
 // buffer and the staging area go through per-warp staging in shared memory (WarpAppender): no
@@ -181,6 +185,7 @@ struct SelectState {
     int collect;               // the next pass over the input fills the buffer
     int done;                  // every entry matching the prefix is wanted
     int guess_bin;             // pass 1 buffers first digits >= guess_bin; -1: no guess
+    int redo_first;            // the guess was wrong: the first digit is histogrammed again
     unsigned arrivals;         // blocks of the running pass that have finished (arrive_last)
 };
 
@@ -512,6 +517,7 @@ static __device__ void choose_bin(const Level& level, bool is_first, u64 all_key
     if (threadIdx.x == 0) {
         s = load_state(state);
         s.arrivals = 0;
+        if (is_first) s.redo_first = 0;
         if (s.collect) {  // the pass that just ran filled the buffer
             s.source = kFromBuffer;
             s.collect = 0;
@@ -543,16 +549,25 @@ static __device__ void choose_bin(const Level& level, bool is_first, u64 all_key
                 s.buffer_count = 0;
             }
         }
+        // A pass 1 with a guess histograms only the bins at or above it: when they hold fewer
+        // than the wanted entries, the guess was too high and the first digit is done again
+        // over every entry (first_retry_kernel), without a guess.
+        if (threadIdx.x == 0 && c.bin < 0 && is_first && s.guess_bin > 0) {
+            s.redo_first = 1;
+            s.guess_bin = -1;
+        }
     }
     __syncthreads();
     for (int b = threadIdx.x; b < bins; b += blockDim.x) histogram[b] = 0;
     if (threadIdx.x == 0) *state = s;
 }
 
-// Pass 1: first-digit histogram of every entry; entries with first digit >= the guessed bin go
-// to the buffer; the last block chooses the first digit's bin. Zero keys are counted in
-// registers (sparse inputs would otherwise serialise on one shared counter) and their total is
-// kept: a bin of nothing but zeros needs no more key digits.
+// Pass 1: first-digit histogram; entries with first digit >= the guessed bin go to the buffer;
+// the last block chooses the first digit's bin. With a guess (bin g > 0) only the entries of
+// digit >= g are histogrammed (the others need no atomic: most of d lies below g); if those bins
+// hold fewer than the wanted entries, first_retry_kernel histograms every entry. Zero keys are
+// counted in registers (sparse inputs would otherwise serialise on one shared counter) and
+// their total is kept: a bin of nothing but zeros needs no more key digits.
 template <typename T, typename Index, typename Values>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
         Values values, int64_t d, Level first, u64 all_key_bits, SelectState* state,
@@ -564,6 +579,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
     if (threadIdx.x == 0) shared_zeros = 0;
     clear_shared(shared_histogram, bins);
     const int guess_bin = state->guess_bin;
+    const bool partial = guess_bin > 0;
     const InputEntries<T, Values> entries{values};
     WarpAppender<T, Index> appender(staging, &state->buffer_count, capacity, buffer_index,
                                     buffer_value);
@@ -576,8 +592,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
             const unsigned digit = digit_of(first, key, 0);
             if (items.valid[j]) {
                 if (key == 0) {
-                    ++zeros;
-                } else {
+                    if (!partial) ++zeros;
+                } else if (!partial || static_cast<int>(digit) >= guess_bin) {
                     atomicAdd(&shared_histogram[digit], 1u);
                 }
             }
@@ -586,6 +602,45 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
         if (guess_bin >= 0) appender.add(flag, items, entries);
     });
     appender.flush();
+    if (zeros != 0) {
+        atomicAdd(&shared_histogram[0], zeros);
+        atomicAdd(&shared_zeros, zeros);
+    }
+    flush_shared(shared_histogram, bins, histogram);
+    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(&state->zero_count, u64{shared_zeros});
+    if (arrive_last(&state->arrivals)) {
+        choose_bin(first, true, all_key_bits, histogram, state, capacity);
+    }
+}
+
+// After a pass 1 whose guess was too high (state->redo_first): the first-digit histogram of
+// every entry, read through `input` (pass 1 has already applied any update of its value
+// source), zeros counted as in pass 1; the last block chooses the first digit's bin. Returns at
+// once in every block otherwise.
+template <typename T, typename Later>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_retry_kernel(
+        Later input, int64_t d, Level first, u64 all_key_bits, SelectState* state,
+        u64* histogram, u64 capacity) {
+    if (!state->redo_first) return;
+    __shared__ unsigned shared_histogram[kMaxBins<T>];
+    __shared__ unsigned shared_zeros;
+    const int bins = 1 << first.bits;
+    if (threadIdx.x == 0) shared_zeros = 0;
+    clear_shared(shared_histogram, bins);
+    const InputEntries<T, Later> entries{input};
+    unsigned zeros = 0;
+    for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            if (!items.valid[j]) continue;
+            const u64 key = magnitude_key(items.value[j]);
+            if (key == 0) {
+                ++zeros;
+            } else {
+                atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
+            }
+        }
+    });
     if (zeros != 0) {
         atomicAdd(&shared_histogram[0], zeros);
         atomicAdd(&shared_zeros, zeros);
@@ -820,6 +875,12 @@ void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later inp
         values, d, first, all_key_bits, state, histogram, buffer_index, buffer_value,
         static_cast<u64>(capacity));
     GTOPK_CUDA_CHECK_LAUNCH("first_pass_kernel");
+    if (guess) {
+        const auto retry_kernel = first_retry_kernel<T, Later>;
+        retry_kernel<<<tile_grid<T>(retry_kernel, d), kThreads, 0, stream>>>(
+            input, d, first, all_key_bits, state, histogram, static_cast<u64>(capacity));
+        GTOPK_CUDA_CHECK_LAUNCH("first_retry_kernel");
+    }
 
     const auto refine_kernel = refine_pass_kernel<T, Index, Later>;
     const int refine_grid = tile_grid<T>(refine_kernel, d);
