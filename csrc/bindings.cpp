@@ -777,6 +777,13 @@ void bind_cuda(py::module_& m) {
                                     static_cast<int32_t*>(as_pointer(flag)), as_pointer(stream),
                                     Workspace{as_pointer(workspace), workspace_bytes});
     }, "*flag = 1 if x holds a NaN or Inf, enqueued on the stream (no host wait).");
+    m.def("cuda_momentum_update", [](ValueType value_type, uintptr_t velocity,
+                                     uintptr_t gradient, int64_t n, double momentum,
+                                     double divisor, uintptr_t stream) {
+        py::gil_scoped_release release;
+        gtopk::cuda::momentum_update(value_type, as_pointer(velocity), as_pointer(gradient), n,
+                                     momentum, divisor, as_pointer(stream));
+    }, "velocity = momentum * velocity + gradient / divisor in one pass (no host wait).");
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,
                                       uintptr_t restore, int64_t n, uintptr_t stream) {

@@ -603,6 +603,29 @@ def add_divided(target: Any, source: Any, divisor: float) -> None:
 _DIVIDE_BLOCK = 1 << 12
 
 
+def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: float = 1.0
+                    ) -> None:
+    """Momentum correction's velocity (DGC), in place:
+
+        velocity = momentum * velocity + gradient / divisor
+
+    rounded as `velocity *= float32(momentum)` then `add_divided(velocity, gradient, divisor)`
+    round it (a product, a quotient when divisor != 1, a sum), bit for bit on every device.
+    CUDA (float32, contiguous, one device, built kernels): `_C.cuda_momentum_update`, one pass
+    (a read of each, a write of the velocity), no host wait. Otherwise those two operations."""
+    if (is_cuda(velocity) and cuda_built and dtype_name(velocity.dtype) == "float32"
+            and velocity.is_contiguous() and gradient.is_contiguous()):
+        _cuda_check_pair(gradient, velocity)
+        with _on_device(velocity.device):
+            _C.cuda_momentum_update(_cuda_value_type(velocity.dtype), velocity.data_ptr(),
+                                    gradient.data_ptr(), velocity.numel(),
+                                    float(np.float32(momentum)), float(np.float32(divisor)),
+                                    _stream(velocity.device))
+        return
+    velocity *= np.float32(momentum)
+    add_divided(velocity, gradient, divisor)
+
+
 def write_sparse(dest: Any, indices: Any, values: Any) -> None:
     """dest = 0 except dest[indices] = values, in one pass over dest (in place).
 

@@ -79,6 +79,24 @@ def test_add_divided_rounds_as_whole_array_operations(n: int, divisor: float) ->
         assert np.asarray(result).tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("n", [3, 1_000_003])
+@pytest.mark.parametrize("divisor", [1.0, 3.0])
+def test_momentum_update_rounds_as_its_two_operations(n: int, divisor: float) -> None:
+    """velocity = m * velocity + gradient / divisor, each operation rounded on its own (the
+    reference is numpy's float32 product, quotient and sum, one whole array at a time)."""
+    rng = np.random.default_rng(8)
+    velocity, gradient = rng.standard_normal((2, n)).astype(np.float32)
+    velocity[:3] = [1e-40, -3e38, 0.0]  # a subnormal, an overflow towards -inf, a zero
+    gradient[:3] = [1e-40, -3e38, -0.0]
+    m = np.float32(0.9)
+    product = velocity * m
+    expected = product + (gradient / np.float32(divisor) if divisor != 1.0 else gradient)
+    for make in (np.array, torch.tensor):
+        result = make(velocity.copy())
+        ops.momentum_update(result, make(gradient), 0.9, divisor)
+        assert np.asarray(result).tobytes() == expected.tobytes()
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("n_a,n_b", [(0, 0), (0, 5), (7, 0), (1_000, 3_000)])
 def test_sorted_union_equals_union1d(dtype: type, n_a: int, n_b: int) -> None:

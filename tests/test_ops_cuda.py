@@ -123,6 +123,23 @@ def test_cuda_accumulate_select_when_the_sampled_guess_is_too_high(rest: str) ->
     np.testing.assert_array_equal(residual.cpu().numpy(), residual_host)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("divisor", [1.0, 3.0])
+def test_cuda_momentum_update_equals_the_host_bit_for_bit(dtype: str, divisor: float) -> None:
+    """float32: the one-pass kernel; float64: torch's two operations. Both round as numpy's
+    product, quotient and sum of float32 momentum and divisor (no fused multiply-add)."""
+    rng = np.random.default_rng(9)
+    n = 3_000_017
+    velocity_host, gradient_host = rng.standard_normal((2, n)).astype(dtype)
+    velocity_host[:3] = [1e-40, -3e38, 0.0]
+    gradient_host[:3] = [1e-40, -3e38, -0.0]
+    expected = velocity_host.copy()
+    ops.momentum_update(expected, gradient_host, 0.9, divisor)
+    velocity, gradient = on_gpu(velocity_host, dtype), on_gpu(gradient_host, dtype)
+    ops.momentum_update(velocity, gradient, 0.9, divisor)
+    assert velocity.cpu().numpy().tobytes() == expected.tobytes()
+
+
 def test_cuda_topk_abs_calls_in_a_row_share_the_cached_workspace() -> None:
     """The device state (arrival counts, histograms) starts afresh at every call: alternating
     sizes, dtypes and k on the cached workspace give each call's own reference."""

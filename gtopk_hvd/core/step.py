@@ -209,8 +209,7 @@ class SparseStep:
         gets None: `Scheme.takes_accumulated`)."""
         divisor = self.predivide
         if self.velocity is not None:
-            self.velocity *= np.float32(self.compression.momentum)
-            ops.add_divided(self.velocity, gradient, divisor)
+            ops.momentum_update(self.velocity, gradient, self.compression.momentum, divisor)
             if clear_gradient:
                 gradient[:] = 0
             return self.velocity, False

@@ -67,6 +67,14 @@ int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index
                    int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream,
                    Workspace workspace = {});
 
+// velocity = momentum * velocity + gradient / divisor over n values (the division only when
+// divisor != 1), each operation rounded on its own (no fused multiply-add): the host's
+// `velocity *= momentum; velocity += gradient / divisor`, bit for bit, in one pass. momentum and
+// divisor are converted to the value type first. float32 / float64 only. Enqueued on `stream`,
+// no host wait, no scratch.
+void momentum_update(ValueType value_type, void* velocity, const void* gradient, int64_t n,
+                     double momentum, double divisor, void* stream);
+
 // residual[index[j]] += value[j] where restore[j] != 0. float32 / float64 only. No scratch.
 void restore_residual(ValueType value_type, IndexType index_type, void* residual,
                       const void* index, const void* value, const uint8_t* restore, int64_t n,
