@@ -406,7 +406,7 @@ def test_cuda_mark_nonfinite_does_not_wait_for_the_device() -> None:
     # ~1 s of GPU time on the current stream: the host calls below must end well inside it,
     # also with other processes loading this GPU and the host (0.1 s did not, under xdist)
     torch.cuda._sleep(2_000_000_000)
-    x[12345] = float("nan")
+    x.narrow(0, 12345, 1).fill_(float("nan"))  # a kernel (x[i] = v copies v from the host)
     ops.mark_nonfinite(x, flag)
     assert not torch.cuda.current_stream().query()
     assert ops.read_flag(flag) == 1
