@@ -324,6 +324,7 @@ SCHEMES = {
     "gtopk-exact": lambda: Compression.gtopk(0.02, exact=True),
     "micro-multiplicative": lambda: Compression.micro(0.02, threshold=0.5,
                                                       controller="multiplicative"),
+    "oktopk": lambda: Compression.oktopk(0.02, reestimate_every=3),
 }
 
 
