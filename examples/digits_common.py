@@ -25,7 +25,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-COMPRESSIONS = ("none", "fp16", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+COMPRESSIONS = ("none", "fp16", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch",
+                "oktopk")
 DENSE = ("none", "fp16")  # Horovod's dense allreduce; the others are gtopk_hvd's sparse ones
 
 _HELP = {

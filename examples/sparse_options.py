@@ -16,6 +16,7 @@ SPARSE = {
     "micro": Compression.micro,
     "exdyna": Compression.exdyna,
     "sketch": Compression.sketch,
+    "oktopk": Compression.oktopk,
 }
 """The sparse --compression choices and what each asks for."""
 

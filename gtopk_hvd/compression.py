@@ -13,11 +13,12 @@ the errors: `gtopk_hvd.options`).
     Compression.micro(density)    MiCRO: rotating partitions, threshold selection, exact sums
     Compression.exdyna(density)   ExDyna: MiCRO with count-balancing block boundaries
     Compression.sketch(density)   sketched SGD: count sketch, heavy hitters, second round
+    Compression.oktopk(density)   Ok-Topk: thresholds, balanced sparse reduce-scatter, all-gather
     Compression.scheme(name, density, **options)
                                   a scheme by its name (SCHEME_NAMES: gtopk, gtopk-exact,
-                                  topk, randomk, micro, exdyna, sketch) or any other registered
-                                  scheme (`gtopk_hvd.schemes`), its own options as keyword
-                                  arguments
+                                  topk, randomk, micro, exdyna, sketch, oktopk) or any other
+                                  registered scheme (`gtopk_hvd.schemes`), its own options as
+                                  keyword arguments
 
 Each scheme has one name (SCHEME_NAMES), the one its configuration prints (`repr`,
 `SparseCompression.name`) and the planner and `bench schemes` take.
@@ -385,6 +386,12 @@ class Compression:
                            second_round=second_round)
 
     @staticmethod
+    def oktopk(density: float, reestimate_every: int = 32, **options: Any) -> SparseCompression:
+        """Ok-Topk (`gtopk_hvd.schemes.oktopk`): reestimate_every = the steps between two exact
+        estimates of the thresholds and the regions (default 32, the paper's)."""
+        return _registered("oktopk", density, options, reestimate_every=reestimate_every)
+
+    @staticmethod
     def scheme(name: str, density: float, **options: Any) -> SparseCompression:
         """A scheme by name: one of SCHEME_NAMES (the same configuration as its method, e.g.
         Compression.scheme("gtopk-exact", d) is Compression.gtopk(d, exact=True)), another
@@ -402,8 +409,8 @@ class Compression:
 
 
 _OWN_DEFAULTS = {"threshold": None, "controller": "histogram", "blocks": 1024, "balance": 0.05,
-                 "rows": 5, "columns": None, "second_round": True}
-"""The defaults of Compression.micro / .exdyna / .sketch's own arguments: left out of the
+                 "rows": 5, "columns": None, "second_round": True, "reestimate_every": 32}
+"""The defaults of Compression.micro / .exdyna / .sketch / .oktopk's own arguments: left out of the
 configuration, so that Compression.micro(d) == Compression.scheme("micro", d)."""
 
 

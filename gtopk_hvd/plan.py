@@ -26,6 +26,10 @@ with k = density d, |I| = k for the schemes that send a global set (MiCRO's thre
                                    indices all-gathered, values and the NB-bin histogram
                                    all-reduced, the counts all-gathered
     sketch        4 (P-1),          2 (P-1)/P 4 (rows columns + k)   table, then exact values
+    oktopk        4 (P-1),          2 (P-1)/P 8 k + 8 (P-1)       sparse reduce-scatter of k
+                                   entries, all-gather of the k survivors and their counts
+                                   (a step with the thresholds reused and |S_p| = |I| = k;
+                                   the estimates every reestimate_every steps not included)
 
 t_select defaults to this machine's time for gtopk_hvd's error-feedback selection
 (`ops.accumulate_select`) at the given d and density, measured here on up to 2^25 values and
@@ -54,7 +58,7 @@ MODELS = {  # parameters of well-known models, for --params
     "vgg16": 138_357_544,
     "lstm-lm": 3_623_186,  # examples/pytorch_lm.py at its defaults
 }
-SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch", "oktopk")
 """The schemes modelled, by their names (`gtopk_hvd.compression.SCHEME_NAMES`, and "dense";
 random-k is not modelled)."""
 SKETCH_ROWS, SKETCH_COLUMNS_PER_K = 5, 10  # Compression.sketch's defaults
@@ -77,6 +81,8 @@ def messages_and_bytes(scheme: str, workers: int, d: int, k: int) -> tuple[float
         return 6.0 * (p - 1), ring * (4 * k + 2 * 4 * k + 2 * 4 * N_BINS) + 16 * (p - 1)
     if scheme == "sketch":
         return 4.0 * (p - 1), 2 * ring * 4 * (SKETCH_ROWS * SKETCH_COLUMNS_PER_K * k + k)
+    if scheme == "oktopk":
+        return 4.0 * (p - 1), 2 * ring * 8 * k + 8 * (p - 1)
     raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
 
 

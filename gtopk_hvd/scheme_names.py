@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SCHEME_NAMES = ("gtopk", "gtopk-exact", "topk", "randomk", "micro", "exdyna", "sketch")
+SCHEME_NAMES = ("gtopk", "gtopk-exact", "topk", "randomk", "micro", "exdyna", "sketch",
+                "oktopk")
 """Each sparse scheme's one name: `Compression.scheme(name, density)`, `SparseCompression.name`
 and its repr, the planner's and `bench schemes`' --schemes (with "dense"), README and docs."""
 
@@ -27,7 +28,7 @@ one of PRESETS is named, and printed, by that scheme's name."""
 
 CHOICE_OF = {"gtopk": "Compression.gtopk", "topk": "Compression.topk",
              "micro": "Compression.micro", "exdyna": "Compression.exdyna",
-             "sketch": "Compression.sketch"}
+             "sketch": "Compression.sketch", "oktopk": "Compression.oktopk"}
 """The scheme names that have a method of their own in `Compression`."""
 
 

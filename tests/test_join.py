@@ -27,7 +27,8 @@ from join_uneven import DENSITY, D, gradient, topk_replay  # noqa: E402
 
 SCHEMES = {"topk": Compression.topk(DENSITY), "gtopk": Compression.gtopk(DENSITY),
            "gtopk-exact": Compression.gtopk(DENSITY, exact=True),
-           "micro": Compression.micro(DENSITY), "sketch": Compression.sketch(DENSITY)}
+           "micro": Compression.micro(DENSITY), "sketch": Compression.sketch(DENSITY),
+           "oktopk": Compression.oktopk(DENSITY, reestimate_every=2)}
 
 
 def run_local(config: object, steps: list[int]) -> list[tuple[int, np.ndarray, np.ndarray, int]]:

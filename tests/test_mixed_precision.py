@@ -32,6 +32,7 @@ SCHEMES = {
     "micro": lambda: gtopk.Compression.micro(0.05),
     "exdyna": lambda: gtopk.Compression.exdyna(0.05, blocks=8),
     "sketch": lambda: gtopk.Compression.sketch(0.05, columns=64),
+    "oktopk": lambda: gtopk.Compression.oktopk(0.05, reestimate_every=2),
 }
 OPTIMIZERS = {
     "adamw": lambda parameters: torch.optim.AdamW(parameters, lr=1e-2),

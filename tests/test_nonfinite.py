@@ -33,6 +33,7 @@ CHOICES = {
     "micro": Compression.micro(0.02, momentum_correction=True),
     "exdyna": Compression.exdyna(0.02, blocks=8),
     "sketch": Compression.sketch(0.02, columns=100),
+    "oktopk": Compression.oktopk(0.02, reestimate_every=2),
 }
 STATES = ["numpy", "torch-cpu", "device-like-cpu"]
 

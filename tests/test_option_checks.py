@@ -202,7 +202,7 @@ def test_the_methods_make_the_same_configuration_as_their_names() -> None:
     assert Compression.scheme("gtopk-exact", 0.01) == Compression.gtopk(0.01, exact=True)
     assert Compression.scheme("topk", 0.01) == Compression.topk(0.01)
     assert Compression.scheme("randomk", 0.01) == Compression.sparse(0.01, sparsifier="randomk")
-    for name in ("micro", "exdyna", "sketch"):
+    for name in ("micro", "exdyna", "sketch", "oktopk"):
         assert Compression.scheme(name, 0.01) == getattr(Compression, name)(0.01)
     # the registered family's name is an alias of Compression.sparse, printed by the scheme's name
     assert Compression.scheme("select-reduce", 0.01) == Compression.gtopk(0.01)

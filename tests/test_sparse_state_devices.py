@@ -87,8 +87,9 @@ def test_torch_state_equals_numpy_state_bit_for_bit(device: str, options: dict,
     Compression.micro(0.05, controller="multiplicative", threshold=0.5),
     Compression.sketch(0.05, columns=64),
     Compression.gtopk(0.05, exact=True),
+    Compression.oktopk(0.05, reestimate_every=2),
 ], ids=["micro", "exdyna", "micro-momentum+warmup", "micro-multiplicative", "sketch",
-        "gtopk-exact"])
+        "gtopk-exact", "oktopk"])
 def test_the_other_schemes_on_torch_state_equal_numpy_bit_for_bit(device: str,
                                                                   compression: object) -> None:
     """MiCRO / ExDyna (the threshold pass: the CUDA kernels on a GPU), the sketch and exact

@@ -12,7 +12,8 @@ their rules, on P = 1..8 workers (threads over an in-process transport):
 The replays take from the library only the threshold it chose for each step (its rule, the
 histogram's, is checked on its own: `test_the_histogram_threshold_passes_k`) and the
 sketch's hash keys; everything else (partitions, block boundaries, hashes, medians, the
-gTop-k schedule, the sums) is computed here.
+gTop-k schedule, the sums) is computed here. Ok-Topk's replay is tests/test_oktopk.py; the
+shared checks here (resume, empty steps, torch tensors) run it too.
 """
 
 from __future__ import annotations
@@ -324,6 +325,7 @@ SCHEMES = {
     "gtopk-exact": lambda: Compression.gtopk(0.02, exact=True),
     "micro-multiplicative": lambda: Compression.micro(0.02, threshold=0.5,
                                                       controller="multiplicative"),
+    "oktopk": lambda: Compression.oktopk(0.02, reestimate_every=3),
 }
 
 

@@ -21,6 +21,9 @@ scheme sends the union:
     MiCRO / ExDyna   12 |I| (P-1)/P                 indices all-gathered, values all-reduced
                      + 4 N_BINS 2 (P-1)/P + 16 (P-1)  the density histogram, the counts
     sketch           8 rows columns (P-1)/P + 8 k (P-1)/P
+    Ok-Topk          8 k (P-1)/P + 8 |I| (P-1)/P    the sparse reduce-scatter of about k
+                     + 8 (P-1)                      entries (each worker's threshold), the
+                                                    all-gather of the survivors and counts
 
 "selected" is |I| / k. Time: each worker's step minus its own selection and write-back (what
 the step spends communicating and merging), the slowest worker's, median over the steps after
@@ -49,7 +52,7 @@ from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
 SCHEMES = {"dense": None, **{name: partial(Compression.scheme, name) for name in (
-    "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")}}
+    "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch", "oktopk")}}
 """The schemes by their names (`gtopk_hvd.compression.SCHEME_NAMES`; random-k has no formula
 here), each made by `Compression.scheme(name, density)`."""
 LATENCY_REPEATS = 200
@@ -84,6 +87,8 @@ def formula(name: str, d: int, k: int, union: float, size: int, config: object) 
         return 8 * k * rounds + 8 * union * ring
     if name in ("micro", "exdyna"):
         return 12 * union * ring + 8 * control.N_BINS * ring + 16 * (size - 1)
+    if name == "oktopk":
+        return 8 * k * ring + 8 * union * ring + 8 * (size - 1)
     options = dict(config.options)
     columns = options.get("columns") or 10 * k
     return 8 * options.get("rows", 5) * columns * ring + 8 * k * ring

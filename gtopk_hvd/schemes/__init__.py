@@ -7,6 +7,8 @@
     "exdyna"         ExDyna: MiCRO with block boundaries that balance the counts (exdyna.py)
     "sketch"         sketched SGD: count sketch all-reduced, heavy hitters, second round
                      (sketch.py)
+    "oktopk"         Ok-Topk: local thresholds, a balanced sparse reduce-scatter, a global
+                     threshold over the summed regions, an all-gather (oktopk.py)
 
 `check_config` validates a sparse configuration against the registries (names, each scheme's
 own options, and what the chosen parts can do together); `SparseCompression` calls it when it
@@ -23,7 +25,7 @@ from gtopk_hvd.backend import ArrayBackend
 from gtopk_hvd.options import OptionTypeError, check_choice, one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.scheme_names import SCHEME_NAMES, SELECT_REDUCE, call_for, choice_for
-from gtopk_hvd.schemes import exdyna, micro, select_reduce, sketch  # noqa: F401  (registration)
+from gtopk_hvd.schemes import exdyna, micro, oktopk, select_reduce, sketch  # noqa: F401  (registration)
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
 from gtopk_hvd.schemes.select_reduce import SelectReduce, reduction_name
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS

@@ -1,5 +1,5 @@
-"""Under mpirun: MiCRO, ExDyna, sketched SGD and exact gTop-k as one-line choices of the torch
-DistributedOptimizer (over the "mpi" and "horovod" transports, and as Horovod's own
+"""Under mpirun: MiCRO, ExDyna, sketched SGD, exact gTop-k and Ok-Topk as one-line choices of
+the torch DistributedOptimizer (over the "mpi" and "horovod" transports, and as Horovod's own
 hvd.DistributedOptimizer after the swap), the TF DistributedGradientTape (ours and Horovod's,
 swapped) and the Keras DistributedOptimizer (Keras 3, tf-keras). Each step's update equals that
 of the same scheme's core step run in this process on every worker's gradient (threads:
@@ -31,6 +31,7 @@ SCHEMES = {
     "exdyna": Compression.exdyna(0.05, blocks=16),
     "sketch": Compression.sketch(0.05, columns=60),
     "gtopk-exact": Compression.gtopk(0.05, exact=True),
+    "oktopk": Compression.oktopk(0.05, reestimate_every=2),
 }
 
 

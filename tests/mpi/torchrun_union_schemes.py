@@ -1,5 +1,5 @@
-"""Under torchrun (Gloo): MiCRO, ExDyna, sketched SGD and exact gTop-k through the DDP hook
-(gtopk_hvd.torch.ddp) on the "torch" transport. For each: a small model trains (the loss
+"""Under torchrun (Gloo): MiCRO, ExDyna, sketched SGD, exact gTop-k and Ok-Topk through the DDP
+hook (gtopk_hvd.torch.ddp) on the "torch" transport. For each: a small model trains (the loss
 falls), the replicas stay bitwise identical, and a hook state saved mid-training (its
 state_dict, with the schemes' thresholds and boundaries) and restored into a fresh model and
 hook continues bit for bit as the uninterrupted run."""
@@ -22,6 +22,7 @@ SCHEMES = {
     "exdyna": Compression.exdyna(0.05, blocks=32),
     "sketch": Compression.sketch(0.05, columns=400),
     "gtopk-exact": Compression.gtopk(0.05, exact=True),
+    "oktopk": Compression.oktopk(0.05, reestimate_every=2),
 }
 STEPS, SAVE_AT = 12, 6
 
