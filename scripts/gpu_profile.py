@@ -9,6 +9,8 @@ Cases (density 0.001, float32, Gaussian values):
     topk@D          ops.topk_abs(x, k) alone, D = --topk-d
     <scheme>@D      SparseStep(...).step(gradient) at P = 1 (one-worker transport), D = --step-d
                     for every --schemes entry
+    <scheme>-update@D   the same SparseStep's update(gradient, out) into a device buffer (what
+                    the adapters run) for every --update-schemes entry
 
 For each case: the median wall time of --repeats calls (synchronised around each), then one
 profiled call per repeat under torch.profiler: per kernel name its calls and device time per
@@ -41,6 +43,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--step-d", type=float, nargs="*", default=[25.6e6, 1e9])
     parser.add_argument("--schemes", nargs="*", choices=sorted(SCHEMES),
                         default=["gtopk", "topk", "gtopk-momentum", "sketch"])
+    parser.add_argument("--update-schemes", nargs="*", choices=sorted(SCHEMES),
+                        default=["gtopk", "micro"])
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=12, help="kernels listed per case")
@@ -95,10 +99,13 @@ def topk_case(device: torch.device, d: int, density: float) -> Callable[[], obje
     return lambda: ops.topk_abs(x, k)
 
 
-def step_case(device: torch.device, d: int, density: float, scheme: str
+def step_case(device: torch.device, d: int, density: float, scheme: str, update: bool = False
               ) -> Callable[[], object]:
     gradient = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(1))
     step = SparseStep(SCHEMES[scheme](density), [d], LocalGroup(1).transports[0], device=device)
+    if update:
+        out = torch.empty_like(gradient)
+        return lambda: step.update(gradient, out)
     return lambda: step.step(gradient)
 
 
@@ -129,6 +136,10 @@ def main() -> None:
         for scheme in args.schemes:
             cases.append((f"{scheme}@{int(size)}",
                           lambda d=int(size), s=scheme: step_case(device, d, args.density, s)))
+        for scheme in args.update_schemes:
+            cases.append((f"{scheme}-update@{int(size)}",
+                          lambda d=int(size), s=scheme: step_case(device, d, args.density, s,
+                                                                  update=True)))
     for name, make in cases:
         try:
             record = profile_call(make(), device, args.repeats, args.top)

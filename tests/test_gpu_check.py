@@ -46,7 +46,8 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
                "--densities", "0.001", "--repeats", "1", "--torch-repeats", "1",
                "--json", str(work / "topk.json"))
     run_script(str(SCRIPTS / "gpu_profile.py"), "--device", "cpu", "--topk-d", "5e4",
-               "--step-d", "5e4", "--schemes", "gtopk", "--repeats", "1",
+               "--step-d", "5e4", "--schemes", "gtopk", "--update-schemes", "gtopk",
+               "--repeats", "1",
                "--json", str(work / "profile.json"))
     run_script(str(SCRIPTS / "gpu_machine.py"), "build", str(work / "build.json"))
     (work / "logs" / "tests.log").write_text("....\n4 passed, 1 skipped in 3.2s\n")
@@ -86,7 +87,7 @@ def test_the_stage_scripts_write_their_figures(figures: Path) -> None:
     assert entry["exact_over_gtopk"] > 0
     assert step["granularity"]["tensors"] == 161 and step["granularity"]["bucket_over_model"] > 0
     profile = json.loads((figures / "profile.json").read_text())["cases"]
-    assert set(profile) == {"topk@50000", "gtopk@50000"}
+    assert set(profile) == {"topk@50000", "gtopk@50000", "gtopk-update@50000"}
     for case in profile.values():  # on the CPU no device kernel: all of the wall is the host's
         assert "error" not in case, case
         assert case["wall_us"] > 0 and case["device_busy_us"] == 0
