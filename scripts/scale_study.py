@@ -78,6 +78,8 @@ SCHEMES = {  # name -> (--compression, --density)
     "micro_0.001": ("micro", 0.001),
     "exdyna_0.001": ("exdyna", 0.001),
     "sketch_0.001": ("sketch", 0.001),
+    "oktopk_0.01": ("oktopk", 0.01),
+    "oktopk_0.001": ("oktopk", 0.001),
 }
 
 

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers.conservation import check_replicas_and_conservation
 from helpers.mpi_launcher import run_mpi
 from helpers.reference import gtopk_schedule_reference, magnitude_order, topk_reference
 from helpers.thread_transport import ThreadGroup
@@ -59,19 +60,6 @@ def run_steps(config: object, gradients: np.ndarray, sizes: list[int] | None = N
         return out
 
     return ThreadGroup(workers).run(work)
-
-
-def check_replicas_and_conservation(results: list[list[dict]], gradients: np.ndarray) -> None:
-    workers, steps, d = gradients.shape
-    applied = np.zeros(d, np.float64)
-    for t in range(steps):
-        for rank in range(1, workers):
-            np.testing.assert_array_equal(results[rank][t]["indices"], results[0][t]["indices"])
-            np.testing.assert_array_equal(results[rank][t]["values"], results[0][t]["values"])
-        applied[results[0][t]["indices"]] += results[0][t]["values"].astype(np.float64) * workers
-    residuals = sum(results[rank][-1]["residual"].astype(np.float64) for rank in range(workers))
-    np.testing.assert_allclose(applied + residuals, gradients.astype(np.float64).sum(axis=(0, 1)),
-                               rtol=1e-5, atol=1e-4)
 
 
 # -- MiCRO and ExDyna ----------------------------------------------------------------------------
