@@ -34,8 +34,19 @@ with k = density d, |I| = k for the schemes that send a global set (MiCRO's thre
 t_select defaults to this machine's time for gtopk_hvd's error-feedback selection
 (`ops.accumulate_select`) at the given d and density, measured here on up to 2^25 values and
 scaled linearly (pass --select-ms for your own hardware). The pick is the scheme with the
-shortest predicted step; convergence per scheme is not modelled (docs/results.md has the
-measured curves: at density 0.001 use a warm-up or momentum correction).
+shortest predicted step.
+
+Time to target (`--near`, from measured runs, `gtopk_hvd.convergence`): for each configuration
+(scheme, density) the scale study ran at one of the given P,
+
+    time(config) = steps(config) x step(config, P)
+
+steps(config): the steps its run took to reach near x dense's final perplexity at that P
+(measured: the LSTM language model of the scale study, simulated workers); step: the model
+above at the configuration's own density, for the --params, --compute-ms and link given. The
+fastest configuration that reached the target is marked; "-" marks one that did not within
+its run. The steps transfer to another model only as far as it converges like the measured one:
+the output names what was measured.
 """
 
 from __future__ import annotations
@@ -46,9 +57,11 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from gtopk_hvd import convergence
 from gtopk_hvd.bench import cost_model
 from gtopk_hvd.schemes.threshold import N_BINS
 
@@ -194,6 +207,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--links", metavar="MODEL_JSON", default=None,
                         help="each scheme's achieved share of the link rate, fitted on emulated "
                              "links (results/links_scale/model.json; default: the full rate)")
+    parser.add_argument("--near", type=float, default=1.1,
+                        help="time to target: reach this x dense's final perplexity (1.1: "
+                             "within 10%%; 1: dense's final)")
+    parser.add_argument("--convergence", metavar="FOLDER", default=str(convergence.DEFAULT_DIR),
+                        help="the scale study's runs (default: results/scale of this "
+                             "checkout); an empty or missing folder: no time to target")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES,
                         default=["dense", "topk", "gtopk", "micro"],
                         help="the schemes to predict, by the names Compression.scheme takes "
@@ -203,7 +222,55 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--density must be in (0, 1]")
     if min(args.workers) < 1 or args.compute_ms <= 0 or args.latency_us < 0:
         parser.error("--workers must be >= 1, --compute-ms > 0 and --latency-us >= 0")
+    if args.near < 1.0:
+        parser.error("--near must be >= 1 (a multiple of dense's final perplexity)")
     return args
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    config: str
+    workers: int
+    steps: int | None  # measured steps to the target; None: not reached in the run
+    step_s: float  # the model's step for the user's d, compute and link
+    run_steps: int
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.steps is None else self.steps * self.step_s
+
+
+def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, d: int,
+                    rate_bps: float, latency_s: float, compute_s: float,
+                    select_s: dict[float, float], shares: dict[str, float]
+                    ) -> tuple[float, list[TimeToTarget]]:
+    """(target perplexity, each measured configuration's time to it at P = workers); select_s:
+    the selection time per density (module docstring)."""
+    target, steps = convergence.steps_to_target(list(runs), workers, near)
+    rows = []
+    for run in runs:
+        if run.workers != workers or run.scheme not in SCHEMES:
+            continue
+        step = predict(run.scheme, workers, d, run.density, rate_bps, latency_s, compute_s,
+                       select_s.get(run.density, 0.0), shares[run.scheme]).step_s
+        rows.append(TimeToTarget(run.name, workers, steps[run.name], step, run.steps))
+    return target, rows
+
+
+def target_table(target: float, rows: Sequence[TimeToTarget]) -> str:
+    """Time to target per configuration, the fastest marked, each against dense's."""
+    reached = [row for row in rows if row.seconds is not None]
+    best = min(reached, key=lambda row: row.seconds, default=None)
+    dense = next((row for row in reached if row.config == "dense"), None)
+    lines = [f"{'P':>4} {'configuration':<18} {'steps':>6} {'step ms':>9} {'time s':>9} "
+             f"{'vs dense':>8}   (target: perplexity {target:.1f})"]
+    for row in sorted(rows, key=lambda r: (r.seconds is None, r.seconds or 0.0)):
+        steps = f"{row.steps}" if row.steps is not None else f"-({row.run_steps})"
+        time_s = f"{row.seconds:.1f}" if row.seconds is not None else "-"
+        versus = (f"{dense.seconds / row.seconds:.2f}x" if dense and row.seconds else "")
+        lines.append(f"{row.workers:>4} {row.config:<18} {steps:>6} {row.step_s * 1e3:>9.2f} "
+                     f"{time_s:>9} {versus:>8}" + ("  <- pick" if row is best else ""))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -222,8 +289,28 @@ def main(argv: Sequence[str] | None = None) -> None:
           + ("links at their full rate" if args.links is None else "achieved link shares "
              + ", ".join(f"{s} {shares[s]:.0%}" for s in args.schemes) + f" ({args.links})"))
     print(table(predictions))
-    print("A model, not a measurement: docs/results.md says how far it was validated; "
-          "convergence is not in it (at density 0.001 use a warm-up or momentum correction).")
+    print("A model, not a measurement: docs/results.md says how far it was validated.")
+    runs = convergence.load_runs(args.convergence) if Path(args.convergence).is_dir() else []
+    if not runs:
+        print(f"Time to target: no convergence runs in {args.convergence} "
+              "(scripts/scale_study.py run writes them).")
+        return
+    densities = sorted({run.density for run in runs if run.scheme != "dense"})
+    selects = {density: (select_s if not measured else measure_select_s(args.params, density))
+               for density in densities}
+    measured_p = convergence.measured_workers(runs)
+    print(f"\nTime to target: steps to {args.near:g} x dense's final perplexity, measured on "
+          f"the LSTM language model of the scale study (d = {runs[0].params:,}, simulated "
+          f"workers, up to {max(run.steps for run in runs)} steps) at P = {measured_p}, times "
+          "the step predicted above for each configuration's density:")
+    for workers in args.workers:
+        if workers not in measured_p:
+            print(f"  P = {workers}: no measured run (measured: P = {measured_p})")
+            continue
+        target, rows = times_to_target(runs, workers, args.near, args.params, args.link,
+                                       args.latency_us * 1e-6, args.compute_ms / 1e3, selects,
+                                       shares)
+        print(target_table(target, rows))
 
 
 if __name__ == "__main__":

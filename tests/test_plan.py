@@ -58,7 +58,8 @@ def test_command_line_picks_the_fastest_and_refuses_bad_input() -> None:
                "32", "--compute-ms", "200", "--select-ms", "5", "--link", "1gbit"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    picks = [line.split()[1] for line in done.stdout.splitlines() if "<- pick" in line]
+    steps_table = done.stdout.split("Time to target")[0]
+    picks = [line.split()[1] for line in steps_table.splitlines() if "<- pick" in line]
     assert picks == ["micro", "gtopk"], done.stdout  # fewest bytes at 4, fewest messages at 32
     bad = subprocess.run([*command[:3], "--params", "many", "--compute-ms", "1"],
                          capture_output=True, text=True, timeout=120)
@@ -80,3 +81,50 @@ def test_fitted_link_shares_slow_each_scheme_by_its_own(tmp_path) -> None:
                            "--links", str(fit)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "dense 50%" in done.stdout and "gtopk 80%" in done.stdout, done.stdout
+
+
+def write_run(folder, scheme: str, density: float, workers: int,
+              perplexities: list[float]) -> None:
+    """A run as scripts/scale_study.py writes it (the fields the planner reads)."""
+    name = "dense" if scheme == "none" else f"{scheme}_{density:g}"
+    history = {"params": 1000, "workers": workers, "steps": 25 * len(perplexities),
+               "compression": scheme, "density_asked": density,
+               "evaluations": [{"step": 25 * (i + 1), "valid_perplexity": value,
+                                "bytes_per_step": 8.0}
+                               for i, value in enumerate(perplexities)]}
+    (folder / f"lm_{name}_p{workers}.json").write_text(json.dumps(history))
+
+
+def test_time_to_target_counts_the_measured_steps_times_the_modelled_step(tmp_path) -> None:
+    from gtopk_hvd import convergence
+
+    write_run(tmp_path, "none", 1.0, 8, [100.0, 60.0, 50.0])           # target 1.1 x 50 = 55
+    write_run(tmp_path, "topk", 0.01, 8, [90.0, 54.0, 49.0])           # reaches it at 50
+    write_run(tmp_path, "gtopk", 0.001, 8, [95.0, 70.0, 56.0])         # never
+    (tmp_path / "lm_dense_p8_lr0.5.json").write_text("{}")             # a sweep: not read
+    runs = convergence.load_runs(tmp_path)
+    target, steps = convergence.steps_to_target(runs, 8, 1.1)
+    assert target == pytest.approx(55.0)
+    assert steps == {"dense": 75, "topk_0.01": 50, "gtopk_0.001": None}
+    assert convergence.steps_to_target(runs, 8, 1.0)[1]["topk_0.01"] == 75
+    with pytest.raises(ValueError, match="no dense run measured at P = 16"):
+        convergence.steps_to_target(runs, 16, 1.1)
+
+    args = dict(d=25_600_000, rate_bps=1e9, latency_s=50e-6, compute_s=0.05,
+                select_s={0.01: 0.002, 0.001: 0.001}, shares=dict.fromkeys(plan.SCHEMES, 1.0))
+    _, rows = plan.times_to_target(runs, 8, 1.1, **args)
+    by_name = {row.config: row for row in rows}
+    for name, scheme, density in (("dense", "dense", 1.0), ("topk_0.01", "topk", 0.01)):
+        step = plan.predict(scheme, 8, 25_600_000, density, 1e9, 50e-6, 0.05,
+                            args["select_s"].get(density, 0.0)).step_s
+        assert by_name[name].seconds == pytest.approx(steps[name] * step)
+    assert by_name["gtopk_0.001"].seconds is None
+
+    out = subprocess.run([sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M",
+                          "--workers", "8", "16", "--compute-ms", "50", "--select-ms", "2",
+                          "--convergence", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    target_tables = out.split("Time to target")[1]
+    picked = [line for line in target_tables.splitlines() if "<- pick" in line]
+    assert len(picked) == 1 and "topk_0.01" in picked[0], out
+    assert "-(75)" in out and "P = 16: no measured run" in out

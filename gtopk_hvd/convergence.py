@@ -1,0 +1,89 @@
+"""Measured convergence runs, for the planner's time to target: steps each configuration took to
+reach a quality target, read from the scale study's runs (`scripts/scale_study.py run`).
+
+A run is one JSON history `lm_<scheme>[_<density>]_p<P>.json` (the LSTM language model in the
+simulated cluster at a fixed global batch; its "evaluations" hold the validation perplexity every
+few steps). For the runs at one P:
+
+    target        = near x dense's final perplexity at that P     (near >= 1; 1.1: within 10%)
+    steps(config) = the first evaluated step whose perplexity is <= target; None when the run
+                    ended above it (not reached in its `steps`)
+
+A table measured on one model at the study's sizes; the planner says so beside every use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_NAME = re.compile(r"lm_(?P<config>[a-z-]+(?:_[0-9.]+)?)_p(?P<workers>\d+)\.json")
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "results" / "scale"
+"""The scale study's runs in a source checkout (an installed wheel has none: pass a folder)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured configuration at one P."""
+
+    scheme: str  # Compression.scheme's name, or "dense"
+    density: float
+    workers: int
+    params: int
+    steps: int  # steps the run took
+    final: float  # its last evaluated perplexity
+    bytes_per_step: float  # one worker's bytes per step, as the run recorded them
+    evaluations: tuple[tuple[int, float], ...]  # (step, perplexity)
+
+    @property
+    def name(self) -> str:
+        return "dense" if self.scheme == "dense" else f"{self.scheme}_{self.density:g}"
+
+    def steps_to(self, target: float) -> int | None:
+        """The first evaluated step at or below target; None if the run never got there."""
+        return next((step for step, value in self.evaluations if value <= target), None)
+
+
+def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
+    """Every run in folder named as the scale study names its main grid (sweeps, whose names
+    carry a learning rate, and other models are left out)."""
+    runs = []
+    for path in sorted(Path(folder).glob("lm_*_p*.json")):
+        if not RUN_NAME.fullmatch(path.name):
+            continue
+        history = json.loads(path.read_text())
+        evaluations = tuple((int(e["step"]), float(e["valid_perplexity"]))
+                            for e in history["evaluations"] if "valid_perplexity" in e)
+        if not evaluations:
+            continue
+        scheme = history["compression"]
+        runs.append(Run(
+            scheme="dense" if scheme == "none" else scheme,
+            density=1.0 if scheme == "none" else float(history["density_asked"]),
+            workers=int(history["workers"]), params=int(history["params"]),
+            steps=int(history["steps"]), final=evaluations[-1][1],
+            bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
+            evaluations=evaluations))
+    return runs
+
+
+def measured_workers(runs: list[Run]) -> list[int]:
+    """The P values at which a dense run (the target's reference) was measured."""
+    return sorted({run.workers for run in runs if run.scheme == "dense"})
+
+
+def steps_to_target(runs: list[Run], workers: int, near: float
+                    ) -> tuple[float, dict[str, int | None]]:
+    """(the target perplexity, steps to it per configuration) at P = workers (module
+    docstring). Raises ValueError when no dense run was measured at that P."""
+    if near < 1.0:
+        raise ValueError(f"near must be >= 1 (a multiple of dense's final perplexity), got {near}")
+    at_p = [run for run in runs if run.workers == workers]
+    dense = [run for run in at_p if run.scheme == "dense"]
+    if not dense:
+        raise ValueError(f"no dense run measured at P = {workers}; measured: "
+                         f"{measured_workers(runs)}")
+    target = near * dense[0].final
+    return target, {run.name: run.steps_to(target) for run in at_p}
