@@ -53,6 +53,11 @@ def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
     return output
 
 
+# The run without a fault is only the loss to compare with: no simulated compute time (a sleep
+# per step, there to let a kill land inside a step), which the loss does not depend on.
+CALM = ("--compute-ms", "0")
+
+
 def final_loss(output: str) -> float:
     return float(re.search(r"RESULT elastic .* loss=([\d.]+)", output).group(1))
 
@@ -71,7 +76,7 @@ def check_survived_and_replaced(faulty: str, calm: str) -> None:
 @pytest.mark.mpi
 def test_a_killed_worker_is_survived_and_replaced(tmp_path: Path) -> None:
     (tmp_path / "calm").mkdir()
-    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk")
+    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", *CALM)
     faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
                          "10")
     check_survived_and_replaced(faulty, calm)
@@ -87,7 +92,7 @@ def test_keras_fit_survives_a_killed_worker(tmp_path: Path, keras: str, phase: s
     sparse step (Keras 3) or inside the commit (tf-keras); same checks as for torch."""
     environment = ("TF_USE_LEGACY_KERAS=1",) if keras == "tf-keras" else ()
     (tmp_path / "calm").mkdir()
-    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", example=KERAS_EXAMPLE,
+    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", *CALM, example=KERAS_EXAMPLE,
                        environment=environment)
     faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
                          "10", "--kill-phase", phase, example=KERAS_EXAMPLE,
@@ -144,7 +149,7 @@ def wait_for(path: Path, text: str, timeout_s: float) -> None:
 @pytest.mark.mpi
 def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Path) -> None:
     steps = ["--steps", "120", "--compute-ms", "100"]
-    calm = ddp_run(tmp_path / "calm", 4, *steps)
+    calm = ddp_run(tmp_path / "calm", 4, *steps, *CALM)
     port, checkpoints = free_port(), tmp_path / "faulty"
     arguments = ["--checkpoints", str(checkpoints), *steps, "--marker", str(tmp_path / "killed")]
     log = tmp_path / "survivor.log"

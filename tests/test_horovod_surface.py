@@ -1,7 +1,8 @@
 """Loss scaling and the rest of Horovod's surface, under real launchers (2 workers).
 
 - torch.amp GradScaler with gtopk_hvd's optimizer under mpirun (tests/mpi/mpi_torch_amp.py):
-  gTop-k, Top-k and dense; with the DDP hook under torchrun (tests/mpi/torchrun_ddp_amp.py).
+  gTop-k, Top-k and dense, one launch for the three; with the DDP hook under torchrun
+  (tests/mpi/torchrun_ddp_amp.py).
 - Keras' LossScaleOptimizer on Keras 3 and tf-keras, register_local_source, and our dense tape
   against Horovod's own, argument by argument (tests/mpi/mpi_tensorflow_surface.py); the same
   parity for the torch optimizer (tests/mpi/mpi_torch_dense_parity.py).
@@ -19,10 +20,27 @@ from helpers.mpi_launcher import run_mpi
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("mode", ["gtopk", "topk", "dense"])
-def test_torch_grad_scaler_skips_overflows_and_keeps_accuracy(mode: str) -> None:
-    output = run_mpi("mpi_torch_amp.py", 2, mode, timeout_s=600)
+AMP_MODES = ("gtopk", "topk", "dense")
+
+
+@pytest.fixture(scope="module")
+def torch_amp_launch() -> dict[str, object]:
+    """One mpirun launch of mpi_torch_amp.py for every mode (the ranks start torch and Horovod
+    once), shared by the test of each mode: {"output": ...} or {"error": ...}."""
+    try:
+        return {"output": run_mpi("mpi_torch_amp.py", 2, *AMP_MODES, timeout_s=900)}
+    except AssertionError as error:  # the launch failed: each mode's test says so
+        return {"error": error}
+
+
+@pytest.mark.parametrize("mode", AMP_MODES)
+def test_torch_grad_scaler_skips_overflows_and_keeps_accuracy(
+        mode: str, torch_amp_launch: dict[str, object]) -> None:
+    if "error" in torch_amp_launch:
+        raise torch_amp_launch["error"]
+    output = torch_amp_launch["output"]
     assert f"RESULT mode={mode} run=overflow" in output, output[-3000:]
+    assert f"CHECKED mode={mode}" in output, output[-3000:]
 
 
 def test_ddp_hook_with_grad_scaler_under_torchrun() -> None:

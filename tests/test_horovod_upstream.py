@@ -1,12 +1,16 @@
 """Horovod 0.28.1's own optimizer tests (tests/horovod_upstream/, vendored unchanged) against
-gtopk_hvd's DistributedOptimizer, under mpirun on 2 workers, one run per mode:
+gtopk_hvd's DistributedOptimizer, under mpirun on 2 workers, in each mode:
 
     horovod   plain Horovod: the baseline, which also verifies the list of what fails there
     none      gtopk_hvd.torch.DistributedOptimizer with Compression.none
     gtopk     ... with Compression.gtopk(density=1.0)
     topk      ... with Compression.topk(density=1.0)
 
-(tests/horovod_upstream/conftest.py does the swap.) Every selected test must pass in every mode
+(tests/horovod_upstream/conftest.py does the swap.) One launch serves the four modes: each
+test runs once per mode, a fresh TestCase each time, in the same two ranks (conftest.py), so
+torch's tests are one launch and each Keras flavour one (a flavour is chosen at import); the
+tests here, one per mode, assert on that launch's outcomes for their mode. Every selected test
+must pass in every mode
 but for the cases listed below, each with its reason and the message it must fail with on every
 rank. No run may hang: each has a hard time limit, and pytest-timeout ends a hanging test with
 the stacks of every thread.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -162,28 +167,28 @@ def expected(test: str, mode: str, failures: dict = EXPECTED_FAILURES) -> tuple[
     return "passed", ""
 
 
-def run_mode(mode: str, files: list[str], selection: str, timeout_s: float,
-             environment: tuple[str, ...] = ()) -> dict:
-    """Runs the files' selected tests on WORKERS ranks in `mode` (`environment`: more
-    NAME=value for the ranks); returns {test: {rank: record}} from the ranks' reports
-    (conftest.py), and the output."""
+def run_modes(files: list[str], selection: str, timeout_s: float,
+              environment: tuple[str, ...] = ()) -> dict:
+    """Runs the files' selected tests on WORKERS ranks, once per mode of MODES, in one launch
+    (`environment`: more NAME=value for the ranks); returns {mode: {test: {rank: record}}}
+    from the ranks' reports (conftest.py), and the output."""
     with tempfile.TemporaryDirectory() as reports:
         exports = [item for variable in environment for item in ("-x", variable)]
         command = mpirun_command(WORKERS, [
             *exports,
-            "-x", f"GTOPK_HVD_MODE={mode}", "-x", f"GTOPK_HVD_REPORT_DIR={reports}",
+            "-x", f"GTOPK_HVD_MODE={','.join(MODES)}", "-x", f"GTOPK_HVD_REPORT_DIR={reports}",
             sys.executable, "-m", "pytest", *[str(UPSTREAM / f) for f in files],
             "-k", selection, "-q", "-p", "no:cacheprovider", "--color=no",
-            "--timeout=300", "--timeout-method=thread"])
+            "--timeout=600", "--timeout-method=thread"])
         try:
-            _, output = run_with_time_limit(command, timeout_s, f"Horovod's tests in {mode}")
+            _, output = run_with_time_limit(command, timeout_s, "Horovod's tests")
         finally:
-            outcomes: dict = {}
+            outcomes: dict = {mode: {} for mode in MODES}
             for rank in range(WORKERS):
                 path = Path(reports) / f"rank{rank}.jsonl"
                 for line in path.read_text().splitlines() if path.exists() else []:
                     record = json.loads(line)
-                    outcomes.setdefault(record["test"], {})[rank] = record
+                    outcomes[record["mode"]].setdefault(record["test"], {})[rank] = record
     return {"outcomes": outcomes, "output": output}
 
 
@@ -205,32 +210,82 @@ def check(outcomes: dict, tests: list[str], mode: str, output: str,
     assert not problems, f"mode {mode}:\n" + "\n".join(problems) + f"\n{output[-3000:]}"
 
 
+TORCH_FILES = ["test_torch.py", "test_torch_variants.py", *TORCH_LIMITS]
+KERAS_LEGACY = {"tf_keras": "1", "keras3": "0"}
+
+
+def torch_launch() -> dict:
+    """Horovod's torch tests in the four modes, and gtopk_hvd's own limits once: one launch."""
+    selection = " or ".join([*TORCH_TESTS, *TORCH_VARIANTS, "test_gtopk_torch_limits"])
+    return run_modes(TORCH_FILES, selection, timeout_s=1200)
+
+
+def keras_launch(flavour: str) -> dict:
+    """Horovod's Keras tests on one flavour (tf-keras or Keras 3: chosen at import, so a
+    launch of its own) in the four modes."""
+    files = ["test_tensorflow2_keras.py"]
+    if flavour == "keras3":
+        files.append("test_tensorflow2_keras_variants.py")
+    return run_modes(files, " or ".join(keras_tests(flavour)), timeout_s=1200,
+                     environment=(f"TF_USE_LEGACY_KERAS={KERAS_LEGACY[flavour]}",
+                                  "GTOPK_HVD_KERAS=1"))
+
+
+def keras_tests(flavour: str) -> list[str]:
+    tests = list(KERAS_TESTS)
+    if flavour == "keras3":
+        tests += [f"{test}_keras3" for test in KERAS3_VARIANTS]
+    return tests
+
+
+@pytest.fixture(scope="module")
+def launches() -> Callable[[str], dict]:
+    """launches("torch") / launches("tf_keras") / launches("keras3"): that launch's result,
+    launched once for the module and shared by the tests of every mode (a launch that failed
+    fails each of them with its error, without launching again)."""
+    done: dict[str, object] = {}
+    makers = {"torch": torch_launch, "tf_keras": lambda: keras_launch("tf_keras"),
+              "keras3": lambda: keras_launch("keras3")}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            try:
+                done[name] = makers[name]()
+            except BaseException as error:  # noqa: BLE001 - re-raised for every test asking
+                done[name] = error
+        if isinstance(done[name], BaseException):
+            raise done[name]
+        return done[name]
+
+    return get
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_horovod_torch_tests(mode: str) -> None:
-    files = ["test_torch.py", "test_torch_variants.py"]
-    tests = list(TORCH_TESTS + TORCH_VARIANTS)
-    if mode != "horovod":
-        files += list(TORCH_LIMITS)
-    selection = " or ".join(tests + ["test_gtopk_torch_limits"])
-    result = run_mode(mode, files, selection, timeout_s=600)
-    check(result["outcomes"], tests, mode, result["output"])
-    if mode != "horovod":
-        limits = {test: ranks for test, ranks in result["outcomes"].items()
-                  if test not in tests}
-        assert len(limits) >= 18, f"gtopk_hvd's own checks did not run:\n{result['output']}"
-        failed = {test: ranks for test, ranks in limits.items()
-                  if any(r["outcome"] != "passed" for r in ranks.values())}
-        assert not failed, f"{failed}\n{result['output'][-3000:]}"
+def test_horovod_torch_tests(mode: str, launches: Callable[[str], dict]) -> None:
+    result = launches("torch")
+    check(result["outcomes"][mode], list(TORCH_TESTS + TORCH_VARIANTS), mode, result["output"])
+
+
+def test_gtopk_torch_limits(launches: Callable[[str], dict]) -> None:
+    """gtopk_hvd's own checks (test_gtopk_torch_limits.py) ran beside the port and all
+    passed."""
+    result = launches("torch")
+    ran = [mode for mode in MODES
+           if any(test.startswith("test_") and test not in TORCH_TESTS + TORCH_VARIANTS
+                  for test in result["outcomes"][mode])]
+    assert len(ran) == 1, f"gtopk_hvd's own checks ran in modes {ran}, not once"
+    limits = {test: ranks for test, ranks in result["outcomes"][ran[0]].items()
+              if test not in TORCH_TESTS + TORCH_VARIANTS}
+    assert len(limits) >= 18, f"gtopk_hvd's own checks did not run:\n{result['output']}"
+    assert all(len(ranks) == WORKERS for ranks in limits.values()), limits
+    failed = {test: ranks for test, ranks in limits.items()
+              if any(r["outcome"] != "passed" for r in ranks.values())}
+    assert not failed, f"{failed}\n{result['output'][-3000:]}"
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras3"])
-def test_horovod_keras_tests(flavour: str, mode: str) -> None:
-    legacy = "1" if flavour == "tf_keras" else "0"
-    files, tests = ["test_tensorflow2_keras.py"], list(KERAS_TESTS)
-    if flavour == "keras3":
-        files.append("test_tensorflow2_keras_variants.py")
-        tests += [f"{test}_keras3" for test in KERAS3_VARIANTS]
-    result = run_mode(mode, files, " or ".join(tests), timeout_s=600,
-                      environment=(f"TF_USE_LEGACY_KERAS={legacy}", "GTOPK_HVD_KERAS=1"))
-    check(result["outcomes"], tests, mode, result["output"], KERAS_EXPECTED_FAILURES[flavour])
+def test_horovod_keras_tests(flavour: str, mode: str, launches: Callable[[str], dict]) -> None:
+    result = launches(flavour)
+    check(result["outcomes"][mode], keras_tests(flavour), mode, result["output"],
+          KERAS_EXPECTED_FAILURES[flavour])

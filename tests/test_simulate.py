@@ -1,14 +1,18 @@
 """The simulated cluster (gtopk_hvd.simulate, the "local" transport) is the real algorithm.
 
-- examples/simulated_cluster.py at P = 2, 6 and 8 ends with weights bitwise identical to
-  examples/pytorch_lm.py under mpirun with the same seeds and shards for Top-k and gTop-k, and
-  equal to float rounding for dense (Horovod's all-reduce sums in its own order; at P = 6); the
-  same for the digits CNN (examples/pytorch_digits.py): Top-k, gTop-k and dense at P = 3,
-  gTop-k at P = 8. P = 2 and 8 are powers of two (gTop-k's tree is complete), 3 and 6 are not
-  (a partner is missing in a round); each mpirun launch starts every rank with torch and
-  Horovod, so the matrix is what covers those cases once each.
-- examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW) at P = 3:
-  bitwise the mpirun job of examples/pytorch_transformer.py for gTop-k and MiCRO.
+- examples/simulated_cluster.py ends with weights bitwise identical to examples/pytorch_lm.py
+  under mpirun with the same seeds and shards: gTop-k at P = 2, 6 and 8, Top-k at P = 6; and
+  equal to float rounding for dense (Horovod's all-reduce sums in its own order; at P = 6). The
+  same for the digits CNN (examples/pytorch_digits.py, its DistributedSampler shards and
+  learning rate x P): gTop-k and dense at P = 3, gTop-k at P = 2 (1,437 training images: at
+  P = 2 the sampler pads the last shard, at P = 3 it does not). P = 2 and 8 are powers of two
+  (gTop-k's tree is complete), 3 and 6 are not (a partner is missing in a round). gTop-k, whose
+  tree depends on P, carries the P dimension; Top-k and dense sum P contributions in an order
+  that float addition makes visible only from P = 3 on, so once each at P = 6 is enough. Each
+  mpirun launch starts every rank with torch and Horovod, so the matrix covers each case once.
+- examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW and its warm-up)
+  at P = 3: bitwise the mpirun job of examples/pytorch_transformer.py with MiCRO, a union
+  scheme (the recipe does not depend on the scheme; gTop-k at P = 3 is the digits CNN's).
 - The local transport: messages and collectives as the real transports; a worker that fails
   ends every worker's wait at once (no hang) with the cause; "local" outside a worker names
   the fix.
@@ -52,8 +56,7 @@ def simulated(workers: int, compression: str, save: Path) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("workers,compressions", [
-    (2, ("topk", "gtopk")), (6, ("topk", "gtopk", "none")), (8, ("topk", "gtopk"))],
-    ids=["P2", "P6", "P8"])
+    (2, ("gtopk",)), (6, ("topk", "gtopk", "none")), (8, ("gtopk",))], ids=["P2", "P6", "P8"])
 def test_simulated_lm_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
                                             tmp_path: Path) -> None:
     for compression in compressions:
@@ -83,35 +86,37 @@ TRANSFORMER_OPTIONS = ["--vocab-size", "2000", "--size", "32", "--layers", "2", 
 
 @pytest.mark.mpi
 def test_simulated_transformer_equals_the_mpirun_job(tmp_path: Path) -> None:
-    """examples/pytorch_transformer.py (AdamW) at P = 3, a fold in gTop-k's tree: the simulated
-    cluster ends bitwise where the mpirun job does, for a selection-and-merge scheme and a
-    union scheme."""
-    for compression in ("gtopk", "micro"):
-        output = run_mpi("examples/pytorch_transformer.py", 3, "--compression", compression,
-                         "--batch-size", str(PER_WORKER_BATCH), "--save",
-                         str(tmp_path / "mpi.npz"), *TRANSFORMER_OPTIONS, timeout_s=300)
-        ranks = set(re.findall(r"CHECKSUM rank=\d+ (\w+)", output))
-        assert len(ranks) == 1, f"{compression}: mpirun replicas differ: {ranks}"
-        command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"),
-                   "transformer", "--workers", "3", "--global-batch", str(3 * PER_WORKER_BATCH),
-                   "--compression", compression, "--save", str(tmp_path / "sim.npz"),
-                   *TRANSFORMER_OPTIONS]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        checksum = re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
-        assert checksum == ranks.pop(), f"{compression}: not bitwise"
-        real, fake = np.load(tmp_path / "mpi.npz"), np.load(tmp_path / "sim.npz")
-        assert sorted(real) == sorted(fake)
-        for name in real:
-            assert real[name].tobytes() == fake[name].tobytes(), (compression, name)
+    """examples/pytorch_transformer.py (AdamW, its warm-up) at P = 3: the simulated cluster ends
+    bitwise where the mpirun job does, with a union scheme (MiCRO: each worker selects by a
+    threshold within its own rotating partition of the indices, the sums exact). The recipe
+    does not depend on the scheme; the selection-and-merge gTop-k is proven at P = 3 on the
+    digits CNN and at 2, 6 and 8 on the LSTM."""
+    compression = "micro"
+    output = run_mpi("examples/pytorch_transformer.py", 3, "--compression", compression,
+                     "--batch-size", str(PER_WORKER_BATCH), "--save",
+                     str(tmp_path / "mpi.npz"), *TRANSFORMER_OPTIONS, timeout_s=300)
+    ranks = set(re.findall(r"CHECKSUM rank=\d+ (\w+)", output))
+    assert len(ranks) == 1, f"{compression}: mpirun replicas differ: {ranks}"
+    command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"),
+               "transformer", "--workers", "3", "--global-batch", str(3 * PER_WORKER_BATCH),
+               "--compression", compression, "--save", str(tmp_path / "sim.npz"),
+               *TRANSFORMER_OPTIONS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checksum = re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
+    assert checksum == ranks.pop(), f"{compression}: not bitwise"
+    real, fake = np.load(tmp_path / "mpi.npz"), np.load(tmp_path / "sim.npz")
+    assert sorted(real) == sorted(fake)
+    for name in real:
+        assert real[name].tobytes() == fake[name].tobytes(), (compression, name)
 
 
 DIGITS_OPTIONS = ["--epochs", "1", "--density", "0.05", "--quiet"]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers,compressions", [(3, ("topk", "gtopk", "none")), (8, ("gtopk",))],
-                         ids=["P3", "P8"])
+@pytest.mark.parametrize("workers,compressions", [(3, ("gtopk", "none")), (2, ("gtopk",))],
+                         ids=["P3", "P2"])
 def test_simulated_digits_cnn_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
                                                     tmp_path: Path) -> None:
     for compression in compressions:

@@ -1,7 +1,10 @@
 """Under mpirun: torch.amp loss scaling (GradScaler) with gtopk_hvd's sparse optimizer, Horovod's
 recipe (synchronize, unscale_, skip_synchronize, scaler.step, update), on scikit-learn's digits.
 
-    mpi_torch_amp.py gtopk|topk|dense
+    mpi_torch_amp.py MODE [MODE ...]      MODE: gtopk, topk or dense
+
+Several modes run one after the other in the one launch, each exactly as alone (its own model,
+optimizer and scaler from the same seed).
 
 A digits MLP under float16 autocast on the CPU, twice with the same seed, data and steps:
 "overflow" starts GradScaler at 2^24, so the first steps overflow (Inf gradients) and are
@@ -81,10 +84,7 @@ def run(mode: str, init_scale: float) -> dict:
             "last_scale": scales[-1]}
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    hvd.init()
-    torch.set_num_threads(1)
+def check_mode(mode: str) -> None:
     overflow = run(mode, init_scale=2.0**24)
     clean = run(mode, init_scale=2.0**8)
     if hvd.rank() == 0:
@@ -97,6 +97,19 @@ def main() -> None:
     gap = overflow["accuracy"] - clean["accuracy"]
     assert gap >= margins.floor(f"torch_amp_{mode}", f"{mode}_gap"), (overflow, clean)
     assert clean["accuracy"] >= margins.floor(f"torch_amp_{mode}", f"{mode}_clean"), clean
+    if hvd.rank() == 0:
+        print(f"CHECKED mode={mode}", flush=True)
+
+
+def main() -> None:
+    modes = sys.argv[1:]
+    if not modes or not set(modes) <= {"gtopk", "topk", "dense"}:
+        raise SystemExit(f"usage: mpi_torch_amp.py MODE [MODE ...] (gtopk, topk, dense); "
+                         f"got {modes}")
+    hvd.init()
+    torch.set_num_threads(1)
+    for mode in modes:
+        check_mode(mode)
 
 
 if __name__ == "__main__":

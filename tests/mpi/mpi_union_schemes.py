@@ -6,7 +6,10 @@ of the same scheme's core step run in this process on every worker's gradient (t
 tests/test_union_schemes.py checks the core against numpy replays), and the replicas are
 bitwise identical.
 
-    mpi_union_schemes.py torch | tensorflow | keras | tf-keras
+    mpi_union_schemes.py torch | tf-keras | FRAMEWORK [FRAMEWORK ...]
+
+FRAMEWORK: tensorflow or keras (both Keras 3: one launch may run both, one after the other);
+tf-keras (TF_USE_LEGACY_KERAS, set before TensorFlow is imported) and torch run alone.
 """
 
 from __future__ import annotations
@@ -124,11 +127,7 @@ def keras_updates(config: object) -> list[np.ndarray]:
     return updates
 
 
-def main() -> None:
-    framework = sys.argv[1]
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+def check(framework: str, comm: object) -> None:
     runs = []
     for name, config in SCHEMES.items():
         if framework == "torch":
@@ -151,6 +150,19 @@ def main() -> None:
             assert all(other == everyone[0] for other in everyone), f"replicas differ: {what}"
     if comm.rank == 0:
         print(f"UNION SCHEMES THROUGH {framework} OK", flush=True)
+
+
+def main() -> None:
+    frameworks = sys.argv[1:]
+    alone = ("torch", "tf-keras")
+    if not frameworks or not set(frameworks) <= {"torch", "tensorflow", "keras", "tf-keras"} or (
+            len(frameworks) > 1 and set(frameworks) & set(alone)):
+        raise SystemExit(f"usage: mpi_union_schemes.py torch | tf-keras | tensorflow|keras ...; "
+                         f"got {frameworks}")
+    from mpi4py import MPI
+
+    for framework in frameworks:
+        check(framework, MPI.COMM_WORLD)
 
 
 if __name__ == "__main__":
