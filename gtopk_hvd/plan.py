@@ -43,7 +43,10 @@ Time to target (`--near`, from measured runs, `gtopk_hvd.convergence`): for each
 
 steps(config): the steps its run took to reach near x dense's final perplexity at that P
 (measured: the LSTM language model of the scale study, simulated workers); step: the model
-above at the configuration's own density, for the --params, --compute-ms and link given. The
+above at the configuration's own density, for the --params, --compute-ms and link given, with
+the bytes the run itself sent per step (its last evaluation's) scaled by --params / the run's d
+in place of the formula's (bytes grow with k = density d; a threshold scheme's reused
+thresholds send more than the formula's k). The
 fastest configuration that reached the target is marked; "-" marks one that did not within
 its run. The steps transfer to another model only as far as it converges like the measured one:
 the output names what was measured.
@@ -251,8 +254,12 @@ def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, 
     for run in runs:
         if run.workers != workers or run.scheme not in SCHEMES:
             continue
-        step = predict(run.scheme, workers, d, run.density, rate_bps, latency_s, compute_s,
-                       select_s.get(run.density, 0.0), shares[run.scheme]).step_s
+        modelled = predict(run.scheme, workers, d, run.density, rate_bps, latency_s,
+                           compute_s, select_s.get(run.density, 0.0), shares[run.scheme])
+        step = modelled.step_s
+        if run.bytes_per_step > 0:  # what the run sent, at the user's d
+            sent = run.bytes_per_step * d / run.params
+            step += (sent - modelled.bytes_sent) * 8.0 / (rate_bps * shares[run.scheme])
         rows.append(TimeToTarget(run.name, workers, steps[run.name], step, run.steps))
     return target, rows
 
