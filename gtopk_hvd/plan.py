@@ -303,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               "(scripts/scale_study.py run writes them).")
         return
     densities = sorted({run.density for run in runs if run.scheme != "dense"})
-    selects = {density: (select_s if not measured else measure_select_s(args.params, density))
+    selects = {density: (measure_select_s(args.params, density)
+                         if measured and density != args.density else select_s)
                for density in densities}
     measured_p = convergence.measured_workers(runs)
     print(f"\nTime to target: steps to {args.near:g} x dense's final perplexity, measured on "
