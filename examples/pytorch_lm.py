@@ -149,8 +149,10 @@ def distributed_optimizer(args: argparse.Namespace, optimizer: torch.optim.Optim
     if args.compression in digits_common.DENSE:
         return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, args.compression))
+    frozen = args.dense_steps if getattr(args, "sparsify", None) == "preconditioned" else None
     return gtopk.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                      compression=sparse_compression(args, steps_per_epoch))
+                                      compression=sparse_compression(args, steps_per_epoch),
+                                      freeze_variance_after=frozen)
 
 
 def perplexity(model: nn.Module, tokens: np.ndarray, bptt: int) -> float:
@@ -250,7 +252,9 @@ def train(args: argparse.Namespace, recipe: ModuleType) -> None:
         began = time.perf_counter()
         loss = timed_step(optimizer, partial(forward_backward, model, inputs, targets, hidden),
                           timer, clip=partial(nn.utils.clip_grad_norm_, model.parameters(),
-                                              args.clip))
+                                              args.clip),
+                          # The preconditioned update is no gradient: each worker clips its own.
+                          clip_first=getattr(optimizer, "preconditioned", False))
         seconds += time.perf_counter() - began
         stats = getattr(optimizer, "last_stats", None)  # gtopk_hvd's sparse optimizers
         if stats is not None:

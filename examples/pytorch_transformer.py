@@ -15,7 +15,8 @@ The corpus, the shards, the evaluation and the training loop are examples/pytorc
 - gradient clipping at --clip, the Horovod way (synchronize, clip, skip_synchronize).
 
 With a sparse scheme the gradient is sparsified before AdamW sees it (the wrapped optimizer
-gets the averaged sparse update): docs/adamw.md says what that does to Adam's moments.
+gets the averaged sparse update): docs/adamw.md says what that does to Adam's moments, and why
+`--sparsify preconditioned` (the optimizer's `freeze_variance_after`) does better.
 
     mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \\
         .venv/bin/python examples/pytorch_transformer.py --compression gtopk --density 0.01
@@ -124,14 +125,25 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--min-lr-ratio", type=float, default=0.1,
                         help="the cosine decay ends at this fraction of --lr")
     parser.add_argument("--clip", type=float, default=1.0, help="max norm of the gradient")
-    parser.add_argument("--sparsify", choices=["gradient", "update"], default="gradient",
+    parser.add_argument("--sparsify", choices=["gradient", "update", "preconditioned"],
+                        default="gradient",
                         help="what the sparse scheme reduces: the gradient (AdamW then steps on "
-                             "the sparse average), or each worker's own AdamW step (its "
-                             "moments its own; simulated cluster only)")
+                             "the sparse average), each worker's own AdamW step (its "
+                             "moments its own; simulated cluster only), or the gradient "
+                             "divided by AdamW's second moment, frozen after --dense-steps "
+                             "dense steps (the optimizer's freeze_variance_after; each worker "
+                             "then clips its own gradient before the reduction)")
+    parser.add_argument("--dense-steps", type=int, default=None,
+                        help="--sparsify preconditioned: dense AdamW steps before the second "
+                             "moment is frozen (default: --warmup-steps, at least 1)")
     pytorch_lm.add_run_arguments(parser)
     args = pytorch_lm.check_run_arguments(parser, parser.parse_args(argv))
     if args.warmup_steps < 0:
         parser.error("--warmup-steps must be >= 0")
+    if args.dense_steps is None:
+        args.dense_steps = max(1, args.warmup_steps)
+    if args.dense_steps < 1:
+        parser.error("--dense-steps must be >= 1")
     if args.size % args.heads:
         parser.error(f"--size ({args.size}) must be a multiple of --heads ({args.heads})")
     args.momentum = 0.0  # sparse_options' momentum-correction check reads it: AdamW has none

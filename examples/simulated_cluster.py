@@ -48,6 +48,7 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from gtopk_hvd.simulate import SimulatedCluster
+from gtopk_hvd.torch.frozen_variance import FrozenVariance
 
 EXAMPLES = {"lm": pytorch_lm, "transformer": pytorch_transformer, "digits": pytorch_digits}
 LANGUAGE_MODELS = ("lm", "transformer")
@@ -154,6 +155,9 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
     if getattr(args, "sparsify", "gradient") == "update" and not dense:
         local_steps = LocalOptimizerSteps(parameters, [recipe.build_optimizer(args, model)
                                                        for _ in range(workers)], args.clip)
+    frozen = None  # --sparsify preconditioned: the optimizer's freeze_variance_after
+    if getattr(args, "sparsify", "gradient") == "preconditioned" and not dense:
+        frozen = FrozenVariance(optimizer, parameters, args.dense_steps)
     cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
                                [p.numel() for p in parameters], workers)
 
@@ -176,6 +180,8 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
             point_gradients(parameters, cluster.gradients[rank])
             loss += pytorch_lm.forward_backward(model, shard[start:start + args.bptt],
                                                 shard[start + 1:start + 1 + args.bptt], state)
+            if frozen is not None and not frozen.dense:  # as the example: its own gradient
+                torch.nn.utils.clip_grad_norm_(parameters, args.clip)
             hidden[rank] = state
             dropout_streams[rank] = torch.get_rng_state()
         computed = time.perf_counter()
@@ -185,12 +191,19 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
             lost = lose_residual(cluster, own.lose_worker)
         if local_steps is not None:
             local_steps.replace_gradients_by_steps(cluster.gradients)
-        update = cluster.reduce()
+        warming = frozen is not None and frozen.dense
+        if frozen is not None and not warming:
+            for gradient in cluster.gradients:
+                frozen.precondition_(torch.from_numpy(gradient))
+        update = cluster.reduce(dense=warming)
         reduced = time.perf_counter()
         if step == own.lose_residual_at and not dense:
             lost["update_l2"] = float(np.linalg.norm(update))
         if local_steps is not None:
             local_steps.apply(update)
+        elif frozen is not None and not warming:
+            point_gradients(parameters, update)
+            frozen.step()
         else:
             point_gradients(parameters, update)
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

@@ -52,16 +52,19 @@ class StepTimer:
 
 
 def timed_step(optimizer: torch.optim.Optimizer, forward_backward: Callable[[], float],
-               timer: StepTimer, clip: Optional[Callable[[], Any]] = None) -> float:
-    """zero_grad, forward_backward() (returns the loss), synchronize, clip, step; returns the
-    loss and records the phases in `timer`."""
+               timer: StepTimer, clip: Optional[Callable[[], Any]] = None,
+               clip_first: bool = False) -> float:
+    """zero_grad, forward_backward() (returns the loss), synchronize, clip, step (clip_first:
+    clip, then synchronize); returns the loss and records the phases in `timer`."""
     optimizer.zero_grad()
     start = time.perf_counter()
     loss = forward_backward()
+    if clip is not None and clip_first:
+        clip()
     computed = time.perf_counter()
     optimizer.synchronize()
     synchronized = time.perf_counter()
-    if clip is not None:
+    if clip is not None and not clip_first:
         clip()
     with optimizer.skip_synchronize():
         optimizer.step()

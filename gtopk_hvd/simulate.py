@@ -75,16 +75,21 @@ class SimulatedCluster:
             return [int(2 * (self.workers - 1) / self.workers * 4 * self.d)] * self.workers
         return [stats.bytes_sent for stats in self.last_stats]
 
-    def reduce(self) -> np.ndarray:
+    def reduce(self, dense: bool = False) -> np.ndarray:
         """Every worker's step on its gradient at once; returns the update (module docstring).
-        The array is reused by the next call."""
+        The array is reused by the next call. dense: each worker's `SparseStep.dense_update`
+        instead (an optimizer's dense start; the sparse state is kept)."""
         if self.steps is None:
             return self._dense()
 
         def one_worker(rank: int) -> StepStats:
             ops.set_num_threads(1)
             step = self.steps[rank]
-            step.update(self.gradients[rank], self._updates[rank], clear_gradient=True)
+            if dense:
+                step.dense_update(self.gradients[rank], self._updates[rank],
+                                  clear_gradient=True)
+            else:
+                step.update(self.gradients[rank], self._updates[rank], clear_gradient=True)
             return step.last_stats
 
         self.last_stats = self.group.run(one_worker)

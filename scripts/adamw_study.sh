@@ -3,8 +3,9 @@
 # the simulated cluster, dense AdamW against each sparse scheme with the gradient sparsified
 # before AdamW (--sparsify gradient, what the optimizers do) and with each worker's own AdamW
 # step sparsified instead (--sparsify update). One history JSON per run under results/adamw/
-# (or $1), then the table (scripts/adamw_table.py). Sequential: about 5 minutes a run on one
-# core at the sizes below.
+# (or $1), then the table (scripts/adamw_table.py). --sparsify preconditioned: the gradient
+# divided by AdamW's second moment, frozen after 50 dense steps. Sequential: 4 to 11 minutes a
+# run on one core at the sizes below; ONLY=<name> runs one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/adamw}"
@@ -17,15 +18,29 @@ COMMON=(--workers "$WORKERS" --global-batch 32 --vocab-size 5000 --size 128 --la
 run() {  # name, then the run's own options
     local name=$1; shift
     [[ -f $OUT/$name.json ]] && return 0
+    [[ -n ${ONLY:-} && $ONLY != "$name" ]] && return 0
     .venv/bin/python examples/simulated_cluster.py transformer "${COMMON[@]}" "$@" \
         --history "$OUT/$name.json.tmp" | grep RESULT | tee "$OUT/$name.result"
     mv "$OUT/$name.json.tmp" "$OUT/$name.json"
 }
 run dense --compression none
 for density in 0.01 0.001; do
-    for sparsify in gradient update; do
+    for sparsify in gradient update preconditioned; do
         run "gtopk-$density-$sparsify" --compression gtopk --density "$density" --sparsify "$sparsify"
     done
 done
-run topk-0.01-gradient --compression topk --density 0.01 --sparsify gradient
-run topk-0.01-update --compression topk --density 0.01 --sparsify update
+for sparsify in gradient update preconditioned; do
+    run "topk-0.01-$sparsify" --compression topk --density 0.01 --sparsify "$sparsify"
+done
+run topk-0.001-preconditioned --compression topk --density 0.001 --sparsify preconditioned
+for density in 0.01 0.001; do
+    run "oktopk-$density-preconditioned" --compression oktopk --density "$density" \
+        --sparsify preconditioned
+done
+# What the preconditioned rule's settings do: a longer dense start, no clipping.
+for dense in 100 150; do
+    run "topk-0.01-preconditioned-dense$dense" --compression topk --density 0.01 \
+        --sparsify preconditioned --dense-steps "$dense"
+done
+run topk-0.01-preconditioned-noclip --compression topk --density 0.01 --sparsify preconditioned \
+    --clip 1e9

@@ -13,16 +13,14 @@ tensors refuse (tests/helpers/device_like.py: the path a GPU's state takes):
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
-from helpers.device_like import device_like, device_like_cpu
+from helpers.device_like import optimizer_state_on  # noqa: F401 - a fixture
 
 torch = pytest.importorskip("torch")
 hvd = pytest.importorskip("horovod.torch")
 
 import gtopk_hvd.torch as gtopk  # noqa: E402
-from gtopk_hvd.torch import optimizer as optimizer_module  # noqa: E402
 
 SCHEMES = {
     "gtopk": lambda: gtopk.Compression.gtopk(0.05),
@@ -38,20 +36,6 @@ OPTIMIZERS = {
     "adamw": lambda parameters: torch.optim.AdamW(parameters, lr=1e-2),
     "sgd-momentum": lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
 }
-
-
-@pytest.fixture(params=["host", "device-like"])
-def state_on(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """host: the step on numpy views of the CPU buffers; device-like: the path of a GPU (torch
-    state), on CPU tensors that refuse numpy conversions."""
-    if request.param == "host":
-        yield request.param
-        return
-    monkeypatch.setattr(optimizer_module, "_step_device", lambda device: device)
-    monkeypatch.setattr(optimizer_module, "_step_array",
-                        lambda buffer, step_device: device_like(buffer))
-    with device_like_cpu():
-        yield request.param
 
 
 def model_and_data(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -77,8 +61,8 @@ def bf16_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_a_skipped_step_is_not_applied_without_a_scaler(scheme: str, optimizer: str,
-                                                        state_on: str) -> None:
+@pytest.mark.usefixtures("optimizer_state_on")
+def test_a_skipped_step_is_not_applied_without_a_scaler(scheme: str, optimizer: str) -> None:
     model, inputs, labels = model_and_data()
     sparse = distributed(model, scheme, optimizer)
     for _ in range(2):
@@ -111,8 +95,8 @@ def test_a_skipped_step_is_not_applied_without_a_scaler(scheme: str, optimizer: 
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_grad_scaler_with_horovods_recipe_skips_overflows_and_trains(scheme: str,
-                                                                    state_on: str) -> None:
+@pytest.mark.usefixtures("optimizer_state_on")
+def test_grad_scaler_with_horovods_recipe_skips_overflows_and_trains(scheme: str) -> None:
     """float16 autocast, GradScaler starting at 2^24 (its first steps overflow), Horovod's AMP
     recipe: the scaler skips the overflowing steps and lowers its scale; the rest train."""
     model, inputs, labels = model_and_data(1)

@@ -10,9 +10,10 @@
   tree depends on P, carries the P dimension; Top-k and dense sum P contributions in an order
   that float addition makes visible only from P = 3 on, so once each at P = 6 is enough. Each
   mpirun launch starts every rank with torch and Horovod, so the matrix covers each case once.
-- examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW and its warm-up)
-  at P = 3: bitwise the mpirun job of examples/pytorch_transformer.py with MiCRO, a union
-  scheme (the recipe does not depend on the scheme; gTop-k at P = 3 is the digits CNN's).
+- examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW and its warm-up,
+  its second moment frozen after a dense start) at P = 3: bitwise the mpirun job of
+  examples/pytorch_transformer.py with MiCRO, a union scheme (the recipe does not depend on the
+  scheme; gTop-k at P = 3 is the digits CNN's).
 - The local transport: messages and collectives as the real transports; a worker that fails
   ends every worker's wait at once (no hang) with the cause; "local" outside a worker names
   the fix.
@@ -80,17 +81,21 @@ def test_simulated_lm_equals_the_mpirun_job(workers: int, compressions: tuple[st
 
 
 TRANSFORMER_OPTIONS = ["--vocab-size", "2000", "--size", "32", "--layers", "2", "--heads", "4",
-                       "--bptt", "16", "--max-steps", "5", "--eval-every", "5",
-                       "--warmup-steps", "2", "--density", "0.01", "--quiet"]
+                       "--bptt", "16", "--max-steps", "6", "--eval-every", "6",
+                       "--warmup-steps", "2", "--density", "0.01", "--sparsify",
+                       "preconditioned", "--dense-steps", "2", "--quiet"]
 
 
 @pytest.mark.mpi
 def test_simulated_transformer_equals_the_mpirun_job(tmp_path: Path) -> None:
-    """examples/pytorch_transformer.py (AdamW, its warm-up) at P = 3: the simulated cluster ends
+    """examples/pytorch_transformer.py (AdamW, its warm-up) at P = 3 with the optimizer's
+    freeze_variance_after (--sparsify preconditioned: 2 dense steps, then 4 on the
+    preconditioned gradient; each worker clips its own gradient): the simulated cluster ends
     bitwise where the mpirun job does, with a union scheme (MiCRO: each worker selects by a
-    threshold within its own rotating partition of the indices, the sums exact). The recipe
-    does not depend on the scheme; the selection-and-merge gTop-k is proven at P = 3 on the
-    digits CNN and at 2, 6 and 8 on the LSTM."""
+    threshold within its own rotating partition of the indices, the sums exact). The plain
+    optimizer path (AdamW on the sparse average) is the LSTM's; the recipe does not depend on
+    the scheme; the selection-and-merge gTop-k is proven at P = 3 on the digits CNN and at 2, 6
+    and 8 on the LSTM."""
     compression = "micro"
     output = run_mpi("examples/pytorch_transformer.py", 3, "--compression", compression,
                      "--batch-size", str(PER_WORKER_BATCH), "--save",

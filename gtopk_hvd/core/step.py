@@ -48,16 +48,17 @@ Non-finite gradients (a NaN or Inf on any worker), by the configuration's `nonfi
   the residual until it draws its index; the sum then carries it to every worker alike, and all
   raise at that step.
 
-Each step begins with that count (with "raise" it counts no gradient, only the joined
-workers): one all-reduce of two integers, the workers whose gradient is not finite and the
-workers that have joined. Uneven data (Horovod's `hvd.join()`): a worker out of data calls
-`join()`, which takes part in every further step of the others with an empty contribution (an
-all-zero gradient: its messages have their usual shape, their values are zero, its residual is
-kept for later) until the count says every worker has joined, and returns the rank that joined
-last. The others' update is their own contributions' sum / P (Average divides by P, as
-Horovod's does with a joined rank's zeros); the joined worker's model does not take those steps
-(under Horovod neither), so a script broadcasts the weights from the returned rank afterwards.
-A caller that counts for itself (`skip=` given: the DDP hook) gets no join.
+Each step begins with that count (with "raise" it counts no gradient, only the joined workers):
+one all-reduce of three integers, the workers whose gradient is not finite, the workers that
+have joined, and the workers taking a dense step (`dense_update`: an optimizer's dense start),
+which a joined worker then takes part in with zeros. Uneven data (Horovod's `hvd.join()`): a
+worker out of data calls `join()`, which takes part in every further step of the others with an
+empty contribution (an all-zero gradient: its messages have their usual shape, their values are
+zero, its residual is kept for later) until the count says every worker has joined, and returns
+the rank that joined last. The others' update is their own contributions' sum / P (Average
+divides by P, as Horovod's does with a joined rank's zeros); the joined worker's model does not
+take those steps (under Horovod neither), so a script broadcasts the weights from the returned
+rank afterwards. A caller that counts for itself (`skip=` given: the DDP hook) gets no join.
 
 Under loss scaling the residual holds gradients in the scale of the step that made them; a scale
 change (x0.5 after an overflow, x2 after a run of good steps) applies the residual's older mass
@@ -238,6 +239,60 @@ class SparseStep:
         self.last_stats.write_seconds = time.perf_counter() - start
         return out
 
+    def dense_update(self, gradient: Any, out: Any, clear_gradient: bool = False) -> Any:
+        """One dense step in the sparse step's place (an optimizer's dense start, e.g.
+        `gtopk_hvd.torch.frozen_variance`): out = the sum over workers of the gradients,
+        divided by P for Average (as `update` scales), by one all-reduce of d values. The same
+        non-finite rule and count as `update` first (all NaN and nothing changed when skipped);
+        the residual, the velocity and the scheme's state are untouched; the step count
+        advances (the density schedule counts dense steps too). out: d float32 values of the
+        backend's type, not the gradient itself. Bytes counted as a ring all-reduce's."""
+        if out is gradient:
+            raise ValueError("dense_update writes the sum into out: pass another buffer")
+        self._check_agreement()
+        config = self.compression
+        start = time.perf_counter()
+        local = config.nonfinite == "propagate" and not ops.all_finite(gradient)
+        read = time.perf_counter()
+        skip = self._count(local, dense=True)[0] > 0
+        check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
+        budget = self.schedule.budget(self.step_count)
+        if skip:
+            self._skip(gradient, clear_gradient, budget, check_seconds, check_wait_seconds)
+            out[:] = float("nan")
+            return out
+        start = time.perf_counter()
+        out[:] = gradient
+        if clear_gradient:
+            gradient[:] = 0
+        self._sum_dense(out)
+        if config.nonfinite == "raise" and not ops.all_finite(out):
+            raise FloatingPointError(
+                f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} "
+                "on at least one worker; every worker raises here")
+        if self.average and self.transport.size > 1:
+            out /= float(self.transport.size)
+        seconds = time.perf_counter() - start
+        size = self.transport.size
+        ring = 2 * (size - 1) * 4 * self.d // size
+        self.last_stats = StepStats(
+            step=self.step_count, density=1.0, k=self.d, global_entries=self.d,
+            bytes_sent=ring, bytes_received=ring, select_seconds=0.0,
+            communicate_seconds=seconds + check_wait_seconds, merge_seconds=0.0,
+            wait_seconds=check_wait_seconds, transfer_seconds=seconds,
+            check_seconds=check_seconds)
+        self.step_count += 1
+        return out
+
+    def _sum_dense(self, array: Any) -> None:
+        """array = its sum over workers, in place (host arrays or the backend's tensors)."""
+        if self.transport.size == 1:
+            return
+        if isinstance(array, np.ndarray):
+            self.transport.allreduce_sum(array)
+        else:
+            self.transport.allreduce_sum_tensors([array])
+
     # -- uneven data: join ------------------------------------------------------------------
 
     def join(self) -> int:
@@ -256,28 +311,33 @@ class SparseStep:
         zeros = self.backend.zeros(self.d)
         scratch = self.backend.zeros(self.d)
         while True:
-            nonfinite, joined = self._count(False, joined=True)
+            nonfinite, joined, dense = self._count(False, joined=True, counts_all=True)
             if joined == self.transport.size:
                 break
             if nonfinite:
                 self.skipped_steps += 1
                 continue
             scratch[:] = 0
-            self.scheme.exchange(zeros, scratch, self.schedule.budget(self.step_count),
-                                 self.step_count, False)
+            if dense:  # the others' `dense_update`: an all-reduce of zeros
+                self._sum_dense(scratch)
+            else:
+                self.scheme.exchange(zeros, scratch, self.schedule.budget(self.step_count),
+                                     self.step_count, False)
             self.step_count += 1
         if self.transport.size == 1:
             return self.transport.rank
         order = self.transport.allgather(np.array([joined_at, self.transport.rank], np.int64))
         return int(max(map(tuple, order))[1])
 
-    def _count(self, nonfinite: bool, joined: bool = False) -> tuple[int, int]:
-        """(workers whose gradient is not finite, workers that have joined): one all-reduce of
-        two integers, the same on every worker (none at P = 1)."""
-        counts = np.array([int(nonfinite), int(joined)], dtype=np.int32)
+    def _count(self, nonfinite: bool, joined: bool = False, dense: bool = False,
+               counts_all: bool = False) -> tuple[int, ...]:
+        """(workers whose gradient is not finite, workers that have joined[, workers taking a
+        dense step]): one all-reduce of three integers, the same on every worker (none at
+        P = 1). A joined worker learns from the third whether the others' step is dense."""
+        counts = np.array([int(nonfinite), int(joined), int(dense)], dtype=np.int32)
         if self.transport.size > 1:
             self.transport.allreduce_sum(counts)
-        return int(counts[0]), int(counts[1])
+        return tuple(int(c) for c in (counts if counts_all else counts[:2]))
 
     def _check_agreement(self) -> None:
         """The first step's check that every worker has the same layout and configuration; in

@@ -42,6 +42,13 @@ skips it). It recognises Horovod's own wrapper by its class's module and then ca
 optimizer's step, with no collective; our class declares that module too, so the same happens
 here: no sparse step, no collective on some ranks only (which hung), no warm-up step counted.
 
+Adam and AdamW: `freeze_variance_after=N` runs N dense steps, then freezes Adam's second moment
+and reduces the preconditioned gradient (`gtopk_hvd.torch.frozen_variance`); `synchronize()`
+then leaves that reduced update in p.grad, and `step()` applies Adam's first moment and weight
+decay to it itself (the wrapped optimizer's step is not called; its state is the one updated).
+Clip before `synchronize()` there (`optimizer.preconditioned` says when): after it p.grad is no
+longer a gradient.
+
 Horovod's other behaviours kept: `optimizer._parameter_names` ({parameter: name}, unnamed ones
 `allreduce.noname.<group>.<index>`); `step()` after `synchronize()` outside
 `skip_synchronize()` warns as Horovod does (Horovod then reduces the reduced gradients again;
@@ -68,6 +75,7 @@ from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.core.elastic import follow_horovod
 from gtopk_hvd.layout import FusedLayout, Source
+from gtopk_hvd.torch.frozen_variance import FrozenVariance
 from gtopk_hvd.torch.fused import FusedGradients
 from gtopk_hvd.torch.join import register as register_for_join
 from gtopk_hvd.transports import Transport, resolve_for_horovod
@@ -75,7 +83,8 @@ from gtopk_hvd.transports import Transport, resolve_for_horovod
 
 class _SparseDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                 arguments: Arguments, transport: Transport | str | None) -> None:
+                 arguments: Arguments, transport: Transport | str | None,
+                 freeze_variance_after: int | None = None) -> None:
         super(self.__class__, self).__init__(params)
         import horovod.torch as hvd
 
@@ -90,10 +99,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._device = _state_device(self._parameters)
         self._step_device = _step_device(self._device)
         self._hvd, self._transport_choice = hvd, transport
+        options: dict = {"passes": arguments.passes}
+        self._frozen = None
+        if freeze_variance_after is not None:
+            if arguments.compression.momentum_correction:
+                raise ValueError("freeze_variance_after keeps Adam's first moment after the "
+                                 "exchange: momentum_correction (SGD's) does not apply")
+            self._frozen = FrozenVariance(self, self._parameters, freeze_variance_after)
+            options["freeze_variance_after"] = freeze_variance_after
+        self._dense_step = False  # the last synchronize() was a dense start's step
         self._sparse = SparseStep(
             arguments.compression, layout.sizes, resolve_for_horovod(transport, hvd),
             average=arguments.average, predivide=arguments.predivide, device=self._step_device,
-            layout=layout.signature, options={"passes": arguments.passes})
+            layout=layout.signature, options=options)
         self._fused = FusedGradients(self._parameters, layout.offsets, self._device)
         self._synchronized = False
         self._should_synchronize = True
@@ -108,8 +126,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._sparse = follow_horovod(self._sparse, self._transport_choice, self._hvd)
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
-        self._sparse.update(_step_array(gradient, self._step_device),
-                            _step_array(update, self._step_device), clear_gradient=True)
+        self._dense_step = self._frozen is not None and self._frozen.dense
+        if self._dense_step:
+            self._sparse.dense_update(_step_array(gradient, self._step_device),
+                                      _step_array(update, self._step_device),
+                                      clear_gradient=True)
+        else:
+            if self._frozen is not None:
+                self._frozen.precondition_(gradient)
+            self._sparse.update(_step_array(gradient, self._step_device),
+                                _step_array(update, self._step_device), clear_gradient=True)
         self._fused.cleared(gradient)
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats
@@ -156,6 +182,13 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 "(one may stop requiring grad later), or build a new one.")
 
     @property
+    def preconditioned(self) -> bool:
+        """Whether the next synchronize() reduces Adam's preconditioned gradient
+        (freeze_variance_after reached; module docstring): clip each worker's own gradient
+        before it then, not p.grad after it."""
+        return self._frozen is not None and not self._frozen.dense
+
+    @property
     def skipped_steps(self) -> int:
         """Sparse steps skipped for a NaN/Inf on some worker (module docstring), in this
         process."""
@@ -179,6 +212,13 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         if self._skipped:
             self._skipped = False
             return None
+        if self._frozen is not None and not self._dense_step:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            self._frozen.step()
+            return loss
         return super(self.__class__, self).step(closure)
 
     def state_dict(self) -> dict:
@@ -259,6 +299,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     process_set: Any = None,
     *,
     transport: Transport | str | None = None,
+    freeze_variance_after: int | None = None,
 ) -> torch.optim.Optimizer:
     """horovod.torch.DistributedOptimizer with gtopk_hvd's Compression choices.
 
@@ -267,6 +308,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     Horovod's. With a sparse compression, num_groups / groups and process sets other than the
     global one raise NotImplementedError (all gradients are fused into one selection); op may be
     Average or Sum. transport: how the sparse reduction communicates (module docstring).
+    freeze_variance_after=N (Adam or AdamW, a sparse compression): N dense steps, then Adam's
+    second moment is frozen and the scheme reduces the preconditioned gradient
+    (`gtopk_hvd.torch.frozen_variance`; docs/adamw.md).
     """
     import horovod.torch as hvd
 
@@ -274,6 +318,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
                                 groups, process_set, backward_passes_per_step,
                                 dense_by_horovod=True)
     if not arguments.sparse:
+        if freeze_variance_after is not None:
+            raise ValueError("freeze_variance_after is for sparse compressions; a dense one "
+                             "reduces the whole gradient anyway")
         return hvd.DistributedOptimizer(
             optimizer, named_parameters=named_parameters,
             compression=hvd.Compression.fp16 if arguments.compression.name == "fp16"
@@ -287,4 +334,5 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     # hvd.broadcast_optimizer_state tells Horovod's wrapper by this (module docstring).
     namespace["__module__"] = HorovodDistributedOptimizer.__module__
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
-    return cls(optimizer.param_groups, named_parameters, arguments, transport)
+    return cls(optimizer.param_groups, named_parameters, arguments, transport,
+               freeze_variance_after)

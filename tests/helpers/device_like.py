@@ -75,3 +75,20 @@ def device_like_cpu() -> Iterator[None]:
         yield
     finally:
         patch.undo()
+
+
+@pytest.fixture(params=["host", "device-like"])
+def optimizer_state_on(request: pytest.FixtureRequest,
+                       monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The torch DistributedOptimizer's step state: host (numpy views of the CPU buffers) or
+    device-like (the path of a GPU, torch state, on CPU tensors that refuse numpy)."""
+    if request.param == "host":
+        yield request.param
+        return
+    from gtopk_hvd.torch import optimizer as optimizer_module
+
+    monkeypatch.setattr(optimizer_module, "_step_device", lambda device: device)
+    monkeypatch.setattr(optimizer_module, "_step_array",
+                        lambda buffer, step_device: device_like(buffer))
+    with device_like_cpu():
+        yield request.param

@@ -1,0 +1,114 @@
+"""Adam or AdamW with its second moment frozen after a dense start, so that what the sparse
+scheme reduces is the preconditioned gradient (docs/adamw.md says why and what it measured).
+
+Adam's step is m_hat / (sqrt(v_hat) + eps). Fed a sparse update with error feedback, its second
+moment v sees a coordinate's delayed sum G (about g / rho at density rho) once per selection and
+zeros between: v grows to about g^2 / rho and the step shrinks to about sqrt(rho) of the dense
+one. 1-bit Adam (Tang et al., ICML 2021) observed that v settles early in training and froze it;
+with v frozen each step is linear in what is reduced, so error feedback delivers the
+preconditioned gradient's sum as it delivers SGD's. With N = `after` and t the wrapped
+optimizer's step count:
+
+    t < N   the workers' gradients are all-reduced densely (`SparseStep.dense_update`) and the
+            wrapped optimizer steps as it always does;
+    t >= N  s = 1 / (sqrt(v / (1 - beta2^N)) + eps) from its exp_avg_sq, which is not updated
+            again; each worker hands the scheme g * s (so the selection ranks coordinates by the
+            step they would take), the scheme returns u, the average of the sparsified g * s,
+            and
+                m <- beta1 m + (1 - beta1) u
+                w <- w (1 - lr wd) - lr m / (1 - beta1^(t+1))
+            (AdamW's decoupled weight decay; Adam's coupled L2 would feed w into the moments,
+            and is refused).
+
+The state is the wrapped optimizer's own (exp_avg, exp_avg_sq, step), so the phase and s come
+back from its checkpoint; s costs d float32 values where the gradients live, made at the first
+sparse step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class FrozenVariance:
+    """The rule above over `optimizer`'s groups, for `parameters` in the fused order."""
+
+    __slots__ = ("after", "optimizer", "parameters", "scale")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor],
+                 after: int) -> None:
+        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+            raise ValueError(f"freeze_variance_after must be an integer >= 1 (the dense steps "
+                             f"that estimate Adam's second moment), got {after!r}")
+        for group in optimizer.param_groups:
+            check_adam_group(group, type(optimizer).__name__)
+        self.after = after
+        self.optimizer = optimizer
+        self.parameters = parameters
+        self.scale: torch.Tensor | None = None
+
+    def steps_taken(self) -> int:
+        """The wrapped optimizer's step count (0 before its first step)."""
+        for p in self.parameters:
+            state = self.optimizer.state.get(p)
+            if state and "step" in state:
+                return int(state["step"])
+        return 0
+
+    @property
+    def dense(self) -> bool:
+        """Whether the next step is one of the dense start's."""
+        return self.steps_taken() < self.after
+
+    def precondition_(self, flat_gradient: torch.Tensor) -> None:
+        """flat_gradient *= s (the fused order), in place."""
+        if self.scale is None:
+            self.scale = self._frozen_scale(flat_gradient.device)
+        flat_gradient.mul_(self.scale)
+
+    def _frozen_scale(self, device: torch.device) -> torch.Tensor:
+        parts = []
+        group_of = {id(p): group for group in self.optimizer.param_groups
+                    for p in group["params"]}
+        for p in self.parameters:
+            group = group_of[id(p)]
+            state = self.optimizer.state.get(p)
+            if not state or "exp_avg_sq" not in state:
+                raise RuntimeError(
+                    "gtopk_hvd: freeze_variance_after: a parameter has no second moment at the "
+                    "freeze (it got no gradient in the dense steps); it would never move")
+            beta2, eps = group["betas"][1], group["eps"]
+            v_hat = state["exp_avg_sq"].detach().float() / (1.0 - beta2 ** self.after)
+            parts.append((1.0 / (v_hat.sqrt() + eps)).reshape(-1).to(device))
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """The sparse phase's step on p.grad (u, the reduced preconditioned update)."""
+        for group in self.optimizer.param_groups:
+            beta1 = group["betas"][0]
+            lr, decay = float(group["lr"]), float(group["weight_decay"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.optimizer.state[p]
+                state["step"] += 1
+                state["exp_avg"].mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                if decay:
+                    p.mul_(1.0 - lr * decay)
+                p.add_(state["exp_avg"], alpha=-lr / (1.0 - beta1 ** float(state["step"])))
+
+
+def check_adam_group(group: dict[str, Any], name: str) -> None:
+    """Raises ValueError unless `group` is one of Adam's or AdamW's that the rule covers."""
+    if "betas" not in group or "eps" not in group:
+        raise ValueError(f"freeze_variance_after needs Adam or AdamW; got {name}")
+    if group.get("amsgrad") or group.get("maximize"):
+        raise ValueError("freeze_variance_after: amsgrad and maximize are not supported")
+    decoupled = name == "AdamW" or group.get("decoupled_weight_decay", False)
+    if group.get("weight_decay", 0.0) and not decoupled:
+        raise ValueError(
+            "freeze_variance_after: Adam's weight_decay is an L2 term added to the gradient "
+            "before the moments; use AdamW (decoupled weight decay) or weight_decay=0")
