@@ -12,7 +12,8 @@ downloaded.
 
 --checkpoint DIR saves, on every worker, model, optimizer, epoch count and that worker's
 gTop-k residual to DIR/rank<r> (residuals differ between workers); --resume DIR continues from
-there, exactly: 5 epochs then 5 resumed ones end bitwise where 10 epochs in one go do.
+there, exactly: 5 epochs then 5 resumed ones end bitwise where 10 epochs in one go do
+(--checkpoint-at 5 saves after the 5th epoch of a longer run).
 
 Rank 0 ends with a machine-readable RESULT line and every rank with a CHECKSUM line of its
 variables, so that the replicas can be checked to be bitwise identical (see digits_common).
@@ -41,11 +42,17 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser, epochs="train until this many passes over the training set in all")
     parser.add_argument("--eager", action="store_true", help="no tf.function around the step")
     parser.add_argument("--checkpoint", metavar="DIR", default=None,
-                        help="save every worker's state under DIR/rank<r> at the end")
+                        help="save every worker's state under DIR/rank<r> at the end (or "
+                             "after --checkpoint-at epochs)")
+    parser.add_argument("--checkpoint-at", metavar="EPOCH", type=int, default=None,
+                        help="with --checkpoint: save after this epoch, then train on")
     parser.add_argument("--resume", metavar="DIR", default=None,
                         help="continue from the state saved under DIR/rank<r>")
     args = parser.parse_args(argv)
     digits_common.check_common_arguments(parser, args)
+    if args.checkpoint_at is not None and (not args.checkpoint
+                                           or not 0 < args.checkpoint_at <= args.epochs):
+        parser.error("--checkpoint-at needs --checkpoint and an epoch in 1..--epochs")
     return args
 
 
@@ -133,6 +140,8 @@ def main() -> None:
             batch = indices[start:start + args.batch_size]
             losses.append(float(step(x_train[batch], y_train[batch])))
         epoch.assign_add(1)
+        if args.checkpoint and int(epoch.numpy()) == args.checkpoint_at:
+            checkpoint.write(os.path.join(args.checkpoint, f"rank{rank}", "ckpt"))
         if rank == 0:
             accuracy, test_loss = evaluate(model, x_test, y_test)
             digits_common.emit(
@@ -144,7 +153,7 @@ def main() -> None:
     stats = gtopk_state.last_stats if gtopk_state is not None else None
     sent, density = digits_common.communication(args.compression, args.density, stats, params,
                                                 workers)
-    if args.checkpoint:
+    if args.checkpoint and args.checkpoint_at is None:
         checkpoint.write(os.path.join(args.checkpoint, f"rank{rank}", "ckpt"))
     hvd.allreduce(tf.zeros([]), name="barrier")  # every rank's epochs printed before the results
     if rank == 0:

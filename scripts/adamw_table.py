@@ -1,8 +1,15 @@
-"""The table of scripts/adamw_study.sh: one row per run (results/adamw/<name>.json, or the folder
-given), the validation perplexity at every evaluation, the test perplexity and the bytes each
-worker sent per step, dense first.
+"""The tables of scripts/adamw_study.sh: one row per run (results/adamw/<name>.json, or the folder
+given), grouped by P, dense first.
 
-    .venv/bin/python scripts/adamw_table.py [results/adamw]
+1. The validation perplexity at every evaluation, the test perplexity and the bytes each worker
+   sent per step once sparse (a run with a dense start, `--sparsify preconditioned`, sends
+   dense's bytes for its first --dense-steps steps).
+2. Time to target, a model built from measurements: the first evaluated step at or below dense's
+   final perplexity at that P (and within 10% of it), times a step modelled by
+   `gtopk_hvd.plan.predict` at the given link and compute, with each run's own bytes: its dense
+   steps at dense's step, the rest at its scheme's step with the bytes it sent.
+
+    .venv/bin/python scripts/adamw_table.py [results/adamw] [--compute-ms 4] [--link 1gbit]
 """
 
 from __future__ import annotations
@@ -11,25 +18,107 @@ import argparse
 import json
 from pathlib import Path
 
+from gtopk_hvd.plan import parse_rate, predict
 
-def main(folder: str = "results/adamw") -> None:
-    runs = sorted(Path(folder).glob("*.json"), key=lambda p: (p.stem != "dense", p.stem))
+NEAR = (1.0, 1.1)
+
+
+def load(folder: str) -> dict[str, dict]:
+    runs = sorted(Path(folder).glob("*.json"))
     if not runs:
         raise SystemExit(f"no runs in {folder}: run scripts/adamw_study.sh first")
     histories = {path.stem: json.loads(path.read_text()) for path in runs}
-    steps = [e["step"] for e in histories[runs[0].stem]["evaluations"]]
-    print("| run | bytes / step | " + " | ".join(f"step {s}" for s in steps) + " | test |")
-    print("|---" * (len(steps) + 3) + "|")
+    return dict(sorted(histories.items(),
+                       key=lambda item: (item[1]["workers"], item[1]["compression"] != "none",
+                                         item[0])))
+
+
+def dense_steps(history: dict) -> int:
+    """Steps the run reduced densely (a dense start: k = d)."""
+    if history["compression"] == "none":
+        return history["steps"]
+    return sum(1 for step in history["sparse_steps"] if step["k"] == history["params"])
+
+
+def perplexity_table(histories: dict[str, dict]) -> None:
+    steps = sorted({e["step"] for h in histories.values() for e in h["evaluations"]})
+    print("| run | P | dense steps | bytes / step | " + " | ".join(f"step {s}" for s in steps)
+          + " | test |")
+    print("|---" * (len(steps) + 5) + "|")
     for name, history in histories.items():
         by_step = {e["step"]: e["valid_perplexity"] for e in history["evaluations"]}
-        cells = [f"{by_step[s]:.1f}" if s in by_step else "-" for s in steps]
+        cells = [f"{by_step[s]:.1f}" if s in by_step else "" for s in steps]
         sent = history["evaluations"][-1]["bytes_per_step"]
-        print(f"| {name} | {sent:,} | " + " | ".join(cells)
-              + f" | {history['test_perplexity']:.1f} |")
+        print(f"| {name} | {history['workers']} | {dense_steps(history)} | {sent:,} | "
+              + " | ".join(cells) + f" | {history['test_perplexity']:.1f} |")
 
 
-if __name__ == "__main__":
+def step_seconds(history: dict, dense: bool, args: argparse.Namespace) -> float:
+    """The modelled step: dense's, or the run's scheme with the bytes it sent once sparse."""
+    workers, d = history["workers"], history["params"]
+    scheme = "dense" if dense or history["compression"] == "none" else history["compression"]
+    density = 1.0 if scheme == "dense" else history["density_asked"]
+    modelled = predict(scheme, workers, d, density, args.link, args.latency_us * 1e-6,
+                       args.compute_ms / 1e3, args.select_ms / 1e3)
+    if scheme == "dense":
+        return modelled.step_s
+    sent = history["evaluations"][-1]["bytes_per_step"]
+    return modelled.step_s + (sent - modelled.bytes_sent) * 8.0 / args.link
+
+
+def seconds_to(history: dict, target: float, args: argparse.Namespace) -> float | None:
+    step = next((e["step"] for e in history["evaluations"] if e["valid_perplexity"] <= target),
+                None)
+    if step is None:
+        return None
+    start = min(step, dense_steps(history))
+    return (start * step_seconds(history, True, args)
+            + (step - start) * step_seconds(history, False, args))
+
+
+def time_table(histories: dict[str, dict], args: argparse.Namespace) -> None:
+    print(f"\nModelled seconds to dense's final perplexity at the same P / to within 10% of it "
+          f"(evaluated steps x modelled step; link {args.link / 1e9:g} Gbit/s, "
+          f"{args.latency_us:g} us per message, compute {args.compute_ms:g} ms, selection "
+          f"{args.select_ms:g} ms; - : not within the run):\n")
+    print("| run | P | final | steps to dense's final / 10% | seconds | vs dense |")
+    print("|---|---|---|---|---|---|")
+    dense = {h["workers"]: h for h in histories.values() if h["compression"] == "none"}
+    for name, history in histories.items():
+        reference = dense.get(history["workers"])
+        if reference is None:
+            continue
+        final = reference["evaluations"][-1]["valid_perplexity"]
+        steps, times = [], []
+        for near in NEAR:
+            target = near * final
+            steps.append(next((str(e["step"]) for e in history["evaluations"]
+                               if e["valid_perplexity"] <= target), "-"))
+            times.append(seconds_to(history, target, args))
+        base = [seconds_to(reference, near * final, args) for near in NEAR]
+        shown = " / ".join("-" if t is None else f"{t:.1f}" for t in times)
+        versus = " / ".join("-" if t is None or b is None else f"{b / t:.1f}x"
+                            for t, b in zip(times, base))
+        print(f"| {name} | {history['workers']} | "
+              f"{history['evaluations'][-1]['valid_perplexity']:.1f} | {' / '.join(steps)} | "
+              f"{shown} | {versus} |")
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", nargs="?", default="results/adamw",
                         help="the runs' history JSONs (scripts/adamw_study.sh's folder)")
-    main(parser.parse_args().folder)
+    parser.add_argument("--compute-ms", type=float, default=4.0,
+                        help="forward + backward per step on one worker (default 4: a GPU's "
+                             "launch-bound step for a model of this size, docs/adamw.md)")
+    parser.add_argument("--link", type=parse_rate, default=parse_rate("1gbit"))
+    parser.add_argument("--latency-us", type=float, default=50.0)
+    parser.add_argument("--select-ms", type=float, default=0.5)
+    args = parser.parse_args()
+    histories = load(args.folder)
+    perplexity_table(histories)
+    time_table(histories, args)
+
+
+if __name__ == "__main__":
+    main()

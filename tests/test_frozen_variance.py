@@ -6,7 +6,8 @@ gtopk_hvd.torch.frozen_variance) and the core's dense step it starts with
   against an independent numpy replay: AdamW's dense steps, then the frozen scale, Top-k with
   error feedback on the preconditioned gradient, the first moment and the decoupled decay, two
   parameter groups (one decayed); exp_avg_sq does not move after the freeze; a NaN step is
-  skipped without a change; a checkpoint taken after the freeze resumes bit for bit.
+  skipped without a change; a checkpoint resumes bit for bit, taken in either phase and
+  loaded into a new optimizer or one that froze since.
 - `dense_update` over the "local" transport at P = 3: the mean of the gradients on every worker
   alike, the sparse state untouched, a ring all-reduce's bytes, the non-finite rule, and a
   joined worker taking part in the others' dense steps.
@@ -142,27 +143,39 @@ def test_a_nonfinite_step_changes_nothing_in_either_phase(at: int) -> None:
     assert not all(torch.equal(p, w) for p, w in zip(order, weights))
 
 
-def test_a_checkpoint_after_the_freeze_resumes_bit_for_bit() -> None:
+def resumed_from(saved_model: dict, saved: dict) -> tuple[torch.optim.Optimizer, list]:
+    """A new model and optimizer from a checkpoint (copies: torch keeps the tensors it loads)."""
+    model, adamw = model_and_optimizer()
+    model.load_state_dict(copy.deepcopy(saved_model))
+    optimizer = distributed(adamw, model)
+    optimizer.load_state_dict(copy.deepcopy(saved))
+    return optimizer, [p for group in adamw.param_groups for p in group["params"]]
+
+
+def test_a_checkpoint_resumes_bit_for_bit_in_either_phase() -> None:
     model, adamw = model_and_optimizer()
     order = [p for group in adamw.param_groups for p in group["params"]]
     optimizer = distributed(adamw, model)
     sizes = [p.numel() for p in order]
-    for t in range(5):
+    saved = {}
+    for t in range(8):
+        if t in (2, 5):  # in the dense start; after the freeze
+            saved[t] = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
         one_step(optimizer, order, gradients(t, sizes))
-    saved_model = copy.deepcopy(model.state_dict())
-    saved = copy.deepcopy(optimizer.state_dict())
-    for t in range(5, 8):
-        one_step(optimizer, order, gradients(t, sizes))
-
-    model2, adamw2 = model_and_optimizer()
-    model2.load_state_dict(saved_model)
-    order2 = [p for group in adamw2.param_groups for p in group["params"]]
-    resumed = distributed(adamw2, model2)
-    resumed.load_state_dict(saved)
+    resumed, order2 = resumed_from(*saved[5])
     for t in range(5, 8):
         one_step(resumed, order2, gradients(t, sizes))
-    for p, q in zip(order, order2):
-        assert torch.equal(p, q)
+    assert all(torch.equal(p, q) for p, q in zip(order, order2))
+
+    # The dense start's checkpoint loaded into the optimizer that froze since, other gradients
+    # after it: the same as a new optimizer from that checkpoint (the scale made again).
+    fresh, order3 = resumed_from(*saved[2])
+    model.load_state_dict(copy.deepcopy(saved[2][0]))
+    optimizer.load_state_dict(copy.deepcopy(saved[2][1]))
+    for t in range(2, 8):
+        one_step(optimizer, order, gradients(50 + t, sizes))
+        one_step(fresh, order3, gradients(50 + t, sizes))
+    assert all(torch.equal(p, q) for p, q in zip(order, order3))
 
 
 def run_dense_local(steps: list[list[str]], d: int = 50) -> list[list]:

@@ -50,14 +50,13 @@ def result_of(output: str) -> tuple[dict[str, str], str]:
 
 def test_tensorflow2_digits_learns_and_resumes_exactly(tmp_path: Path) -> None:
     script = "examples/tensorflow2_digits.py"
-    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "10", timeout_s=600))
+    checkpoint = str(tmp_path / "ckpt")  # written after epoch 5 of the straight run
+    fields, straight = result_of(run_mpi(script, WORKERS, "--epochs", "10", "--checkpoint",
+                                         checkpoint, "--checkpoint-at", "5", timeout_s=600))
     assert fields["compression"] == "gtopk" and fields["density"] == "0.01", fields
     assert float(fields["test_accuracy"]) >= margins.floor("tensorflow2_digits_gtopk"), fields
     assert int(fields["bytes_per_step"]) < 0.05 * 4 * int(fields["params"]), fields
 
-    checkpoint = str(tmp_path / "ckpt")
-    result_of(run_mpi(script, WORKERS, "--epochs", "5", "--checkpoint", checkpoint,
-                      timeout_s=600))
     _, resumed = result_of(run_mpi(script, WORKERS, "--epochs", "10", "--resume", checkpoint,
                                    timeout_s=600))
     assert resumed == straight, "5 epochs + 5 resumed differ from 10 in one go"
