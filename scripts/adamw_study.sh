@@ -5,7 +5,8 @@
 # step sparsified instead (--sparsify update). One history JSON per run under results/adamw/
 # (or $1), then the table (scripts/adamw_table.py). --sparsify preconditioned: the gradient
 # divided by AdamW's second moment, frozen after 50 dense steps. Sequential: 4 to 11 minutes a
-# run on one core at the sizes below; ONLY=<name> runs one.
+# run on one core at the sizes below (P = 8); ONLY=<name> runs one; WORKERS=32 (names end in
+# -p32) runs the grid at P = 32, GRID=p32 only the cells that decide there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/adamw}"
@@ -15,8 +16,9 @@ mkdir -p "$OUT"
 COMMON=(--workers "$WORKERS" --global-batch 32 --vocab-size 5000 --size 128 --layers 2
         --heads 4 --bptt 64 --max-steps "$STEPS" --eval-every 100 --warmup-steps 50
         --lr 2e-3 --quiet)
+SUFFIX=""; [[ $WORKERS != 8 ]] && SUFFIX="-p$WORKERS"
 run() {  # name, then the run's own options
-    local name=$1; shift
+    local name=$1$SUFFIX; shift
     [[ -f $OUT/$name.json ]] && return 0
     [[ -n ${ONLY:-} && $ONLY != "$name" ]] && return 0
     .venv/bin/python examples/simulated_cluster.py transformer "${COMMON[@]}" "$@" \
@@ -24,6 +26,18 @@ run() {  # name, then the run's own options
     mv "$OUT/$name.json.tmp" "$OUT/$name.json"
 }
 run dense --compression none
+if [[ ${GRID:-} == p32 ]]; then
+    for scheme in topk oktopk gtopk; do
+        run "$scheme-0.01-preconditioned-dense100" --compression "$scheme" --density 0.01 \
+            --sparsify preconditioned --dense-steps 100
+    done
+    for scheme in topk oktopk; do
+        run "$scheme-0.01-preconditioned-dense100-epochs2" --compression "$scheme" \
+            --density 0.01 --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
+    done
+    run topk-0.01-gradient --compression topk --density 0.01 --sparsify gradient
+    exit 0
+fi
 for density in 0.01 0.001; do
     for sparsify in gradient update preconditioned; do
         run "gtopk-$density-$sparsify" --compression gtopk --density "$density" --sparsify "$sparsify"
@@ -37,10 +51,15 @@ for density in 0.01 0.001; do
     run "oktopk-$density-preconditioned" --compression oktopk --density "$density" \
         --sparsify preconditioned
 done
-# What the preconditioned rule's settings do: a longer dense start, no clipping.
+# What the preconditioned rule's settings do: a longer dense start, twice the learning rate.
 for dense in 100 150; do
     run "topk-0.01-preconditioned-dense$dense" --compression topk --density 0.01 \
         --sparsify preconditioned --dense-steps "$dense"
 done
-run topk-0.01-preconditioned-noclip --compression topk --density 0.01 --sparsify preconditioned \
-    --clip 1e9
+run topk-0.01-preconditioned-dense100-lr4e-3 --compression topk --density 0.01 \
+    --sparsify preconditioned --dense-steps 100 --lr 4e-3
+# Longer: two epochs (the schedule over 1,014 steps), to see whether it reaches dense's final.
+for scheme in topk oktopk; do
+    run "$scheme-0.01-preconditioned-dense100-epochs2" --compression "$scheme" --density 0.01 \
+        --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
+done
