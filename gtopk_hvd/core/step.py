@@ -166,12 +166,7 @@ class SparseStep:
         config = self.compression
         check_seconds = check_wait_seconds = 0.0
         if skip is None:
-            start = time.perf_counter()
-            local = config.nonfinite == "propagate" and not ops.all_finite(gradient)
-            read = time.perf_counter()
-            skip = self._count(local)[0] > 0
-            # The count waits for the last worker to arrive: a wait, as the exchanges' probes.
-            check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
+            skip, check_seconds, check_wait_seconds = self._check_and_count(gradient)
         budget = self.schedule.budget(self.step_count)
         if skip:
             return self._skip(gradient, clear_gradient, budget, check_seconds,
@@ -183,9 +178,7 @@ class SparseStep:
         exchange = self.scheme.exchange(gradient, self.residual, budget, self.step_count,
                                         clear_in_pass)
         if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
-            raise FloatingPointError(
-                f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} "
-                "on at least one worker; every worker raises here")
+            self._raise_nonfinite()
         if self.velocity is not None and exchange.taken is not None:
             self.velocity[exchange.taken] = 0.0
 
@@ -250,12 +243,7 @@ class SparseStep:
         if out is gradient:
             raise ValueError("dense_update writes the sum into out: pass another buffer")
         self._check_agreement()
-        config = self.compression
-        start = time.perf_counter()
-        local = config.nonfinite == "propagate" and not ops.all_finite(gradient)
-        read = time.perf_counter()
-        skip = self._count(local, dense=True)[0] > 0
-        check_seconds, check_wait_seconds = read - start, time.perf_counter() - read
+        skip, check_seconds, check_wait_seconds = self._check_and_count(gradient, dense=True)
         budget = self.schedule.budget(self.step_count)
         if skip:
             self._skip(gradient, clear_gradient, budget, check_seconds, check_wait_seconds)
@@ -266,10 +254,8 @@ class SparseStep:
         if clear_gradient:
             gradient[:] = 0
         self._sum_dense(out)
-        if config.nonfinite == "raise" and not ops.all_finite(out):
-            raise FloatingPointError(
-                f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} "
-                "on at least one worker; every worker raises here")
+        if self.compression.nonfinite == "raise" and not ops.all_finite(out):
+            self._raise_nonfinite()
         if self.average and self.transport.size > 1:
             out /= float(self.transport.size)
         seconds = time.perf_counter() - start
@@ -283,6 +269,21 @@ class SparseStep:
             check_seconds=check_seconds)
         self.step_count += 1
         return out
+
+    def _check_and_count(self, gradient: Any, dense: bool = False) -> tuple[bool, float, float]:
+        """The non-finite rule's read of this worker's gradient ("propagate") and the count of
+        every worker's: (skip this step, seconds reading, seconds in the count). The count waits
+        for the last worker to arrive: a wait, as the exchanges' probes."""
+        start = time.perf_counter()
+        local = self.compression.nonfinite == "propagate" and not ops.all_finite(gradient)
+        read = time.perf_counter()
+        skip = self._count(local, dense=dense)[0] > 0
+        return skip, read - start, time.perf_counter() - read
+
+    def _raise_nonfinite(self) -> None:
+        raise FloatingPointError(
+            f"gtopk_hvd: non-finite gradient values (NaN or Inf) at step {self.step_count} on "
+            "at least one worker; every worker raises here")
 
     def _sum_dense(self, array: Any) -> None:
         """array = its sum over workers, in place (host arrays or the backend's tensors)."""
