@@ -312,7 +312,7 @@ class SparseStep:
         zeros = self.backend.zeros(self.d)
         scratch = self.backend.zeros(self.d)
         while True:
-            nonfinite, joined, dense = self._count(False, joined=True, counts_all=True)
+            nonfinite, joined, dense = self._count(False, joined=True)
             if joined == self.transport.size:
                 break
             if nonfinite:
@@ -330,15 +330,15 @@ class SparseStep:
         order = self.transport.allgather(np.array([joined_at, self.transport.rank], np.int64))
         return int(max(map(tuple, order))[1])
 
-    def _count(self, nonfinite: bool, joined: bool = False, dense: bool = False,
-               counts_all: bool = False) -> tuple[int, ...]:
-        """(workers whose gradient is not finite, workers that have joined[, workers taking a
-        dense step]): one all-reduce of three integers, the same on every worker (none at
+    def _count(self, nonfinite: bool, joined: bool = False,
+               dense: bool = False) -> tuple[int, int, int]:
+        """(workers whose gradient is not finite, workers that have joined, workers taking a
+        dense step): one all-reduce of three integers, the same on every worker (none at
         P = 1). A joined worker learns from the third whether the others' step is dense."""
         counts = np.array([int(nonfinite), int(joined), int(dense)], dtype=np.int32)
         if self.transport.size > 1:
             self.transport.allreduce_sum(counts)
-        return tuple(int(c) for c in (counts if counts_all else counts[:2]))
+        return int(counts[0]), int(counts[1]), int(counts[2])
 
     def _check_agreement(self) -> None:
         """The first step's check that every worker has the same layout and configuration; in
