@@ -87,13 +87,12 @@ void require_nonnegative(int64_t k) {
 }
 
 template <typename Index> void require_sorted_unique(const py::array& index, const char* name) {
-    const Index* p = static_cast<const Index*>(index.data());
-    for (py::ssize_t j = 1; j < index.shape(0); ++j) {
-        if (!(p[j - 1] < p[j])) {
-            throw py::value_error(std::string(name) +
-                                  " must be strictly increasing (sorted, no duplicates); "
-                                  "position " + std::to_string(j) + " breaks it");
-        }
+    const int64_t j = gtopk::cpu::first_not_increasing(static_cast<const Index*>(index.data()),
+                                                       index.shape(0));
+    if (j != 0) {
+        throw py::value_error(std::string(name) +
+                              " must be strictly increasing (sorted, no duplicates); "
+                              "position " + std::to_string(j) + " breaks it");
     }
 }
 

@@ -230,6 +230,30 @@ def test_bad_input_is_a_clear_error(call, error: type, message: str) -> None:
         call()
 
 
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n,break_at,kind", [
+    (2, 1, "equal"), (4097, 4096, "below"), (4098, 4097, "equal"), (100_000, 50_001, "below"),
+    (300_000, 299_999, "equal"), (300_000, 4096, "below")])
+def test_the_order_check_names_the_first_position_that_breaks_it(
+        index_dtype: np.dtype, n: int, break_at: int, kind: str) -> None:
+    """The check is one multi-threaded read in blocks of 4096: a break on a block's first or last
+    position, on a thread's boundary or the array's end is found, and the one named is numpy's
+    first j with index[j] <= index[j - 1] (two breaks: the earlier one)."""
+    index = np.arange(0, 3 * n, 3, dtype=index_dtype)
+    values = np.ones(n, np.float32)
+    for at in (break_at, min(n - 1, break_at + 5000)):
+        index[at] = index[at - 1] - (1 if kind == "below" else 0)
+    expected = int(np.flatnonzero(np.diff(index) <= 0)[0]) + 1
+    assert expected == break_at
+    with pytest.raises(ValueError, match=f"set b must be strictly increasing .* position "
+                                         f"{expected} breaks it"):
+        ops.merge_topk(index[:1].copy(), values[:1].copy(), index, values, 10)
+    index = np.unique(index)  # mended: the same check passes it
+    merged, _ = ops.merge_topk(index[:1].copy(), values[:1].copy(), index,
+                               np.ones(index.size, np.float32), 10)
+    assert merged.size == min(10, index.size)
+
+
 finite_or_special = st.one_of(
     st.floats(width=32, allow_nan=True, allow_infinity=True),
     st.sampled_from([0.0, -0.0, 1.0, -1.0]),

@@ -113,6 +113,11 @@ template <typename Index>
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
                       int64_t d, int64_t k, float* estimate, Index* out_index, float* out_value);
 
+// The first position j in [1, n) where index[j] <= index[j - 1], or 0 when index[0..n) is
+// strictly increasing (sorted, no duplicates): the input contract of every kernel that takes an
+// index set. One multi-threaded read.
+template <typename Index> int64_t first_not_increasing(const Index* index, int64_t n);
+
 // Benchmark floor: reads x once with all threads; returns the largest magnitude key.
 template <typename T> uint64_t read_pass(const T* x, int64_t d);
 
