@@ -17,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from helpers.mpi_launcher import QUIET_THREADS, REPO_ROOT, run_with_time_limit
@@ -58,6 +60,50 @@ def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
 CALM = ("--compute-ms", "0")
 
 
+class Beside:
+    """function() run in a thread beside the test: result() waits for it and gives its result,
+    or raises what it raised."""
+
+    def __init__(self, function: Callable[[], str]) -> None:
+        self._outcome: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(function,))
+        self._thread.start()
+
+    def _run(self, function: Callable[[], str]) -> None:
+        try:
+            self._outcome["result"] = function()
+        except BaseException as error:  # pytest's failures and skips included
+            self._outcome["error"] = error
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def result(self) -> str:
+        self._thread.join()
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["result"]
+
+
+def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
+                         example: Path = EXAMPLE,
+                         environment: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(output with the fault, output without). The run without starts once the worker is
+    killed (the example writes its marker file then): the survivors of the other run spend the
+    next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm run fills."""
+    faulty = Beside(lambda: elastic_run(tmp_path, *options, *fault, example=example,
+                                        environment=environment))
+    while faulty.running() and not (tmp_path / "killed").exists():
+        time.sleep(0.2)  # elastic_run's own time limit ends the wait
+    (tmp_path / "calm").mkdir()
+    try:
+        calm = elastic_run(tmp_path / "calm", *options, *CALM, example=example,
+                           environment=environment)
+    finally:
+        output = faulty.result()
+    return output, calm
+
+
 def final_loss(output: str) -> float:
     return float(re.search(r"RESULT elastic .* loss=([\d.]+)", output).group(1))
 
@@ -75,10 +121,8 @@ def check_survived_and_replaced(faulty: str, calm: str) -> None:
 
 @pytest.mark.mpi
 def test_a_killed_worker_is_survived_and_replaced(tmp_path: Path) -> None:
-    (tmp_path / "calm").mkdir()
-    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", *CALM)
-    faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
-                         "10")
+    faulty, calm = faulty_and_calm_runs(tmp_path, "--compression", "gtopk",
+                                        fault=("--kill-rank", "3", "--kill-at", "10"))
     check_survived_and_replaced(faulty, calm)
 
 
@@ -91,12 +135,9 @@ def test_keras_fit_survives_a_killed_worker(tmp_path: Path, keras: str, phase: s
     """model.fit under Elastic Horovod with gtopk_hvd's KerasState: a worker killed inside the
     sparse step (Keras 3) or inside the commit (tf-keras); same checks as for torch."""
     environment = ("TF_USE_LEGACY_KERAS=1",) if keras == "tf-keras" else ()
-    (tmp_path / "calm").mkdir()
-    calm = elastic_run(tmp_path / "calm", "--compression", "gtopk", *CALM, example=KERAS_EXAMPLE,
-                       environment=environment)
-    faulty = elastic_run(tmp_path, "--compression", "gtopk", "--kill-rank", "3", "--kill-at",
-                         "10", "--kill-phase", phase, example=KERAS_EXAMPLE,
-                         environment=environment)
+    faulty, calm = faulty_and_calm_runs(
+        tmp_path, "--compression", "gtopk", example=KERAS_EXAMPLE, environment=environment,
+        fault=("--kill-rank", "3", "--kill-at", "10", "--kill-phase", phase))
     assert f"keras={keras}" in calm and f"keras={keras}" in faulty, faulty[-3000:]
     check_survived_and_replaced(faulty, calm)
 
@@ -149,7 +190,6 @@ def wait_for(path: Path, text: str, timeout_s: float) -> None:
 @pytest.mark.mpi
 def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Path) -> None:
     steps = ["--steps", "120", "--compute-ms", "100"]
-    calm = ddp_run(tmp_path / "calm", 4, *steps, *CALM)
     port, checkpoints = free_port(), tmp_path / "faulty"
     arguments = ["--checkpoints", str(checkpoints), *steps, "--marker", str(tmp_path / "killed")]
     log = tmp_path / "survivor.log"
@@ -159,8 +199,11 @@ def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Pat
         nodes.append(torchrun_node(port, tmp_path / "doomed.log", *arguments, "--die-at", "12"))
         wait_for(log, " size 2 loss", 120)
         nodes.append(torchrun_node(port, tmp_path / "returning.log", *arguments))
+        # The run without a fault, beside the rest of this one (mostly its steps' sleeps).
+        calm = Beside(lambda: ddp_run(tmp_path / "calm", 4, *steps, *CALM))
         status = nodes[0].wait(timeout=240)
         returning = nodes[2].wait(timeout=60)
+        calm_output = calm.result()
     finally:
         for process in nodes:
             if process.poll() is None:
@@ -176,7 +219,8 @@ def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Pat
     recovery = [float(s) for s in re.findall(r"RECOVERY size 2 seconds=([\d.]+)", output)]
     assert recovery and recovery[0] < 90, recovery
     assert "workers=4 steps=120" in output, output[-3000:]  # every replica checked equal
-    assert ddp_loss(output) <= 1.25 * ddp_loss(calm), (ddp_loss(output), ddp_loss(calm))
+    assert ddp_loss(output) <= 1.25 * ddp_loss(calm_output), (ddp_loss(output),
+                                                              ddp_loss(calm_output))
 
     grown = ddp_run(checkpoints, 3, "--steps", "130")  # a later start on another size
     assert "START size 3 from step 120" in grown and "workers=3 steps=130" in grown, grown[-3000:]
