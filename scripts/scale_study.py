@@ -6,6 +6,8 @@
     .venv/bin/python scripts/scale_study.py run --model digits --lr 0.08 --jobs 1
     .venv/bin/python scripts/scale_study.py report --model digits
     .venv/bin/python scripts/scale_study.py run --model digits --momentum-correction --jobs 1
+    .venv/bin/python scripts/scale_study.py run --workers 32 --schemes dense topk_0.01 --seed 7
+    .venv/bin/python scripts/scale_study.py seeds
 
 --model picks what is trained (MODELS below: the example, its metric and the defaults): lm
 (default) is the LSTM language model of examples/simulated_cluster.py lm, scored by validation
@@ -24,6 +26,10 @@ schedule; `sweep` runs dense at several learning rates (the rate is picked on de
 steps each scheme needed to reach dense's final metric at the same P and to come --near it) and
 figure (--out/lm_scale.png, --out/digits_scale.png: the final metric against P). Only the LM has
 the modelled time to accuracy (time_lines): the table and the figure's second panel.
+
+--seed N gives the example its seed (the runs above use its default, 42) and the history a
+name ending in _seed<N>; `seeds` tables every (scheme, P) run at several seeds against dense at
+the same seed (--out/lm_seeds.md).
 
 --momentum-correction (digits: the LM trains with plain SGD) trains every sparse scheme with
 DGC's momentum correction, into results/scale/momentum_correction/ unless --out says otherwise
@@ -80,6 +86,9 @@ SCHEMES = {  # name -> (--compression, --density)
     "sketch_0.001": ("sketch", 0.001),
     "oktopk_0.01": ("oktopk", 0.01),
     "oktopk_0.001": ("oktopk", 0.001),
+    # Top-k 0.001's bytes per step at P = 32 (386 kB), exact gTop-k's 2 log2(P) 8k + its own
+    # extra share: the equal-bytes cell of the study.
+    "gtopk-exact_0.0052": ("gtopk-exact", 0.0052),
 }
 
 
@@ -167,7 +176,7 @@ MODELS = {model.name: model for model in (
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["run", "sweep", "report"])
+    parser.add_argument("action", choices=["run", "sweep", "report", "seeds"])
     parser.add_argument("--model", choices=list(MODELS), default="lm",
                         help="lm: the LSTM language model; digits: the digits CNN")
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16, 32, 64])
@@ -185,6 +194,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sweep-schemes", action="store_true",
                         help="sweep: every --schemes entry (default: dense only)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="run: the example's --seed (default: its own, 42); the history's "
+                             "name ends in _seed<N>")
     parser.add_argument("--near", type=float, default=None,
                         help="report: also the steps to come near dense's final metric (lm: "
                              "this x its perplexity, 1.1; digits: this below its accuracy, 0.01)")
@@ -211,6 +223,7 @@ def parse_args() -> argparse.Namespace:
 def history_path(args: argparse.Namespace, scheme: str, workers: int,
                  lr: float | None = None) -> Path:
     suffix = f"_lr{lr:g}" if lr is not None else ""
+    suffix += f"_seed{args.seed}" if args.seed is not None else ""
     return args.out / f"{args.model.name}_{scheme}_p{workers}{suffix}.json"
 
 
@@ -225,6 +238,7 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
                "--compression", compression, "--density", str(density),
                "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
                "--quiet", "--history", str(partial), *model.options,
+               *(["--seed", str(args.seed)] if args.seed is not None else []),
                *(["--momentum-correction"] if args.momentum_correction else [])]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -429,6 +443,46 @@ def report(args: argparse.Namespace) -> None:
     figure.savefig(args.out / model.figure, dpi=120)
 
 
+def seeds_report(args: argparse.Namespace) -> None:
+    """--out/<model>_seeds.md: each (scheme, P) run at more than one seed, its final metric at
+    each seed (the main run is the example's seed, 42) and the steps to reach dense's final at
+    the same P and seed (- : not within the run)."""
+    model = args.model
+    pattern = re.compile(rf"^{model.name}_(.+)_p(\d+)_seed(\d+)$")
+    runs: dict[tuple[str, int], dict[int, dict]] = {}
+    for path in args.out.glob(f"{model.name}_*_p*_seed*.json"):
+        if (match := pattern.match(path.stem)) and match.group(1) in SCHEMES:
+            scheme, workers, seed = match.group(1), int(match.group(2)), int(match.group(3))
+            runs.setdefault((scheme, workers), {})[seed] = load(path)
+    if not runs:
+        raise SystemExit(f"no histories with a seed under {args.out}: `run --seed N` first")
+    for (scheme, workers), by_seed in runs.items():
+        if (main_run := load(args.out / f"{model.name}_{scheme}_p{workers}.json")) is not None:
+            by_seed[42] = main_run
+    seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
+    lines = [f"# {model.heading}: seeds (`scripts/scale_study.py seeds`)", "",
+             f"Final {model.quantity} at each seed; in brackets the steps to reach dense's final "
+             f"{model.short} at the same P and seed (- : not within the run). Seed 42 is the "
+             "main study's run.", "",
+             "| scheme | P | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |",
+             "|---|---|" + "---|" * (len(seeds) + 1)]
+    for (scheme, workers), by_seed in sorted(runs.items(), key=lambda item: (
+            item[0][1], list(SCHEMES).index(item[0][0]))):
+        cells, finals = [], []
+        for seed in seeds:
+            if (run := by_seed.get(seed)) is None:
+                cells.append("")
+                continue
+            dense = runs.get(("dense", workers), {}).get(seed)
+            reached = steps_to(model, run, final(model, dense)) if dense else None
+            cells.append(f"{model.show(final(model, run))} ({reached or '-'})")
+            finals.append(final(model, run))
+        mean = model.show(sum(finals) / len(finals))
+        lines.append(f"| {scheme} | {workers} | " + " | ".join(cells) + f" | {mean} |")
+    (args.out / f"{model.name}_seeds.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     args = parse_args()
     if args.action == "sweep":
@@ -443,6 +497,8 @@ def main() -> None:
     elif args.action == "run":
         run_all(args, [(s, p, args.lr, history_path(args, s, p))
                        for p in args.workers for s in args.schemes])
+    elif args.action == "seeds":
+        seeds_report(args)
     else:
         report(args)
 
