@@ -1,9 +1,15 @@
 """Measured convergence runs, for the planner's time to target: steps each configuration took to
-reach a quality target, read from the scale study's runs (`scripts/scale_study.py run`).
+reach a quality target, read from the scale study's runs (`scripts/scale_study.py run`) or the
+transformer's (`scripts/adamw_study.sh`).
 
-A run is one JSON history `lm_<scheme>[_<density>]_p<P>.json` (the LSTM language model in the
-simulated cluster at a fixed global batch; its "evaluations" hold the validation perplexity every
-few steps). For the runs at one P:
+A run is one JSON history of the simulated cluster at a fixed global batch, whose "evaluations"
+hold the validation perplexity every few steps: the scale study's LSTM language model,
+`lm_<scheme>[_<density>]_p<P>.json` (its other files, sweeps and seeds, are left out), or any
+other history in the folder, such as the transformer's
+`<scheme>-<density>-<mode>[-...][-p<P>].json`, named by its file name less `-p<P>` (the mode
+and options that configuration was run with). A run with a dense start
+(`freeze_variance_after`) counts its dense steps: the steps that reduced all d entries. For the
+runs at one P:
 
     target        = near x dense's final perplexity at that P     (near >= 1; 1.1: within 10%)
     steps(config) = the first evaluated step whose perplexity is <= target; None when the run
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_NAME = re.compile(r"lm_(?P<config>[a-z-]+(?:_[0-9.]+)?)_p(?P<workers>\d+)\.json")
+OTHER_STUDIES = re.compile(r"(lm|digits)_.*")  # the scale study's files that RUN_NAME leaves out
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "results" / "scale"
 """The scale study's runs in a source checkout (an installed wheel has none: pass a folder)."""
 
@@ -34,11 +41,15 @@ class Run:
     params: int
     steps: int  # steps the run took
     final: float  # its last evaluated perplexity
-    bytes_per_step: float  # one worker's bytes per step, as the run recorded them
+    bytes_per_step: float  # one worker's bytes per step once sparse, as the run recorded them
     evaluations: tuple[tuple[int, float], ...]  # (step, perplexity)
+    label: str = ""  # the configuration's name when not the scheme and density alone
+    dense_steps: int = 0  # a sparse run's steps that reduced all d entries (a dense start)
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         return "dense" if self.scheme == "dense" else f"{self.scheme}_{self.density:g}"
 
     def steps_to(self, target: float) -> int | None:
@@ -47,26 +58,41 @@ class Run:
 
 
 def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
-    """Every run in folder named as the scale study names its main grid (sweeps, whose names
-    carry a learning rate, and other models are left out)."""
+    """Every run in folder (module docstring): the scale study's main grid, or the histories of
+    another study; the scale study's sweeps (a learning rate in the name), seeds and digits runs
+    are left out."""
     runs = []
-    for path in sorted(Path(folder).glob("lm_*_p*.json")):
-        if not RUN_NAME.fullmatch(path.name):
+    for path in sorted(Path(folder).glob("*.json")):
+        scale_run = RUN_NAME.fullmatch(path.name) is not None
+        if not scale_run and OTHER_STUDIES.fullmatch(path.stem):
             continue
         history = json.loads(path.read_text())
+        if "compression" not in history or "evaluations" not in history:
+            continue
         evaluations = tuple((int(e["step"]), float(e["valid_perplexity"]))
                             for e in history["evaluations"] if "valid_perplexity" in e)
         if not evaluations:
             continue
         scheme = history["compression"]
+        params = int(history["params"])
+        dense_start = sum(1 for step in history.get("sparse_steps", ()) if step["k"] == params)
         runs.append(Run(
             scheme="dense" if scheme == "none" else scheme,
             density=1.0 if scheme == "none" else float(history["density_asked"]),
-            workers=int(history["workers"]), params=int(history["params"]),
+            workers=int(history["workers"]), params=params,
             steps=int(history["steps"]), final=evaluations[-1][1],
             bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
-            evaluations=evaluations))
+            evaluations=evaluations,
+            label="" if scale_run or scheme == "none" else re.sub(r"-p\d+$", "", path.stem),
+            dense_steps=0 if scheme == "none" else dense_start))
     return runs
+
+
+def describe(runs: list[Run], folder: Path | str) -> str:
+    """What the runs measured, in words, for the planner's output."""
+    if any(run.label for run in runs):
+        return f"the runs in {folder}"
+    return "the LSTM language model of the scale study"
 
 
 def measured_workers(runs: list[Run]) -> list[int]:

@@ -237,10 +237,15 @@ class TimeToTarget:
     steps: int | None  # measured steps to the target; None: not reached in the run
     step_s: float  # the model's step for the user's d, compute and link
     run_steps: int
+    dense_steps: int = 0  # the run's dense start: these steps take dense's step
+    dense_step_s: float = 0.0
 
     @property
     def seconds(self) -> float | None:
-        return None if self.steps is None else self.steps * self.step_s
+        if self.steps is None:
+            return None
+        start = min(self.steps, self.dense_steps)
+        return start * self.dense_step_s + (self.steps - start) * self.step_s
 
 
 def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, d: int,
@@ -250,6 +255,8 @@ def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, 
     """(target perplexity, each measured configuration's time to it at P = workers); select_s:
     the selection time per density (module docstring)."""
     target, steps = convergence.steps_to_target(list(runs), workers, near)
+    dense_step = predict("dense", workers, d, 1.0, rate_bps, latency_s, compute_s, 0.0,
+                         shares["dense"]).step_s
     rows = []
     for run in runs:
         if run.workers != workers or run.scheme not in SCHEMES:
@@ -260,7 +267,8 @@ def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, 
         if run.bytes_per_step > 0:  # what the run sent, at the user's d
             sent = run.bytes_per_step * d / run.params
             step += (sent - modelled.bytes_sent) * 8.0 / (rate_bps * shares[run.scheme])
-        rows.append(TimeToTarget(run.name, workers, steps[run.name], step, run.steps))
+        rows.append(TimeToTarget(run.name, workers, steps[run.name], step, run.steps,
+                                 run.dense_steps, dense_step))
     return target, rows
 
 
@@ -269,13 +277,14 @@ def target_table(target: float, rows: Sequence[TimeToTarget]) -> str:
     reached = [row for row in rows if row.seconds is not None]
     best = min(reached, key=lambda row: row.seconds, default=None)
     dense = next((row for row in reached if row.config == "dense"), None)
-    lines = [f"{'P':>4} {'configuration':<18} {'steps':>6} {'step ms':>9} {'time s':>9} "
+    width = max([18, *(len(row.config) for row in rows)])
+    lines = [f"{'P':>4} {'configuration':<{width}} {'steps':>6} {'step ms':>9} {'time s':>9} "
              f"{'vs dense':>8}   (target: perplexity {target:.1f})"]
     for row in sorted(rows, key=lambda r: (r.seconds is None, r.seconds or 0.0)):
         steps = f"{row.steps}" if row.steps is not None else f"-({row.run_steps})"
         time_s = f"{row.seconds:.1f}" if row.seconds is not None else "-"
         versus = (f"{dense.seconds / row.seconds:.2f}x" if dense and row.seconds else "")
-        lines.append(f"{row.workers:>4} {row.config:<18} {steps:>6} {row.step_s * 1e3:>9.2f} "
+        lines.append(f"{row.workers:>4} {row.config:<{width}} {steps:>6} {row.step_s * 1e3:>9.2f} "
                      f"{time_s:>9} {versus:>8}" + ("  <- pick" if row is best else ""))
     return "\n".join(lines)
 
@@ -308,9 +317,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                for density in densities}
     measured_p = convergence.measured_workers(runs)
     print(f"\nTime to target: steps to {args.near:g} x dense's final perplexity, measured on "
-          f"the LSTM language model of the scale study (d = {runs[0].params:,}, simulated "
+          f"{convergence.describe(runs, args.convergence)} (d = {runs[0].params:,}, simulated "
           f"workers, up to {max(run.steps for run in runs)} steps) at P = {measured_p}, times "
-          "the step predicted above for each configuration's density:")
+          "the step predicted above for each configuration's density (a dense start's steps: "
+          "dense's step):")
     for workers in args.workers:
         if workers not in measured_p:
             print(f"  P = {workers}: no measured run (measured: P = {measured_p})")

@@ -4,10 +4,12 @@ given), grouped by P, dense first.
 1. The validation perplexity at every evaluation, the test perplexity and the bytes each worker
    sent per step once sparse (a run with a dense start, `--sparsify preconditioned`, sends
    dense's bytes for its first --dense-steps steps).
-2. Time to target, a model built from measurements: the first evaluated step at or below dense's
-   final perplexity at that P (and within 10% of it), times a step modelled by
-   `gtopk_hvd.plan.predict` at the given link and compute, with each run's own bytes: its dense
-   steps at dense's step, the rest at its scheme's step with the bytes it sent.
+2. Time to target, a model built from measurements, by the planner's own rule
+   (`gtopk_hvd.plan.times_to_target`, which `python -m gtopk_hvd.plan --convergence
+   results/adamw` prints too): the first evaluated step at or below dense's final perplexity at
+   that P (and within 10% of it), times a step modelled at the given link and compute with each
+   run's own bytes: its dense steps at dense's step, the rest at its scheme's step with the
+   bytes it sent.
 
     .venv/bin/python scripts/adamw_table.py [results/adamw] [--compute-ms 4] [--link 1gbit]
 """
@@ -16,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
-from gtopk_hvd.plan import parse_rate, predict
+from gtopk_hvd import convergence
+from gtopk_hvd.plan import SCHEMES, TimeToTarget, parse_rate, times_to_target
 
 NEAR = (1.0, 1.1)
 
@@ -53,55 +57,39 @@ def perplexity_table(histories: dict[str, dict]) -> None:
               + " | ".join(cells) + f" | {history['test_perplexity']:.1f} |")
 
 
-def step_seconds(history: dict, dense: bool, args: argparse.Namespace) -> float:
-    """The modelled step: dense's, or the run's scheme with the bytes it sent once sparse."""
-    workers, d = history["workers"], history["params"]
-    scheme = "dense" if dense or history["compression"] == "none" else history["compression"]
-    density = 1.0 if scheme == "dense" else history["density_asked"]
-    modelled = predict(scheme, workers, d, density, args.link, args.latency_us * 1e-6,
-                       args.compute_ms / 1e3, args.select_ms / 1e3)
-    if scheme == "dense":
-        return modelled.step_s
-    sent = history["evaluations"][-1]["bytes_per_step"]
-    return modelled.step_s + (sent - modelled.bytes_sent) * 8.0 / args.link
-
-
-def seconds_to(history: dict, target: float, args: argparse.Namespace) -> float | None:
-    step = next((e["step"] for e in history["evaluations"] if e["valid_perplexity"] <= target),
-                None)
-    if step is None:
-        return None
-    start = min(step, dense_steps(history))
-    return (start * step_seconds(history, True, args)
-            + (step - start) * step_seconds(history, False, args))
-
-
-def time_table(histories: dict[str, dict], args: argparse.Namespace) -> None:
+def time_table(folder: str, histories: dict[str, dict], args: argparse.Namespace) -> None:
+    """Each run's modelled time to the targets, by the planner's own time to target
+    (`gtopk_hvd.plan.times_to_target` over `gtopk_hvd.convergence.load_runs(folder)`)."""
     print(f"\nModelled seconds to dense's final perplexity at the same P / to within 10% of it "
           f"(evaluated steps x modelled step; link {args.link / 1e9:g} Gbit/s, "
           f"{args.latency_us:g} us per message, compute {args.compute_ms:g} ms, selection "
           f"{args.select_ms:g} ms; - : not within the run):\n")
     print("| run | P | final | steps to dense's final / 10% | seconds | vs dense |")
     print("|---|---|---|---|---|---|")
-    dense = {h["workers"]: h for h in histories.values() if h["compression"] == "none"}
-    for name, history in histories.items():
-        reference = dense.get(history["workers"])
-        if reference is None:
-            continue
-        final = reference["evaluations"][-1]["valid_perplexity"]
-        steps, times = [], []
+    runs = convergence.load_runs(folder)
+    rows: dict[tuple[str, int], list[TimeToTarget]] = {}
+    for workers in convergence.measured_workers(runs):
         for near in NEAR:
-            target = near * final
-            steps.append(next((str(e["step"]) for e in history["evaluations"]
-                               if e["valid_perplexity"] <= target), "-"))
-            times.append(seconds_to(history, target, args))
-        base = [seconds_to(reference, near * final, args) for near in NEAR]
-        shown = " / ".join("-" if t is None else f"{t:.1f}" for t in times)
-        versus = " / ".join("-" if t is None or b is None else f"{b / t:.1f}x"
-                            for t, b in zip(times, base))
+            d = next(run.params for run in runs if run.workers == workers)
+            _, timed = times_to_target(
+                runs, workers, near, d, args.link, args.latency_us * 1e-6, args.compute_ms / 1e3,
+                {run.density: args.select_ms / 1e3 for run in runs}, dict.fromkeys(SCHEMES, 1.0))
+            for row in timed:
+                rows.setdefault((row.config, workers), []).append(row)
+    for name, history in histories.items():
+        config = "dense" if history["compression"] == "none" else re.sub(r"-p\d+$", "", name)
+        workers = history["workers"]
+        timed, base = rows.get((config, workers)), rows.get(("dense", workers))
+        if timed is None or base is None:
+            continue
+        steps = " / ".join("-" if row.steps is None else str(row.steps) for row in timed)
+        shown = " / ".join("-" if row.seconds is None else f"{row.seconds:.1f}" for row in timed)
+        versus = " / ".join("-" if row.seconds is None or dense.seconds is None
+                            else f"{dense.seconds / row.seconds:.1f}x"
+                            for row, dense in zip(timed, base))
         print(f"| {name} | {history['workers']} | "
-              f"{history['evaluations'][-1]['valid_perplexity']:.1f} | {' / '.join(steps)} | "
-              f"{shown} | {versus} |")
+              f"{history['evaluations'][-1]['valid_perplexity']:.1f} | {steps} | {shown} | "
+              f"{versus} |")
 
 
 def main() -> None:
@@ -117,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     histories = load(args.folder)
     perplexity_table(histories)
-    time_table(histories, args)
+    time_table(args.folder, histories, args)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,43 @@ def test_time_to_target_counts_the_measured_steps_times_the_modelled_step(tmp_pa
     picked = [line for line in target_tables.splitlines() if "<- pick" in line]
     assert len(picked) == 1 and "topk_0.01" in picked[0], out
     assert "-(75)" in out and "P = 16: no measured run" in out
+
+
+def test_another_studys_runs_are_read_by_their_names_with_their_dense_start(tmp_path) -> None:
+    """The transformer's histories (scripts/adamw_study.sh): any name, the configuration named by
+    the file less -p<P>; a dense start's steps (k = d) take dense's modelled step. The scale
+    study's seeds and digits runs in the same folder are not read."""
+    from gtopk_hvd import convergence
+
+    def history(compression: str, density: float, perplexities: list[float],
+                dense_start: int = 0) -> dict:
+        steps = 25 * len(perplexities)
+        return {"params": 1000, "workers": 32, "steps": steps, "compression": compression,
+                "density_asked": density,
+                "sparse_steps": [{"k": 1000 if step < dense_start else 10, "selected": 10}
+                                 for step in range(steps if compression != "none" else 0)],
+                "evaluations": [{"step": 25 * (i + 1), "valid_perplexity": value,
+                                 "bytes_per_step": 0.0 if compression == "none" else 80.0}
+                                for i, value in enumerate(perplexities)]}
+
+    runs = {"dense-p32": history("none", 1.0, [80.0, 50.0]),
+            "topk-0.01-preconditioned-dense30-p32": history("topk", 0.01, [70.0, 49.0], 30),
+            "lm_topk_0.01_p32_seed7": history("topk", 0.01, [10.0, 10.0]),
+            "digits_topk_0.01_p32": history("topk", 0.01, [10.0, 10.0])}
+    for name, run in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    loaded = {run.name: run for run in convergence.load_runs(tmp_path)}
+    assert sorted(loaded) == ["dense", "topk-0.01-preconditioned-dense30"]
+    assert loaded["topk-0.01-preconditioned-dense30"].dense_steps == 30
+    assert convergence.describe(list(loaded.values()), tmp_path) == f"the runs in {tmp_path}"
+
+    shares = dict.fromkeys(plan.SCHEMES, 1.0)
+    _, rows = plan.times_to_target(list(loaded.values()), 32, 1.0, 1000, 1e9, 50e-6, 0.004,
+                                   {0.01: 0.0005}, shares)
+    by_name = {row.config: row for row in rows}
+    dense_step = plan.predict("dense", 32, 1000, 1.0, 1e9, 50e-6, 0.004, 0.0).step_s
+    topk = plan.predict("topk", 32, 1000, 0.01, 1e9, 50e-6, 0.004, 0.0005)
+    topk_step = topk.step_s + (80.0 - topk.bytes_sent) * 8.0 / 1e9
+    assert by_name["dense"].seconds == pytest.approx(50 * dense_step)
+    assert by_name["topk-0.01-preconditioned-dense30"].seconds == pytest.approx(
+        30 * dense_step + 20 * topk_step)
