@@ -86,9 +86,13 @@ SCHEMES = {  # name -> (--compression, --density)
     "sketch_0.001": ("sketch", 0.001),
     "oktopk_0.01": ("oktopk", 0.01),
     "oktopk_0.001": ("oktopk", 0.001),
-    # Top-k 0.001's bytes per step at P = 32 (386 kB), exact gTop-k's 2 log2(P) 8k + its own
-    # extra share: the equal-bytes cell of the study.
+    # Exact gTop-k at Top-k's bytes (the equal-bytes cells): it sends log2(P) 8k + 8k (P-1)/P
+    # bytes, Top-k (P-1) 8k, so at P = 32 density 0.0052 sends Top-k 0.001's and 0.052 Top-k
+    # 0.01's; at P = 8, 0.0018 and 0.018.
     "gtopk-exact_0.0052": ("gtopk-exact", 0.0052),
+    "gtopk-exact_0.052": ("gtopk-exact", 0.052),
+    "gtopk-exact_0.0018": ("gtopk-exact", 0.0018),
+    "gtopk-exact_0.018": ("gtopk-exact", 0.018),
 }
 
 
