@@ -75,7 +75,6 @@ def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
             continue
         scheme = history["compression"]
         params = int(history["params"])
-        dense_start = sum(1 for step in history.get("sparse_steps", ()) if step["k"] == params)
         runs.append(Run(
             scheme="dense" if scheme == "none" else scheme,
             density=1.0 if scheme == "none" else float(history["density_asked"]),
@@ -83,9 +82,19 @@ def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
             steps=int(history["steps"]), final=evaluations[-1][1],
             bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
             evaluations=evaluations,
-            label="" if scale_run or scheme == "none" else re.sub(r"-p\d+$", "", path.stem),
-            dense_steps=0 if scheme == "none" else dense_start))
+            label="" if scale_run or scheme == "none" else configuration(path.stem),
+            dense_steps=0 if scheme == "none" else dense_start(history)))
     return runs
+
+
+def configuration(stem: str) -> str:
+    """Another study's configuration: its history's file name less `-p<P>`."""
+    return re.sub(r"-p\d+$", "", stem)
+
+
+def dense_start(history: dict) -> int:
+    """A sparse run's steps that reduced all d entries (k = d: a dense start)."""
+    return sum(1 for step in history.get("sparse_steps", ()) if step["k"] == history["params"])
 
 
 def describe(runs: list[Run], folder: Path | str) -> str:

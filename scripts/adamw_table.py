@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from gtopk_hvd import convergence
@@ -41,7 +40,7 @@ def dense_steps(history: dict) -> int:
     """Steps the run reduced densely (a dense start: k = d)."""
     if history["compression"] == "none":
         return history["steps"]
-    return sum(1 for step in history["sparse_steps"] if step["k"] == history["params"])
+    return convergence.dense_start(history)
 
 
 def perplexity_table(histories: dict[str, dict]) -> None:
@@ -69,15 +68,15 @@ def time_table(folder: str, histories: dict[str, dict], args: argparse.Namespace
     runs = convergence.load_runs(folder)
     rows: dict[tuple[str, int], list[TimeToTarget]] = {}
     for workers in convergence.measured_workers(runs):
+        d = next(run.params for run in runs if run.workers == workers)
         for near in NEAR:
-            d = next(run.params for run in runs if run.workers == workers)
             _, timed = times_to_target(
                 runs, workers, near, d, args.link, args.latency_us * 1e-6, args.compute_ms / 1e3,
                 {run.density: args.select_ms / 1e3 for run in runs}, dict.fromkeys(SCHEMES, 1.0))
             for row in timed:
                 rows.setdefault((row.config, workers), []).append(row)
     for name, history in histories.items():
-        config = "dense" if history["compression"] == "none" else re.sub(r"-p\d+$", "", name)
+        config = "dense" if history["compression"] == "none" else convergence.configuration(name)
         workers = history["workers"]
         timed, base = rows.get((config, workers)), rows.get(("dense", workers))
         if timed is None or base is None:
