@@ -17,10 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 from helpers.mpi_launcher import QUIET_THREADS, REPO_ROOT, run_with_time_limit
@@ -60,29 +60,13 @@ def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
 CALM = ("--compute-ms", "0")
 
 
-class Beside:
-    """function() run in a thread beside the test: result() waits for it and gives its result,
-    or raises what it raised."""
-
-    def __init__(self, function: Callable[[], str]) -> None:
-        self._outcome: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._run, args=(function,))
-        self._thread.start()
-
-    def _run(self, function: Callable[[], str]) -> None:
-        try:
-            self._outcome["result"] = function()
-        except BaseException as error:  # pytest's failures and skips included
-            self._outcome["error"] = error
-
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def result(self) -> str:
-        self._thread.join()
-        if "error" in self._outcome:
-            raise self._outcome["error"]
-        return self._outcome["result"]
+def beside(function: Callable[[], str]) -> Future:
+    """function() started in a thread beside the test; the future's result() waits for it and
+    gives its result, or raises what it raised (pytest's failures and skips included)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(function)
+    pool.shutdown(wait=False)  # the thread ends with function()
+    return future
 
 
 def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
@@ -91,9 +75,9 @@ def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
     """(output with the fault, output without). The run without starts once the worker is
     killed (the example writes its marker file then): the survivors of the other run spend the
     next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm run fills."""
-    faulty = Beside(lambda: elastic_run(tmp_path, *options, *fault, example=example,
+    faulty = beside(lambda: elastic_run(tmp_path, *options, *fault, example=example,
                                         environment=environment))
-    while faulty.running() and not (tmp_path / "killed").exists():
+    while not faulty.done() and not (tmp_path / "killed").exists():
         time.sleep(0.2)  # elastic_run's own time limit ends the wait
     (tmp_path / "calm").mkdir()
     try:
@@ -200,7 +184,7 @@ def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Pat
         wait_for(log, " size 2 loss", 120)
         nodes.append(torchrun_node(port, tmp_path / "returning.log", *arguments))
         # The run without a fault, beside the rest of this one (mostly its steps' sleeps).
-        calm = Beside(lambda: ddp_run(tmp_path / "calm", 4, *steps, *CALM))
+        calm = beside(lambda: ddp_run(tmp_path / "calm", 4, *steps, *CALM))
         status = nodes[0].wait(timeout=240)
         returning = nodes[2].wait(timeout=60)
         calm_output = calm.result()
