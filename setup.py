@@ -9,6 +9,9 @@ build/lib for a wheel), so the wheel carries it. Environment:
   GTOPK_NATIVE=0      do not tune for the building CPU (-march=native): set it when the wheel
                       is for other machines
   GTOPK_BUILD_JOBS=N  parallel compile jobs (default: number of CPUs)
+  CUDAARCHS=...       the GPU architectures the CUDA kernels are compiled for (CMake's own
+                      variable, e.g. "86" or "80;90"; default: CMakeLists.txt's), followed by
+                      an existing build folder too
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class CMakeBuild(build_ext):
             f"-DGTOPK_WITH_CUDA={'OFF' if os.environ.get('GTOPK_WITH_CUDA') == '0' else 'ON'}",
             f"-DGTOPK_NATIVE={'OFF' if os.environ.get('GTOPK_NATIVE') == '0' else 'ON'}",
         ]
+        # Forget the architectures a previous configure cached: CMakeLists.txt reads CUDAARCHS.
+        configure.append("-UCMAKE_CUDA_ARCHITECTURES")
         jobs = os.environ.get("GTOPK_BUILD_JOBS", str(os.cpu_count() or 1))
         subprocess.run(configure, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True)

@@ -85,7 +85,7 @@ fi
 
 # The extension is (re)built when a source that goes into it changes; when Horovod must be
 # compiled too, the two builds run side by side (Horovod's configure and link use one core).
-extension_key="$(cd "$REPO_ROOT" && cat setup.py CMakeLists.txt $(find csrc -type f | sort) | sha256sum | cut -c1-16)"
+extension_key="$(cd "$REPO_ROOT" && { cat setup.py CMakeLists.txt $(find csrc -type f | sort); echo "CUDAARCHS=${CUDAARCHS:-}"; } | sha256sum | cut -c1-16)"
 extension_pid=""
 extension_log="$(mktemp)"
 extension_wanted() {

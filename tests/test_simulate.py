@@ -1,14 +1,14 @@
 """The simulated cluster (gtopk_hvd.simulate, the "local" transport) is the real algorithm.
 
 - examples/simulated_cluster.py ends with weights bitwise identical to examples/pytorch_lm.py
-  under mpirun with the same seeds and shards: gTop-k at P = 2, 6 and 8, Top-k at P = 6; and
-  equal to float rounding for dense (Horovod's all-reduce sums in its own order; at P = 6). The
+  under mpirun with the same seeds and shards: gTop-k at P = 2, 6 and 8, Top-k at P = 3; and
+  equal to float rounding for dense (Horovod's all-reduce sums in its own order; at P = 3). The
   same for the digits CNN (examples/pytorch_digits.py, its DistributedSampler shards and
   learning rate x P): gTop-k and dense at P = 3, gTop-k at P = 2 (1,437 training images: at
   P = 2 the sampler pads the last shard, at P = 3 it does not). P = 2 and 8 are powers of two
   (gTop-k's tree is complete), 3 and 6 are not (a partner is missing in a round). gTop-k, whose
   tree depends on P, carries the P dimension; Top-k and dense sum P contributions in an order
-  that float addition makes visible only from P = 3 on, so once each at P = 6 is enough. Each
+  that float addition makes visible only from P = 3 on, so once each at P = 3 is enough. Each
   mpirun launch starts every rank with torch and Horovod, so the matrix covers each case once.
 - examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW and its warm-up,
   its second moment frozen after a dense start) at P = 3: bitwise the mpirun job of
@@ -57,7 +57,8 @@ def simulated(workers: int, compression: str, save: Path) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("workers,compressions", [
-    (2, ("gtopk",)), (6, ("topk", "gtopk", "none")), (8, ("gtopk",))], ids=["P2", "P6", "P8"])
+    (2, ("gtopk",)), (3, ("topk", "none")), (6, ("gtopk",)), (8, ("gtopk",))],
+    ids=["P2", "P3", "P6", "P8"])
 def test_simulated_lm_equals_the_mpirun_job(workers: int, compressions: tuple[str, ...],
                                             tmp_path: Path) -> None:
     for compression in compressions:

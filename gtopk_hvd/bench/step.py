@@ -25,7 +25,6 @@ from typing import Callable
 
 import numpy as np
 
-import gtopk_hvd.torch as gtopk  # before horovod: loads mpi4py first
 from gtopk_hvd import _C, ops
 from gtopk_hvd.bench.timing import barrier, median_seconds, slowest
 from gtopk_hvd.transports import resolve_transport
@@ -110,6 +109,10 @@ def floors(d: int, k: int, repeats: int) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> None:
+    # Here, not at the top: `bench -h` builds every command's parser and should not load torch.
+    import gtopk_hvd.torch as gtopk  # before horovod: loads mpi4py first
+
+    # isort: split
     import horovod.torch as hvd
     import torch
 
