@@ -8,6 +8,8 @@
     .venv/bin/python scripts/scale_study.py run --model digits --momentum-correction --jobs 1
     .venv/bin/python scripts/scale_study.py run --workers 32 --schemes dense topk_0.01 --seed 7
     .venv/bin/python scripts/scale_study.py seeds
+    .venv/bin/python scripts/scale_study.py run --workers 32 --lr 4 --momentum 0.9 \
+        --momentum-correction --warmup-epochs 0.1
 
 --model picks what is trained (MODELS below: the example, its metric and the defaults): lm
 (default) is the LSTM language model of examples/simulated_cluster.py lm, scored by validation
@@ -31,9 +33,13 @@ the modelled time to accuracy (time_lines): the table and the figure's second pa
 name ending in _seed<N>; `seeds` tables every (scheme, P) run at several seeds against dense at
 the same seed (--out/lm_seeds.md).
 
---momentum-correction (digits: the LM trains with plain SGD) trains every sparse scheme with
-DGC's momentum correction, into results/scale/momentum_correction/ unless --out says otherwise
-(dense is the same run as without it).
+--momentum-correction trains every sparse scheme with DGC's momentum correction, into
+results/scale/momentum_correction/ unless --out says otherwise. The digits CNN trains with SGD
+momentum 0.9 (dense is the same run as without it); the LM trains with plain SGD, so for the LM
+it needs --momentum M (SGD momentum, dense included: --lr 4 at 0.9 takes steps of lr 40's size);
+--momentum without the correction goes into results/scale/momentum/. --warmup-epochs N gives
+the sparse schemes DGC's density warm-up over the first N epochs (the example's stages above
+the density).
 """
 
 from __future__ import annotations
@@ -93,6 +99,12 @@ SCHEMES = {  # name -> (--compression, --density)
     "gtopk-exact_0.052": ("gtopk-exact", 0.052),
     "gtopk-exact_0.0018": ("gtopk-exact", 0.0018),
     "gtopk-exact_0.018": ("gtopk-exact", 0.018),
+    # Plain gTop-k at Top-k's bytes: log2(P) 8k against (P - 1) 8k, so at P = 32 density 0.0062
+    # sends Top-k 0.001's and 0.062 Top-k 0.01's; at P = 8, 0.0023 and 0.023.
+    "gtopk_0.0062": ("gtopk", 0.0062),
+    "gtopk_0.062": ("gtopk", 0.062),
+    "gtopk_0.0023": ("gtopk", 0.0023),
+    "gtopk_0.023": ("gtopk", 0.023),
 }
 
 
@@ -145,8 +157,16 @@ class Model:
         """The summary's line on how every run was trained (corrected: the sparse schemes with
         momentum correction)."""
         if self.name == "lm":
+            momentum = run.get("momentum", 0.0)
+            optimizer = f"SGD momentum {momentum:g}" if momentum else "plain SGD"
+            if corrected:
+                optimizer += ", the sparse schemes with DGC's momentum correction"
+            if warmup := run.get("warmup_epochs", 0.0):
+                optimizer += (f" and density warm-up over {warmup:g} epochs "
+                              f"({round(warmup * run['steps_per_epoch'])} steps)")
             return (f"Global batch {run['global_batch']} sequences, {run['steps']} steps, "
-                    f"lr {run['lr']:g} (x0.25 at 50% and 75%), {run['params']} parameters.")
+                    f"lr {run['lr']:g} (x0.25 at 50% and 75%), {optimizer}, "
+                    f"{run['params']} parameters.")
         correction = (", the sparse schemes with DGC's momentum correction and no" if corrected
                       else " without momentum correction or")
         return (f"Global batch {run['global_batch']} images, {run['epochs']} epochs of "
@@ -205,18 +225,30 @@ def parse_args() -> argparse.Namespace:
                         help="report: also the steps to come near dense's final metric (lm: "
                              "this x its perplexity, 1.1; digits: this below its accuracy, 0.01)")
     parser.add_argument("--momentum-correction", action="store_true",
-                        help="digits: the sparse schemes with DGC's momentum correction (default "
-                             "--out: results/scale/momentum_correction)")
+                        help="the sparse schemes with DGC's momentum correction (default --out: "
+                             "results/scale/momentum_correction; lm: needs --momentum)")
+    parser.add_argument("--momentum", type=float, default=0.0,
+                        help="lm: SGD momentum (default 0, plain SGD; digits trains with 0.9)")
+    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+                        help="the sparse schemes' DGC density warm-up over the first N epochs")
     parser.add_argument("--out", type=Path, default=None,
                         help="where the histories, the summary and the figure go (default: "
                              "results/scale)")
     args = parser.parse_args()
-    if args.momentum_correction and args.model == "lm":
+    if args.momentum and args.model == "digits":
+        parser.error("--momentum: the digits example trains with its own SGD momentum, 0.9")
+    if not 0.0 <= args.momentum < 1.0:
+        parser.error(f"--momentum {args.momentum:g}: SGD momentum is in [0, 1)")
+    if (args.momentum_correction and args.model == "lm" and not args.momentum
+            and args.action in ("run", "sweep")):
         parser.error("--momentum-correction: the LM trains with plain SGD (momentum 0), so it "
-                     "would change nothing")
+                     "would change nothing: give --momentum too")
+    if args.warmup_epochs < 0:
+        parser.error(f"--warmup-epochs {args.warmup_epochs:g}: must be at least 0")
     if args.out is None:
         args.out = ROOT / "results" / "scale" / (
-            "momentum_correction" if args.momentum_correction else "")
+            "momentum_correction" if args.momentum_correction
+            else "momentum" if args.momentum else "")
     args.model = MODELS[args.model]
     for name, value in args.model.defaults.items():
         if getattr(args, name) is None:
@@ -243,7 +275,9 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
                "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
                "--quiet", "--history", str(partial), *model.options,
                *(["--seed", str(args.seed)] if args.seed is not None else []),
-               *(["--momentum-correction"] if args.momentum_correction else [])]
+               *(["--momentum-correction"] if args.momentum_correction else []),
+               *(["--momentum", str(args.momentum)] if args.momentum else []),
+               *(["--warmup-epochs", str(args.warmup_epochs)] if args.warmup_epochs else [])]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
@@ -253,7 +287,11 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
     if "lr" not in history:  # digits: the total rate, the epochs and params from RESULT
         fields = dict(item.split("=", 1) for item in result.split()[2:])
         history.update(lr=lr, epochs=int(fields["epochs"]), params=int(fields["params"]))
-    history["momentum_correction"] = args.momentum_correction
+    sparse = compression != "none"  # dense has neither a correction nor a warm-up
+    history.update(momentum_correction=args.momentum_correction and sparse,
+                   warmup_epochs=args.warmup_epochs if sparse else 0.0)
+    if model.name == "lm":
+        history["momentum"] = args.momentum
     partial.write_text(json.dumps(history, indent=1))
     partial.rename(path)
     return result
@@ -375,7 +413,8 @@ def report(args: argparse.Namespace) -> None:
         raise SystemExit(f"no {model.name} histories under {args.out}: run `scale_study.py run "
                          f"--model {model.name}` first")
     mixed = sorted(history_path(args, s, p).name for (s, p), run in runs.items()
-                   if run and run.get("momentum_correction", False) != args.momentum_correction)
+                   if run and s != "dense"  # the same run with or without the correction
+                   and run.get("momentum_correction", False) != args.momentum_correction)
     if mixed:
         trained = "without" if args.momentum_correction else "with"
         raise SystemExit(f"{', '.join(mixed)}: trained {trained} momentum correction, unlike "
@@ -403,8 +442,9 @@ def report(args: argparse.Namespace) -> None:
                 "-" if r is None else str(r) for r in reached) + ")")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     any_run = next(r for r in runs.values() if r)
+    sparse_run = next((r for (s, _), r in runs.items() if r and s != "dense"), any_run)
     timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
-    lines += ["", model.setup(any_run, args.momentum_correction), *sweep_lines(args),
+    lines += ["", model.setup(sparse_run, args.momentum_correction), *sweep_lines(args),
               *(time_lines(args, runs, present, any_run["params"]) if timed else [])]
     (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,8 +1,9 @@
 """The committed scale study is what `scripts/scale_study.py report` makes of the committed
 histories: the report runs on a copy of results/scale/ (and of results/scale/momentum_correction/
-with --momentum-correction) and its summaries are compared with the committed ones, line by
-line. The LM's modelled-time tables re-time the selection on this machine, so there only which
-cells are within the run ("-" or a number) must agree."""
+with --momentum-correction, results/scale/momentum/: the LM with SGD momentum, the sparse schemes
+without the correction) and its summaries are compared with the committed ones, line by line.
+The LM's modelled-time tables re-time the selection on this machine, so there only which cells
+are within the run ("-" or a number) must agree."""
 
 from __future__ import annotations
 
@@ -33,15 +34,17 @@ def shape(line: str) -> str:
     return re.sub(r"\d+\.\d+", "N", line)
 
 
-@pytest.mark.parametrize("model, variant, summary", [
-    ("digits", "", "digits_summary.md"),
-    ("digits", "momentum_correction", "digits_summary.md"),
-    ("lm", "", "summary.md"),
+@pytest.mark.parametrize("model, variant, summary, options", [
+    ("digits", "", "digits_summary.md", ()),
+    ("digits", "momentum_correction", "digits_summary.md", ("--momentum-correction",)),
+    ("lm", "", "summary.md", ()),
+    ("lm", "momentum_correction", "summary.md", ("--momentum-correction", "--workers", "32")),
+    ("lm", "momentum", "summary.md", ("--workers", "32")),
 ])
 def test_the_committed_summary_is_the_report_of_the_committed_histories(
-        model: str, variant: str, summary: str, tmp_path: Path) -> None:
+        model: str, variant: str, summary: str, options: tuple[str, ...], tmp_path: Path) -> None:
     results = RESULTS / variant
-    report(model, results, tmp_path, *([f"--{variant.replace('_', '-')}"] if variant else []))
+    report(model, results, tmp_path, *options)
     made = (tmp_path / summary).read_text().splitlines()
     committed = (results / summary).read_text().splitlines()
     assert len(made) == len(committed)
@@ -52,3 +55,18 @@ def test_the_committed_summary_is_the_report_of_the_committed_histories(
     assert [shape(line) for line in made[timed:]] == [shape(line) for line in committed[timed:]]
     assert (tmp_path / ("digits_scale.png" if model == "digits" else "lm_scale.png")).stat(
     ).st_size > 10_000
+
+
+@pytest.mark.parametrize("options, message", [
+    (("run", "--momentum-correction"), "give --momentum too"),
+    (("run", "--model", "digits", "--momentum", "0.9"), "its own SGD momentum, 0.9"),
+    (("run", "--momentum", "1"), "--momentum 1: SGD momentum is in [0, 1)"),
+    (("run", "--warmup-epochs", "-1"), "--warmup-epochs -1: must be at least 0"),
+])
+def test_the_study_refuses_options_that_would_change_nothing_or_diverge(
+        options: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "scale_study.py"),
+                           *options, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing trained
