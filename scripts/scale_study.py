@@ -149,14 +149,20 @@ class Model:
 
     def length(self, args: argparse.Namespace) -> list[str]:
         """The example's options for how long it trains and how often it evaluates."""
-        if self.name == "lm":
-            return ["--max-steps", str(args.steps), "--eval-every", str(args.eval_every)]
+        if self.name == "lm":  # --epochs: enough that --steps decides (an epoch is >= 1 step)
+            return ["--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
+                    "--epochs", str(args.steps)]
         return ["--epochs", str(args.epochs)]
 
-    def setup(self, run: dict, corrected: bool = False) -> str:
-        """The summary's line on how every run was trained (corrected: the sparse schemes with
-        momentum correction)."""
+    def setup(self, run: dict, corrected: bool, runs: dict) -> str:
+        """The summary's line on how every run was trained, read from `run` (corrected: the
+        sparse schemes with momentum correction; runs: every (scheme, P) -> history or None)."""
         if self.name == "lm":
+            lengths = {f"{s} at P = {p}": r["steps"] for (s, p), r in runs.items() if r}
+            steps = f"{run['steps']} steps"
+            if len(set(lengths.values())) > 1:  # e.g. a sparse run longer than dense's
+                steps = ("steps " + ", ".join(f"{name} {n}" for name, n in lengths.items())
+                         + " (each with the schedule over its own)")
             momentum = run.get("momentum", 0.0)
             optimizer = f"SGD momentum {momentum:g}" if momentum else "plain SGD"
             if corrected:
@@ -164,7 +170,7 @@ class Model:
             if warmup := run.get("warmup_epochs", 0.0):
                 optimizer += (f" and density warm-up over {warmup:g} epochs "
                               f"({round(warmup * run['steps_per_epoch'])} steps)")
-            return (f"Global batch {run['global_batch']} sequences, {run['steps']} steps, "
+            return (f"Global batch {run['global_batch']} sequences, {steps}, "
                     f"lr {run['lr']:g} (x0.25 at 50% and 75%), {optimizer}, "
                     f"{run['params']} parameters.")
         correction = (", the sparse schemes with DGC's momentum correction and no" if corrected
@@ -444,7 +450,7 @@ def report(args: argparse.Namespace) -> None:
     any_run = next(r for r in runs.values() if r)
     sparse_run = next((r for (s, _), r in runs.items() if r and s != "dense"), any_run)
     timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
-    lines += ["", model.setup(sparse_run, args.momentum_correction), *sweep_lines(args),
+    lines += ["", model.setup(sparse_run, args.momentum_correction, runs), *sweep_lines(args),
               *(time_lines(args, runs, present, any_run["params"]) if timed else [])]
     (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
