@@ -1,7 +1,8 @@
 """The committed scale study is what `scripts/scale_study.py report` makes of the committed
 histories: the report runs on a copy of results/scale/ (and of results/scale/momentum_correction/
 with --momentum-correction, results/scale/momentum/: the LM with SGD momentum, the sparse schemes
-without the correction, results/scale/long/: a run longer than dense's) and its summaries are compared with the committed ones, line by line.
+without the correction, results/scale/long/: a run longer than dense's) and its summaries are
+compared with the committed ones, line by line.
 The LM's modelled-time tables re-time the selection on this machine, so there only which cells
 are within the run ("-" or a number) must agree."""
 
