@@ -88,6 +88,29 @@ def test_merge_small_sets_around_the_vector_widths(kind: str, index_range: str) 
                 assert_merge(ia, va, ib, vb, k)
 
 
+# The vectorised merge sums and compresses its output a chunk of 1024 merged entries at a time
+# (merge_topk.cpp, kChunk): sets whose merge ends just before, at and after a chunk's end, with
+# shared indices on both sides of it.
+@pytest.mark.parametrize("total", [1016, 1023, 1024, 1025, 1032, 1040, 2047, 2048, 2056, 3079])
+@pytest.mark.parametrize("kind", ["normal", "special"])
+def test_merge_sets_around_the_chunk(total: int, kind: str) -> None:
+    rng = np.random.default_rng(total + len(kind))
+    previous = ops.get_num_threads()
+    ops.set_num_threads(1)  # one piece: the chunk boundaries are where the test puts them
+    try:
+        for n_a in (total // 2, 8, total - 9):
+            n_b = total - n_a
+            # Indices in [0, 1.2 total]: most of the smaller set shares an index with the other.
+            ia = sorted_indices(n_a, 0, int(1.2 * total), rng)
+            ib = sorted_indices(n_b, 0, int(1.2 * total), rng)
+            va, vb = values_of(kind, n_a, rng), values_of(kind, n_b, rng)
+            n_union = np.union1d(ia, ib).size
+            for k in (1, n_union // 2, n_union):
+                assert_merge(ia, va, ib, vb, k)
+    finally:
+        ops.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", ["normal", "ties", "special"])
 @pytest.mark.parametrize("n,overlap", [(70_001, 0.0), (70_001, 0.5), (300_007, 0.3)])

@@ -14,9 +14,10 @@
 //      number of outputs and its share of the ties (the first ones in index order).
 //   4. Each piece writes its outputs at its prefix offset, branch-free.
 // Passes over the union: one merge (writes it), one gather (reads its values), one write. With
-// AVX-512, for float32 values and int32 indices, all three are vectorised: the merge is a bitonic
-// network over packed (index, value) entries, gather and write compress by mask (16 entries
-// holding a tie with the k-th key are written one by one, in index order).
+// AVX-512 or AVX2, for float32 values and int32 indices, all three are vectorised: the merge is a
+// bitonic network over packed (index, value) entries whose output is summed and compressed a
+// chunk at a time while in L1, gather and write compress by mask (8 or 16 entries holding a tie
+// with the k-th key are written one by one, in index order).
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -64,7 +65,6 @@ template <typename T, typename Index> struct Workspace {
     std::vector<uint32_t> histograms;  // pieces x kBins
     std::vector<KeyOf<T>> gathered;    // keys of bin b, piece after piece
     std::vector<KeyOf<T>> scratch;     // a copy of them that the selection reorders
-    std::vector<uint64_t> packed;      // the vectorised merge's packed sets and output
 };
 
 // One per calling thread and type pair: buffers grow to the largest merge seen, then are reused.
@@ -133,8 +133,8 @@ std::vector<Piece> split_pieces(const Index* index_a, int64_t n_a, const Index* 
 // (blocks padded with sentinels, which sort last), then one pass sums neighbours with equal
 // indices (a + b == b + a; NaN sums canonical as in the scalar loop) and compresses.
 // Each instruction set below defines Block (8 packed entries), load_block, store_block,
-// merge_blocks, packed_less_equal, kSentinel, PackedSet (a set read as packed blocks) and
-// combine_packed; merge_packed is shared.
+// merge_blocks, packed_less_equal, kSentinel, pack_entry, pack_block and combine_packed;
+// PackedSet (a set read as packed blocks) and merge_combine are shared.
 #if defined(__AVX512F__)
 // AVX-512: a Block is one register; the sentinel is all ones, above every entry (index < 2^31).
 constexpr uint64_t kSentinel = ~uint64_t{0};
@@ -161,40 +161,27 @@ inline void merge_blocks(__m512i a, __m512i b, __m512i& low, __m512i& high) {
     high = sort_bitonic8(_mm512_max_epu64(a, reversed));
 }
 
-// packed[0..n) = (index << 32) | bits(value), then 8 sentinels.
-inline void pack(const int32_t* index, const float* value, int64_t n, uint64_t* packed) {
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m512i i64 = _mm512_cvtepu32_epi64(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + j)));
-        const __m512i v64 = _mm512_cvtepu32_epi64(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value + j)));
-        _mm512_storeu_si512(packed + j, _mm512_or_si512(_mm512_slli_epi64(i64, 32), v64));
-    }
-    for (; j < n; ++j) {
-        packed[j] = uint64_t{static_cast<uint32_t>(index[j])} << 32 | bits_of(value[j]);
-    }
-    for (int e = 0; e < 8; ++e) packed[n + e] = kSentinel;
+inline uint64_t pack_entry(int32_t index, float value) {
+    return uint64_t{static_cast<uint32_t>(index)} << 32 | bits_of(value);
 }
 
-// A set packed into storage (n + 8 entries) by one pass, then read from there.
-struct PackedSet {
-    const uint64_t* packed;
-    int64_t n;
-    PackedSet(const int32_t* index, const float* value, int64_t size, uint64_t* storage)
-        : packed(storage), n(size) {
-        pack(index, value, n, storage);
-    }
-    uint64_t first(int64_t i) const { return packed[i]; }  // i <= n + 7
-    Block block(int64_t i) const { return load_block(packed + i); }
-};
+// The 8 entries from (index, value), packed.
+inline Block pack_block(const int32_t* index, const float* value) {
+    const __m512i i64 =
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(index)));
+    const __m512i v64 =
+        _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(value)));
+    return _mm512_or_si512(_mm512_slli_epi64(i64, 32), v64);
+}
 
-// The union of merged[0..n): neighbours with equal indices summed, their top digits counted
-// into histogram (nullable). Returns its size.
+// The union of merged[0..n) (merged[n] readable: the entry after, or a sentinel): neighbours
+// with equal indices summed, their top digits counted into histogram (nullable). carry: the
+// entry before merged[0] was summed with it (in), the last one with merged[n] (out). Writes
+// exactly the union; returns its size.
 inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
-                              float* out_value, uint32_t* histogram) {
+                              float* out_value, int64_t /*capacity*/, unsigned& carry,
+                              uint32_t* histogram) {
     const __m512 quiet_nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
-    unsigned carry = 0;  // the last entry of the previous 8 was summed with its successor
     int64_t w = 0;
     for (int64_t j = 0; j < n; j += 8) {
         const __m512i current = _mm512_loadu_si512(merged + j);
@@ -311,47 +298,31 @@ inline uint64_t pack_entry(int32_t index, float value) {
     return (uint64_t{static_cast<uint32_t>(index)} << 32 | bits_of(value)) ^ kFlip;
 }
 
-// A set packed as it is read (no packing pass, no copy): whole blocks straight from its arrays,
-// the last partial one from a copy padded with sentinels, then sentinels.
-struct PackedSet {
-    const int32_t* index;
-    const float* value;
-    int64_t n, whole;  // whole: entries in whole blocks
-    uint64_t tail[16];
-    PackedSet(const int32_t* index_, const float* value_, int64_t size, uint64_t* /*storage*/)
-        : index(index_), value(value_), n(size), whole(size / 8 * 8) {
-        for (int e = 0; e < 16; ++e) {
-            tail[e] = whole + e < n ? pack_entry(index[whole + e], value[whole + e]) : kSentinel;
-        }
-    }
-    // A set is never read past its first sentinel block: i <= whole + 8.
-    uint64_t first(int64_t i) const {
-        return i < whole ? pack_entry(index[i], value[i]) : tail[i - whole];
-    }
-    Block block(int64_t i) const {
-        if (i >= whole) return load_block(tail + (i - whole));
-        const __m256i i32 = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + i)),
-            _mm256_set1_epi32(std::numeric_limits<int32_t>::min()));
-        const __m256i v32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value + i));
-        const __m256i first = _mm256_unpacklo_epi32(v32, i32);   // entries 0, 1 | 4, 5
-        const __m256i second = _mm256_unpackhi_epi32(v32, i32);  // entries 2, 3 | 6, 7
-        return {_mm256_permute2x128_si256(first, second, 0x20),
-                _mm256_permute2x128_si256(first, second, 0x31)};
-    }
-};
+// The 8 entries from (index, value), packed.
+inline Block pack_block(const int32_t* index, const float* value) {
+    const __m256i i32 = _mm256_xor_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index)),
+        _mm256_set1_epi32(std::numeric_limits<int32_t>::min()));
+    const __m256i v32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(value));
+    const __m256i first = _mm256_unpacklo_epi32(v32, i32);   // entries 0, 1 | 4, 5
+    const __m256i second = _mm256_unpackhi_epi32(v32, i32);  // entries 2, 3 | 6, 7
+    return {_mm256_permute2x128_si256(first, second, 0x20),
+            _mm256_permute2x128_si256(first, second, 0x31)};
+}
 
-// The union of merged[0..n): neighbours with equal indices summed, their top digits counted
-// into histogram (nullable). Returns its size.
+// The union of merged[0..n) (merged[n] readable: the entry after, or a sentinel): neighbours
+// with equal indices summed, their top digits counted into histogram (nullable). carry: the
+// entry before merged[0] was summed with it (in), the last one with merged[n] (out). May write
+// garbage after the union up to capacity entries of out; returns the union's size.
 inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
-                              float* out_value, uint32_t* histogram) {
+                              float* out_value, int64_t capacity, unsigned& carry,
+                              uint32_t* histogram) {
     const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
     const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
     const __m256 quiet_nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
     const __m256i value_half = _mm256_set1_epi64x(0xFFFFFFFF);
     const __m256i unzip = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // 4 values, 4 indices
     const __m256i flip = _mm256_set1_epi32(std::numeric_limits<int32_t>::min());
-    unsigned carry = 0;  // the last entry of the previous 8 was summed with its successor
     int64_t w = 0;
     for (int64_t j = 0; j < n; j += 8) {
         unsigned paired = 0;
@@ -378,8 +349,8 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
         const unsigned valid = n - j >= 8 ? 0xFFu : (1u << (n - j)) - 1;
         const unsigned keep = ~((paired << 1) | carry) & valid;
         carry = (paired >> 7) & 1u;
-        store_compressed(out_index + w, indices, keep, n - w);
-        store_compressed(out_value + w, values, keep, n - w);
+        store_compressed(out_index + w, indices, keep, capacity - w);
+        store_compressed(out_value + w, values, keep, capacity - w);
         w += __builtin_popcount(keep);
     }
     if (histogram != nullptr) {
@@ -403,13 +374,56 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
 #endif
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-// Merges a and b (n >= 1 entries each) into merged, which must hold a.n + b.n + 24 entries;
-// merged[a.n + b.n, + 16) are sentinels after.
-inline void merge_packed(const PackedSet& a, const PackedSet& b, uint64_t* merged) {
+// A set packed as it is read (no packing pass, no copy): whole blocks straight from its arrays,
+// the last partial one from a copy padded with sentinels, then sentinels.
+struct PackedSet {
+    const int32_t* index;
+    const float* value;
+    int64_t n, whole;  // whole: entries in whole blocks
+    uint64_t tail[16];
+    PackedSet(const int32_t* index_, const float* value_, int64_t size)
+        : index(index_), value(value_), n(size), whole(size / 8 * 8) {
+        for (int e = 0; e < 16; ++e) {
+            tail[e] = whole + e < n ? pack_entry(index[whole + e], value[whole + e]) : kSentinel;
+        }
+    }
+    // A set is never read past its first sentinel block: i <= whole + 8.
+    uint64_t first(int64_t i) const {
+        return i < whole ? pack_entry(index[i], value[i]) : tail[i - whole];
+    }
+    Block block(int64_t i) const {
+        return i < whole ? pack_block(index + i, value + i) : load_block(tail + (i - whole));
+    }
+};
+
+// Merged entries are combined a chunk at a time while the chunk is in L1: the merge's output
+// never goes to memory.
+constexpr int64_t kChunk = 1024;
+
+// The union of a and b (n >= 1 entries each) into (out_index, out_value), which hold capacity
+// entries; top digits counted into histogram (nullable). Returns the union's size.
+inline int64_t merge_combine(const PackedSet& a, const PackedSet& b, int32_t* out_index,
+                             float* out_value, int64_t capacity, uint32_t* histogram) {
+    alignas(64) uint64_t chunk[kChunk + 16];
+    int64_t m = 0, combined = 0, w = 0;  // entries in chunk; merged entries combined; written
+    unsigned carry = 0;
+    // Appends a block; a full chunk (and the block after it, for the last entry's neighbour) is
+    // combined and the block after it moved to the front.
+    auto append = [&](Block block) {
+        store_block(chunk + m, block);
+        m += 8;
+        if (m == kChunk + 8) {
+            w += combine_packed(chunk, kChunk, out_index + w, out_value + w, capacity - w, carry,
+                                histogram);
+            combined += kChunk;
+            store_block(chunk, load_block(chunk + kChunk));
+            m = 8;
+        }
+    };
     Block low, high;
     merge_blocks(a.block(0), b.block(0), low, high);
-    store_block(merged, low);
-    int64_t i_a = 8, i_b = 8, m = 8;
+    append(low);
+    int64_t i_a = 8, i_b = 8;
     while (i_a < a.n || i_b < b.n) {
         // The block whose first key is smaller comes next (an exhausted set: a sentinel).
         const bool take_a = packed_less_equal(a.first(i_a), b.first(i_b));
@@ -418,32 +432,31 @@ inline void merge_packed(const PackedSet& a, const PackedSet& b, uint64_t* merge
         i_a += take_a ? 8 : 0;
         i_b += take_a ? 0 : 8;
         merge_blocks(high, next.block(at), low, high);  // reverses next: off high's chain
-        store_block(merged + m, low);
-        m += 8;
+        append(low);
     }
-    store_block(merged + m, high);
-    for (int64_t j = a.n + b.n; j < a.n + b.n + 16; ++j) merged[j] = kSentinel;
+    store_block(chunk + m, high);  // m <= kChunk here
+    for (int64_t j = m + 8; j < m + 16; ++j) chunk[j] = kSentinel;
+    return w + combine_packed(chunk, a.n + b.n - combined, out_index + w, out_value + w,
+                              capacity - w, carry, histogram);
 }
 #endif
 
 // Merges one piece into (out_index, out_value), counting top digits into histogram if kCount.
-// Returns the number of entries written. packed (nullable): 2 (n_a + n_b) + 40 entries for the
-// vectorised merge of float32 / int32 sets with non-negative indices.
+// Returns the number of entries written. vectorised: float32 / int32 sets with non-negative
+// indices, merged by the vectorised path where the build has one.
 template <bool kCount, typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram, [[maybe_unused]] uint64_t* packed) {
+                    uint32_t* histogram, [[maybe_unused]] bool vectorised) {
     using Key = KeyOf<T>;
     constexpr int shift = top_shift<T>();
 #if defined(__AVX512F__) || defined(__AVX2__)
     if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
-        if (packed != nullptr && n_a > 0 && n_b > 0) {
-            const PackedSet a(index_a, value_a, n_a, packed);
-            const PackedSet b(index_b, value_b, n_b, packed + n_a + 8);
-            uint64_t* merged = packed + n_a + n_b + 16;
-            merge_packed(a, b, merged);
-            return combine_packed(merged, n_a + n_b, out_index, out_value,
-                                  kCount ? histogram : nullptr);
+        if (vectorised && n_a > 0 && n_b > 0) {
+            const PackedSet a(index_a, value_a, n_a);
+            const PackedSet b(index_b, value_b, n_b);
+            return merge_combine(a, b, out_index, out_value, n_a + n_b,
+                                 kCount ? histogram : nullptr);
         }
     }
 #endif
@@ -656,7 +669,6 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
     // The vectorised merge packs indices as unsigned: only for non-negative ones.
     const bool vectorised = kVectorTypes && (n_a == 0 || index_a[0] >= 0) &&
                             (n_b == 0 || index_b[0] >= 0);
-    if (vectorised) grow(ws.packed, 2 * n_in + 64 * n_pieces);
     auto merge_all = [&](Index* to_index, T* to_value, uint32_t* histograms) {
 #pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
         for (int p = 0; p < n_pieces; ++p) {
@@ -666,9 +678,7 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
                               piece.a_end - piece.a_begin, index_b + piece.b_begin,
                               value_b + piece.b_begin, piece.b_end - piece.b_begin,
                               to_index + piece.offset(), to_value + piece.offset(),
-                              histograms ? histograms + p * kBins : nullptr,
-                              vectorised ? ws.packed.data() + 2 * piece.offset() + 64 * p
-                                         : nullptr);
+                              histograms ? histograms + p * kBins : nullptr, vectorised);
         }
     };
 
