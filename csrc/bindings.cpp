@@ -629,12 +629,13 @@ void bind_cuda(py::module_& m) {
                                        uintptr_t gradient, uintptr_t residual, int64_t d,
                                        int64_t k, uintptr_t out_index, uintptr_t out_value,
                                        uintptr_t stream, uintptr_t workspace,
-                                       size_t workspace_bytes) {
+                                       size_t workspace_bytes, uintptr_t skip) {
         py::gil_scoped_release release;
         return gtopk::cuda::accumulate_select(
             value_type, index_type, as_pointer(gradient), as_pointer(residual), d, k,
             as_pointer(out_index), as_pointer(out_value), as_pointer(stream),
-            Workspace{as_pointer(workspace), workspace_bytes});
+            Workspace{as_pointer(workspace), workspace_bytes},
+            static_cast<const int32_t*>(as_pointer(skip)));
     });
     m.def("cuda_segmented_select_workspace_bytes", [](ValueType value_type,
                                                       IndexType index_type,
@@ -650,7 +651,7 @@ void bind_cuda(py::module_& m) {
                                                  uintptr_t device_table, bool clear_gradient,
                                                  uintptr_t out_index, uintptr_t out_value,
                                                  uintptr_t stream, uintptr_t workspace,
-                                                 size_t workspace_bytes) {
+                                                 size_t workspace_bytes, uintptr_t skip) {
         require_contiguous_1d(table, "table");
         if (table.shape(0) % gtopk::kSegmentTableRows != 0 || table.shape(0) == 0) {
             throw py::value_error("table must be segment_table's (3 rows of segments + 1)");
@@ -662,7 +663,8 @@ void bind_cuda(py::module_& m) {
             value_type, index_type, as_pointer(gradient), as_pointer(residual), d, host_table,
             static_cast<const int64_t*>(as_pointer(device_table)), segments,
             as_pointer(out_index), as_pointer(out_value), clear_gradient, as_pointer(stream),
-            Workspace{as_pointer(workspace), workspace_bytes});
+            Workspace{as_pointer(workspace), workspace_bytes},
+            static_cast<const int32_t*>(as_pointer(skip)));
     });
     m.def("cuda_merge_topk", [](ValueType value_type, IndexType index_type, uintptr_t index_a,
                                 uintptr_t value_a, int64_t n_a, uintptr_t index_b,
@@ -778,10 +780,11 @@ void bind_cuda(py::module_& m) {
     }, "*flag = 1 if x holds a NaN or Inf, enqueued on the stream (no host wait).");
     m.def("cuda_momentum_update", [](ValueType value_type, uintptr_t velocity,
                                      uintptr_t gradient, int64_t n, double momentum,
-                                     double divisor, uintptr_t stream) {
+                                     double divisor, uintptr_t stream, uintptr_t skip) {
         py::gil_scoped_release release;
         gtopk::cuda::momentum_update(value_type, as_pointer(velocity), as_pointer(gradient), n,
-                                     momentum, divisor, as_pointer(stream));
+                                     momentum, divisor, as_pointer(stream),
+                                     static_cast<const int32_t*>(as_pointer(skip)));
     }, "velocity = momentum * velocity + gradient / divisor in one pass (no host wait).");
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
                                       uintptr_t residual, uintptr_t index, uintptr_t value,

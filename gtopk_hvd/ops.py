@@ -45,6 +45,10 @@ __all__ = [
     "sketch_estimate",
     "sorted_union",
     "add_divided",
+    "momentum_update",
+    "zero_at",
+    "flag_set",
+    "LaterFlag",
     "set_num_threads",
     "get_num_threads",
     "cuda_built",
@@ -108,7 +112,7 @@ def topk_abs(x: Any, k: int, threshold_hint: float | None = None) -> tuple[Any, 
 
 def accumulate_select(
     gradient: Any, residual: Any, k: int, threshold_hint: float | None = None,
-    clear_gradient: bool = False,
+    clear_gradient: bool = False, skip: Any = None,
 ) -> tuple[Any, Any]:
     """Error-feedback selection in one pass over d, updating `residual` in place:
 
@@ -120,14 +124,26 @@ def accumulate_select(
     float32 / float64; gradient and residual of the same length and dtype. gradient None: the
     residual already holds the accumulated gradient (the same result: `topk_abs` of it, zeroed
     there).
+
+    skip: None, or a skip flag where the residual lives (`nonfinite_flag`'s kind: one int32).
+    When it holds a nonzero value, the residual is left as it is and the result is
+    topk_abs(residual, k), a valid set for a step skipped without the host knowing (the gradient
+    is still cleared if asked). On a GPU the kernels read the flag (no host wait); elsewhere it
+    is read here.
     """
     k = check_count(k)
+    if skip is not None and not is_cuda(residual):
+        if flag_set(skip):
+            if clear_gradient and gradient is not None:
+                gradient[:] = 0
+            return topk_abs(residual, k)
+        skip = None
     if gradient is None:  # the residual already holds the accumulated gradient
         indices, values = topk_abs(residual, k, threshold_hint)
         residual[indices.long() if framework_of(indices) == "torch" else indices] = 0
         return indices, values
     if is_cuda(gradient) or is_cuda(residual):
-        return _cuda_accumulate_select(gradient, residual, k, clear_gradient)
+        return _cuda_accumulate_select(gradient, residual, k, clear_gradient, skip)
     gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
     residual_view = as_numpy(residual, "residual", writeable=True)
     indices, values = _C.accumulate_select(
@@ -139,6 +155,7 @@ def accumulate_select(
 
 def segmented_accumulate_select(
     gradient: Any, residual: Any, offsets: Any, ks: Any, clear_gradient: bool = False,
+    skip: Any = None,
 ) -> tuple[Any, Any]:
     """`accumulate_select` over each segment of the vector, each with its own k, in one call:
     for segment s = [offsets[s], offsets[s + 1]) and its k = ks[s],
@@ -155,14 +172,23 @@ def segmented_accumulate_select(
     each; empty segments and k_s = 0 give none). float32 / float64; gradient None: the residual
     already holds the sum. CPU: one kernel call looping over the segments (`_C`); CUDA: one
     launch sequence for all the segments (segmented_select.cu), its segment table copied to the
-    device once per (device, segments) and kept.
+    device once per (device, segments) and kept. skip: as `accumulate_select`'s (when set, the
+    residual is left as it is and the sets are those of the residual as it is).
     """
     offsets, ks = _segments(offsets, ks)
     if gradient is None:
         clear_gradient = False
+    if skip is not None and not is_cuda(residual):
+        if flag_set(skip):
+            if clear_gradient:
+                gradient[:] = 0
+            indices, values = segmented_accumulate_select(None, residual, offsets, ks)
+            residual[indices.long() if framework_of(indices) == "torch" else indices] = values
+            return indices, values
+        skip = None
     if is_cuda(residual) or (gradient is not None and is_cuda(gradient)):
         return _cuda_segmented_accumulate_select(gradient, residual, offsets, ks,
-                                                 clear_gradient)
+                                                 clear_gradient, skip)
     gradient_array = None
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
@@ -603,8 +629,8 @@ def add_divided(target: Any, source: Any, divisor: float) -> None:
 _DIVIDE_BLOCK = 1 << 12
 
 
-def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: float = 1.0
-                    ) -> None:
+def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: float = 1.0,
+                    skip: Any = None) -> None:
     """Momentum correction's velocity (DGC), in place:
 
         velocity = momentum * velocity + gradient / divisor
@@ -612,7 +638,8 @@ def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: floa
     rounded as `velocity *= float32(momentum)` then `add_divided(velocity, gradient, divisor)`
     round it (a product, a quotient when divisor != 1, a sum), bit for bit on every device.
     CUDA (float32, contiguous, one device, built kernels): `_C.cuda_momentum_update`, one pass
-    (a read of each, a write of the velocity), no host wait. Otherwise those two operations."""
+    (a read of each, a write of the velocity), no host wait. Otherwise those two operations.
+    skip: as `accumulate_select`'s (when set, the velocity is left as it is)."""
     if (is_cuda(velocity) and cuda_built and dtype_name(velocity.dtype) == "float32"
             and velocity.is_contiguous() and gradient.is_contiguous()):
         _cuda_check_pair(gradient, velocity)
@@ -620,22 +647,35 @@ def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: floa
             _C.cuda_momentum_update(_cuda_value_type(velocity.dtype), velocity.data_ptr(),
                                     gradient.data_ptr(), velocity.numel(),
                                     float(np.float32(momentum)), float(np.float32(divisor)),
-                                    _stream(velocity.device))
+                                    _stream(velocity.device), _flag_address(skip, velocity))
+        return
+    if skip is not None and flag_set(skip):  # a CUDA tensor here reads its flag: a wait
         return
     velocity *= np.float32(momentum)
     add_divided(velocity, gradient, divisor)
 
 
-def write_sparse(dest: Any, indices: Any, values: Any) -> None:
+def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None) -> None:
     """dest = 0 except dest[indices] = values, in one pass over dest (in place).
 
-    indices sorted and unique, values of dest's dtype (float32 / float64)."""
+    indices sorted and unique, values of dest's dtype (float32 / float64). skip: as
+    `accumulate_select`'s: when set, dest is all NaN instead (on a GPU the fill value is chosen
+    on the device: the same one pass, no host wait)."""
     if is_cuda(dest):
         import torch
 
-        dest.zero_()
-        dest[torch.as_tensor(indices, device=dest.device).long()] = torch.as_tensor(
-            values, device=dest.device)
+        values = torch.as_tensor(values, device=dest.device)
+        if skip is None:
+            dest.zero_()
+        else:
+            skipping = skip.reshape(()) != 0
+            nan = torch.tensor(float("nan"), dtype=dest.dtype, device=dest.device)
+            dest.copy_(torch.where(skipping, nan, torch.zeros_like(nan)).expand_as(dest))
+            values = torch.where(skipping, nan, values)
+        dest[torch.as_tensor(indices, device=dest.device).long()] = values
+        return
+    if skip is not None and flag_set(skip):
+        dest[:] = float("nan")
         return
     dest_view = as_numpy(dest, "dest", writeable=True)
     index_view = as_numpy(indices, "indices", values=False)
@@ -643,8 +683,18 @@ def write_sparse(dest: Any, indices: Any, values: Any) -> None:
     _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
 
 
-def restore_residual(residual: Any, indices: Any, values: Any, restore: Any) -> None:
-    """residual[indices[j]] += values[j] wherever restore[j] is true (in place)."""
+def restore_residual(residual: Any, indices: Any, values: Any, restore: Any,
+                     skip: Any = None) -> None:
+    """residual[indices[j]] += values[j] wherever restore[j] is true (in place); nowhere when
+    the skip flag (as `accumulate_select`'s) is set: on a GPU the mask is cut on the device."""
+    if skip is not None:
+        if is_cuda(residual):
+            import torch
+
+            restore = torch.as_tensor(restore, device=residual.device) & (
+                skip.reshape(()) == 0)
+        elif flag_set(skip):
+            return
     if is_cuda(residual):
         _cuda_restore_residual(residual, indices, values, restore)
         return
@@ -734,6 +784,63 @@ def nonfinite_flag(like: Any) -> Any:
     import torch
 
     return like.new_zeros(1, dtype=torch.int32)
+
+
+def flag_set(flag: Any) -> bool:
+    """Whether a skip / non-finite flag (one int32: numpy, or a torch tensor) is nonzero, read on
+    the host (a CUDA flag waits for its stream: `read_flag`)."""
+    return read_flag(flag) != 0
+
+
+def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
+    """x[indices] = 0 in place (indices may repeat); left as it is where the skip flag (as
+    `accumulate_select`'s) is set: on a GPU chosen on the device (a gather and a scatter of
+    len(indices) values, no host wait)."""
+    if skip is None or not is_cuda(x):
+        if skip is not None and flag_set(skip):
+            return
+        x[indices] = 0.0
+        return
+    import torch
+
+    kept = torch.where(skip.reshape(()) != 0, x[indices], torch.zeros((), dtype=x.dtype,
+                                                                      device=x.device))
+    x[indices] = kept
+
+
+class LaterFlag:
+    """A flag's value brought to the host without waiting now: on a GPU its copy into pinned
+    memory is enqueued where the flag is written, with an event after it; `value()` waits for
+    that event only (long done when read an iteration later). A host flag is read at `value()`
+    (nothing writes a flag once it is handed over)."""
+
+    __slots__ = ("_event", "_host", "_value")
+
+    def __init__(self, flag: Any) -> None:
+        self._value: int | None = None
+        self._host, self._event = flag, None
+        if not is_cuda(flag):
+            return
+        import torch
+
+        self._host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+        self._host.copy_(flag.reshape(1), non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(flag.device))
+
+    def value(self) -> int:
+        """The flag's value (waits for its copy the first time, if that is not done yet)."""
+        if self._value is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._value = int(self._host.reshape(-1)[0])
+            self._host = self._event = None
+        return self._value
+
+    @property
+    def read(self) -> bool:
+        """Whether `value()` has brought the flag to the host yet."""
+        return self._value is not None
 
 
 def read_flag(flag: Any) -> int:
@@ -869,8 +976,21 @@ def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
     return indices, values
 
 
+def _flag_address(skip: Any, like: Any) -> int:
+    """The device address of a skip flag for the kernels (0: none), checked to be one int32 on
+    like's device."""
+    if skip is None:
+        return 0
+    import torch
+
+    if skip.device != like.device or skip.dtype != torch.int32 or skip.numel() != 1:
+        raise ValueError(f"skip must be one int32 on {like.device}, got {skip.dtype} "
+                         f"{tuple(skip.shape)} on {skip.device}")
+    return skip.data_ptr()
+
+
 def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
-                            clear_gradient: bool) -> tuple[Any, Any]:
+                            clear_gradient: bool, skip: Any = None) -> tuple[Any, Any]:
     _require_cuda_build()
     _cuda_check_pair(gradient, residual)
     d = gradient.numel()
@@ -881,14 +1001,16 @@ def _cuda_accumulate_select(gradient: Any, residual: Any, k: int,
         _C.cuda_accumulate_select(value_type, index_type, gradient.data_ptr(),
                                   residual.data_ptr(), d, k, indices.data_ptr(),
                                   values.data_ptr(), _stream(gradient.device),
-                                  workspace.data_ptr(), workspace.numel())
+                                  workspace.data_ptr(), workspace.numel(),
+                                  _flag_address(skip, residual))
         if clear_gradient:  # on the same stream, after the kernel has read it
             gradient.zero_()
     return indices, values
 
 
 def _cuda_segmented_accumulate_select(gradient: Any, residual: Any, offsets: np.ndarray,
-                                      ks: np.ndarray, clear_gradient: bool) -> tuple[Any, Any]:
+                                      ks: np.ndarray, clear_gradient: bool,
+                                      skip: Any = None) -> tuple[Any, Any]:
     _require_cuda_build()
     if gradient is None:
         _cuda_check(residual, "residual", residual.device)
@@ -907,7 +1029,7 @@ def _cuda_segmented_accumulate_select(gradient: Any, residual: Any, offsets: np.
             value_type, index_type, 0 if gradient is None else gradient.data_ptr(),
             residual.data_ptr(), d, table, device_table.data_ptr(), bool(clear_gradient),
             indices.data_ptr(), values.data_ptr(), _stream(device), workspace.data_ptr(),
-            workspace.numel())
+            workspace.numel(), _flag_address(skip, residual))
     return indices, values
 
 

@@ -6,7 +6,9 @@ own all-reduce, in float32, bfloat16 autocast and float16 autocast with GradScal
 
 One process, a one-worker process group (NCCL on a GPU, Gloo on the CPU). Per (precision,
 scheme): a fresh model (same seed), DDP (bucket_cap_mb default), `gtopk_hook` with the scheme's
-compression (none for "dense": DDP's all-reduce, the baseline), SGD(momentum 0.9), one fixed
+compression (none for "dense": DDP's all-reduce, the baseline; "-host-skip": the non-finite skip
+decided on the host, `skip_on_device=False`, as before that moved to the device), SGD(momentum
+0.9), one fixed
 synthetic batch. Steps: DDP's `start_iter` = 2 dense iterations and one sparse step as warm-up
 (more while the configuration's time allows), then up to --steps timed steps, each from
 zero_grad to the optimizer's step, the device synchronised before and after. The median over
@@ -70,6 +72,10 @@ SCHEMES: dict[str, Any] = {
     "exdyna-0.001": lambda: Compression.exdyna(0.001),
     "gtopk-exact-0.001": lambda: Compression.gtopk(0.001, exact=True),
     "sketch-0.001": lambda: Compression.sketch(0.001),
+    "gtopk-0.001-host-skip": lambda: Compression.gtopk(0.001),
+}
+HOOK_OPTIONS: dict[str, dict[str, Any]] = {
+    "gtopk-0.001-host-skip": {"skip_on_device": False},  # the skip decided on the host: before
 }
 PRECISIONS = ("float32", "bfloat16-amp", "float16-amp")  # the one known to raise last
 START_ITER = 2
@@ -123,7 +129,8 @@ class Run:
                        gradient_as_bucket_view=args.gradient_as_bucket_view)
         self.state = None
         if SCHEMES[scheme] is not None:
-            self.state = GTopkHookState(compression=SCHEMES[scheme](), start_iter=START_ITER)
+            self.state = GTopkHookState(compression=SCHEMES[scheme](), start_iter=START_ITER,
+                                        **HOOK_OPTIONS.get(scheme, {}))
             self.ddp.register_comm_hook(self.state, gtopk_hook)
         self.optimizer = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
         generator = torch.Generator().manual_seed(1)

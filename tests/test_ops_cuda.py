@@ -555,3 +555,55 @@ def test_cuda_segmented_select_equals_per_part_cuda_calls() -> None:
     assert torch.equal(values.view(torch.int32), torch.cat(picked).view(torch.int32))
     assert torch.equal(device_residual.view(torch.int32), parts_residual.view(torch.int32))
     assert torch.equal(device_gradient, parts_gradient)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("d,k", [(10, 3), (10, 10), (10, 0), (1_000_003, 1000),
+                                 (1 << 22, 1 << 12)])
+@pytest.mark.parametrize("segmented", [False, True])
+def test_cuda_kernels_read_the_skip_flag_on_the_device(kind: str, d: int, k: int,
+                                                        segmented: bool) -> None:
+    """A set device flag (gtopk_hvd.core.device_skip): the residual and velocity stay bit for bit
+    and the set is the residual's own top-k (numpy's); the gradient is cleared; a clear flag
+    gives the flagless call's result, residual and velocity."""
+    rng = np.random.default_rng([d, k])
+    residual = on_gpu(make_input(kind, d, np.float64), "float32")
+    gradient = on_gpu(rng.standard_normal(d), "float32")
+    velocity = on_gpu(rng.standard_normal(d), "float32")
+    offsets, ks = [0, d // 3, d], [k // 2, k - k // 2]
+
+    def select(g: torch.Tensor, r: torch.Tensor, skip: torch.Tensor | None) -> tuple:
+        if segmented:
+            return ops.segmented_accumulate_select(g, r, offsets, ks, True, skip)
+        return ops.accumulate_select(g, r, k, clear_gradient=True, skip=skip)
+
+    before = residual.clone()
+    set_flag = torch.ones(1, dtype=torch.int32, device="cuda")
+    indices, values = select(gradient.clone(), residual, set_flag)
+    assert torch.equal(residual.view(torch.int32), before.view(torch.int32))
+    if segmented:
+        want_indices, want_values = ops.segmented_accumulate_select(None, before.cpu().clone(),
+                                                                    offsets, ks)
+        want_indices = want_indices.numpy()
+    else:
+        want_indices = topk_reference(before.cpu().numpy(), k)
+    np.testing.assert_array_equal(indices.cpu().numpy(), want_indices)
+    np.testing.assert_array_equal(values.cpu().view(torch.int32).numpy(),
+                                  before.cpu()[torch.from_numpy(want_indices).long()]
+                                  .view(torch.int32).numpy())
+    moved = velocity.clone()
+    ops.momentum_update(moved, gradient, 0.9, 4.0, set_flag)
+    assert torch.equal(moved.view(torch.int32), velocity.view(torch.int32))
+
+    clear_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    flagged_residual, plain_residual = before.clone(), before.clone()
+    flagged_gradient, plain_gradient = gradient.clone(), gradient.clone()
+    got = select(flagged_gradient, flagged_residual, clear_flag)
+    want = select(plain_gradient, plain_residual, None)
+    for a, b in zip((*got, flagged_residual, flagged_gradient),
+                    (*want, plain_residual, plain_gradient)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    flagged, plain = velocity.clone(), velocity.clone()
+    ops.momentum_update(flagged, gradient, 0.9, 4.0, clear_flag)
+    ops.momentum_update(plain, gradient, 0.9, 4.0)
+    assert torch.equal(flagged.view(torch.int32), plain.view(torch.int32))

@@ -6,7 +6,7 @@
 // nvcc from contracting them into a fused multiply-add), as the host's two whole-array passes
 // (velocity *= momentum, then velocity += gradient / divisor) round them: equal bit for bit.
 // Traffic: one read of each array and one write of the velocity, against two reads and two
-// writes of the velocity in the two passes.
+// writes of the velocity in the two passes. A set skip flag (device memory) leaves it as it is.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,7 +32,8 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 template <typename T>
 __global__ void __launch_bounds__(kThreads) momentum_kernel(T* velocity, const T* gradient,
                                                             int64_t n, T momentum, T divisor,
-                                                            bool divide) {
+                                                            bool divide, const int32_t* skip) {
+    if (skip != nullptr && *skip != 0) return;
     for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
          i += int64_t{gridDim.x} * kThreads) {
         const T g = divide ? div_rn(gradient[i], divisor) : gradient[i];
@@ -42,25 +43,25 @@ __global__ void __launch_bounds__(kThreads) momentum_kernel(T* velocity, const T
 
 template <typename T>
 void momentum_typed(void* velocity, const void* gradient, int64_t n, double momentum,
-                    double divisor, cudaStream_t stream) {
+                    double divisor, cudaStream_t stream, const int32_t* skip) {
     const int blocks = static_cast<int>(std::min(kMaxBlocks, (n + kThreads - 1) / kThreads));
     momentum_kernel<T><<<blocks, kThreads, 0, stream>>>(
         static_cast<T*>(velocity), static_cast<const T*>(gradient), n, static_cast<T>(momentum),
-        static_cast<T>(divisor), divisor != 1.0);
+        static_cast<T>(divisor), divisor != 1.0, skip);
     GTOPK_CUDA_CHECK_LAUNCH("momentum_kernel");
 }
 
 }  // namespace
 
 void momentum_update(ValueType value_type, void* velocity, const void* gradient, int64_t n,
-                     double momentum, double divisor, void* stream) {
+                     double momentum, double divisor, void* stream, const int32_t* skip) {
     if (n <= 0) return;
     const auto s = static_cast<cudaStream_t>(stream);
     switch (value_type) {
         case ValueType::kFloat32:
-            return momentum_typed<float>(velocity, gradient, n, momentum, divisor, s);
+            return momentum_typed<float>(velocity, gradient, n, momentum, divisor, s, skip);
         case ValueType::kFloat64:
-            return momentum_typed<double>(velocity, gradient, n, momentum, divisor, s);
+            return momentum_typed<double>(velocity, gradient, n, momentum, divisor, s, skip);
         default:
             break;
     }

@@ -172,13 +172,14 @@ __global__ void init_states_kernel(Segments segments, SelectState* states) {
     states[s] = state;
 }
 
-// Pass 1: residual += gradient (gradient = 0 if clear; no accumulation when gradient is null)
-// and the first-digit histogram of the segments that want entries. Zero keys are counted in
-// registers (sparse inputs would otherwise serialise on one shared counter).
+// Pass 1: residual += gradient (gradient = 0 if clear; no accumulation when gradient is null or
+// the skip flag is set) and the first-digit histogram of the segments that want entries. Zero
+// keys are counted in registers (sparse inputs would otherwise serialise on one shared counter).
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_first_pass_kernel(
         T* gradient, T* residual, bool clear_gradient, Segments segments, Level first,
-        const SelectState* states, u64* histogram) {
+        const SelectState* states, u64* histogram, const int32_t* skip) {
+    const bool skipping = detail::flag_set(skip);
     __shared__ unsigned shared_histogram[kMaxBins<T>];
     const Chunk chunk = my_chunk(segments);
     const bool counted = states[chunk.segment].wanted != 0;
@@ -187,6 +188,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_first_pas
     unsigned zeros = 0;
     auto load = [&](int64_t i) {
         if (gradient == nullptr) return residual[i];
+        if (skipping) {
+            const T v = residual[i];
+            if (clear_gradient) gradient[i] = T(0);
+            return v;
+        }
         const T v = residual[i] + gradient[i];
         residual[i] = v;
         if (clear_gradient) gradient[i] = T(0);
@@ -277,11 +283,12 @@ __global__ void __launch_bounds__(kThreads) segmented_choose_kernel(Level level,
 
 // The selected entries of each segment (at or above its final prefix: exactly n_s) go to the
 // staging area at the segment's output offset, with global indices; the residual is zeroed
-// there.
+// there (unless the skip flag is set).
 template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_stage_kernel(
         T* residual, Segments segments, SelectState* states, Index* stage_index,
-        T* stage_value) {
+        T* stage_value, const int32_t* skip) {
+    const bool skipping = detail::flag_set(skip);
     const Chunk chunk = my_chunk(segments);
     const SelectState s = states[chunk.segment];
     if (s.wanted == 0) return;
@@ -303,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_stage_ker
                        stage_value + out);
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
-            if (selected[j]) residual[items.position(j)] = T{};
+            if (selected[j] && !skipping) residual[items.position(j)] = T{};
         }
     });
 }
@@ -384,7 +391,7 @@ template <typename T, typename Index>
 void select_batch(const SegmentedPlan<T, Index>& plan, const Batch& batch,
                   const int64_t* device_table, int64_t segments, T* gradient, T* residual,
                   bool clear_gradient, Index* out_index, T* out_value, const Workspace& workspace,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const int32_t* skip) {
     const int64_t row = segments + 1;
     const Segments view{device_table + batch.first, device_table + row + batch.first,
                         device_table + 2 * row + batch.first, batch.count};
@@ -403,7 +410,7 @@ void select_batch(const SegmentedPlan<T, Index>& plan, const Batch& batch,
                          stream>>>(view, states);
     GTOPK_CUDA_CHECK_LAUNCH("init_states_kernel");
     segmented_first_pass_kernel<T><<<grid, kThreads, 0, stream>>>(
-        gradient, residual, clear_gradient, view, schedule.level[0], states, histogram);
+        gradient, residual, clear_gradient, view, schedule.level[0], states, histogram, skip);
     GTOPK_CUDA_CHECK_LAUNCH("segmented_first_pass_kernel");
     if (batch.selected == 0) return;  // the accumulation was all there was to do
     const int count = static_cast<int>(batch.count);
@@ -419,8 +426,8 @@ void select_batch(const SegmentedPlan<T, Index>& plan, const Batch& batch,
                                                                    histogram);
         GTOPK_CUDA_CHECK_LAUNCH("segmented_choose_kernel");
     }
-    segmented_stage_kernel<T, Index><<<grid, kThreads, 0, stream>>>(residual, view, states,
-                                                                     stage_index, stage_value);
+    segmented_stage_kernel<T, Index><<<grid, kThreads, 0, stream>>>(
+        residual, view, states, stage_index, stage_value, skip);
     GTOPK_CUDA_CHECK_LAUNCH("segmented_stage_kernel");
 
     using UIndex = UnsignedOf<Index>;
@@ -438,7 +445,7 @@ template <typename T, typename Index>
 int64_t segmented_typed(void* gradient, void* residual, const int64_t* host_table,
                         const int64_t* device_table, int64_t segments, void* out_index,
                         void* out_value, bool clear_gradient, cudaStream_t stream,
-                        const Workspace& workspace) {
+                        const Workspace& workspace, const int32_t* skip) {
     const HostTable rows = host_rows(host_table, segments);
     const auto plan = plan_segmented<T, Index>(rows, segments);
     T* g = static_cast<T*>(gradient);
@@ -449,7 +456,7 @@ int64_t segmented_typed(void* gradient, void* residual, const int64_t* host_tabl
             const int64_t out = rows.out_offsets[first];
             select_batch<T, Index>(plan, batch, device_table, segments, g, r, clear_gradient,
                                    static_cast<Index*>(out_index) + out,
-                                   static_cast<T*>(out_value) + out, scratch, stream);
+                                   static_cast<T*>(out_value) + out, scratch, stream, skip);
         }
     });
     return rows.out_offsets[segments];
@@ -482,7 +489,7 @@ int64_t segmented_accumulate_select(ValueType value_type, IndexType index_type, 
                                     void* residual, int64_t d, const int64_t* host_table,
                                     const int64_t* device_table, int64_t segments,
                                     void* out_index, void* out_value, bool clear_gradient,
-                                    void* stream, Workspace workspace) {
+                                    void* stream, Workspace workspace, const int32_t* skip) {
     detail::require_index_fits(index_type, d);
     check_table(host_table, segments, d);
     if (clear_gradient && gradient == nullptr) {
@@ -493,7 +500,8 @@ int64_t segmented_accumulate_select(ValueType value_type, IndexType index_type, 
                                      [&](auto v, auto i) {
         return segmented_typed<decltype(v), decltype(i)>(gradient, residual, host_table,
                                                          device_table, segments, out_index,
-                                                         out_value, clear_gradient, s, workspace);
+                                                         out_value, clear_gradient, s, workspace,
+                                                         skip);
     });
 }
 

@@ -218,17 +218,39 @@ template <typename T> struct ReadValues {
     __device__ T peek(int64_t i) const { return x[i]; }
 };
 
-// residual += gradient as pass 1 reads it.
+// residual += gradient as pass 1 reads it. skip: null, or an int32 in device memory; when it
+// is nonzero (read once per kernel, `on_device`), the residual is read as it is and nothing is
+// written: the selection is then the residual's own top-k, and the state stays as it was.
 template <typename T> struct AccumulateValues {
     const T* gradient;
     T* residual;
+    const int32_t* skip = nullptr;
+    bool skipping = false;
     __device__ T load(int64_t i) const {
+        if (skipping) return residual[i];
         const T v = residual[i] + gradient[i];
         residual[i] = v;
         return v;
     }
-    __device__ T peek(int64_t i) const { return residual[i] + gradient[i]; }
+    __device__ T peek(int64_t i) const {
+        return skipping ? residual[i] : residual[i] + gradient[i];
+    }
 };
+
+// Whether the device flag `skip` (null: none) is set.
+__device__ __forceinline__ bool flag_set(const int32_t* skip) {
+    return skip != nullptr && *skip != 0;
+}
+
+// A value source as a kernel uses it: AccumulateValues reads its skip flag here, once.
+template <typename Values> __device__ __forceinline__ Values on_device(Values values) {
+    return values;
+}
+template <typename T>
+__device__ __forceinline__ AccumulateValues<T> on_device(AccumulateValues<T> values) {
+    values.skipping = flag_set(values.skip);
+    return values;
+}
 
 // An entry source: value(i) and index(i) of the i-th entry.
 template <typename T, typename Values> struct InputEntries {
@@ -487,9 +509,10 @@ __global__ void __launch_bounds__(kThreads) init_kernel(SelectState* state, u64 
 // kept only if the entries it lets into the buffer should fit.
 template <typename T, typename Values>
 __global__ void __launch_bounds__(kThreads) sample_guess_kernel(
-        Values values, int64_t stride, int64_t samples, Level first, u64* histogram,
+        Values source, int64_t stride, int64_t samples, Level first, u64* histogram,
         u64 sample_rank, u64 capacity, SelectState* state) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
+    const Values values = on_device(source);
     const int bins = 1 << first.bits;
     clear_shared(shared_histogram, bins);
     for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < samples;
@@ -570,11 +593,12 @@ static __device__ void choose_bin(const Level& level, bool is_first, u64 all_key
 // their total is kept: a bin of nothing but zeros needs no more key digits.
 template <typename T, typename Index, typename Values>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
-        Values values, int64_t d, Level first, u64 all_key_bits, SelectState* state,
+        Values source, int64_t d, Level first, u64 all_key_bits, SelectState* state,
         u64* histogram, Index* buffer_index, T* buffer_value, u64 capacity) {
     __shared__ unsigned shared_histogram[kMaxBins<T>];
     __shared__ unsigned shared_zeros;
     __shared__ StagingArea<T, Index> staging;
+    const Values values = on_device(source);
     const int bins = 1 << first.bits;
     if (threadIdx.x == 0) shared_zeros = 0;
     clear_shared(shared_histogram, bins);
@@ -734,14 +758,16 @@ __device__ void stage_tiles(const Entries& entries, int64_t count, const SelectS
 }
 
 // Appends the selected entries (at or above the final prefix: exactly n) to the staging area;
-// with residual_to_zero, residual_to_zero[index] = 0 for each of them.
+// with residual_to_zero, residual_to_zero[index] = 0 for each of them, unless the device flag
+// `skip` (null: none) is set.
 template <typename T, typename Index, typename Later>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stage_selected_kernel(
         Later input, int64_t d, u64 last, SelectState* state, const Index* buffer_index,
         const T* buffer_value, u64 capacity, Index* stage_index, T* stage_value,
-        T* residual_to_zero) {
+        T* residual_to_zero, const int32_t* skip) {
     __shared__ StagingArea<T, Index> staging;
     const SelectState s = *state;
+    if (flag_set(skip)) residual_to_zero = nullptr;
     WarpAppender<T, Index> appender(staging, &state->staged_count, s.wanted, stage_index,
                                     stage_value);
     if (s.source == kFromBuffer) {
@@ -829,11 +855,12 @@ template <typename T, typename Index> size_t select_bytes_bound(int64_t d, int64
 // once per entry, peek without side effects); later passes over d read through `input`, a
 // value source without side effects (ReadValues of an array, or values computed on the fly,
 // e.g. the count sketch's estimates). If residual_to_zero is set, residual_to_zero[selected] = 0
-// afterwards.
+// afterwards, unless the device flag `skip` (null: none) is set.
 template <typename T, typename Index, typename Values, typename Later>
 void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later input,
                       Index* out_index, T* out_value, T* residual_to_zero,
-                      const Workspace& workspace, cudaStream_t stream) {
+                      const Workspace& workspace, cudaStream_t stream,
+                      const int32_t* skip = nullptr) {
     if (workspace.bytes < plan.bytes) {
         throw std::logic_error("gtopk: select_topk was given a workspace of " +
                                std::to_string(workspace.bytes) + " bytes, it needs " +
@@ -894,7 +921,7 @@ void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later inp
     const auto stage_kernel = stage_selected_kernel<T, Index, Later>;
     stage_kernel<<<tile_grid<T>(stage_kernel, d), kThreads, 0, stream>>>(
         input, d, last, state, buffer_index, buffer_value, static_cast<u64>(capacity),
-        stage_index, stage_value, residual_to_zero);
+        stage_index, stage_value, residual_to_zero, skip);
     GTOPK_CUDA_CHECK_LAUNCH("stage_selected_kernel");
 
     size_t sort_bytes = plan.sort_bytes;
@@ -910,9 +937,9 @@ void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later inp
 template <typename T, typename Index, typename Values>
 void select_topk(const SelectPlan<T, Index>& plan, Values values, const T* input,
                  Index* out_index, T* out_value, T* residual_to_zero, const Workspace& workspace,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const int32_t* skip = nullptr) {
     select_topk_from<T, Index>(plan, values, ReadValues<T>{input}, out_index, out_value,
-                               residual_to_zero, workspace, stream);
+                               residual_to_zero, workspace, stream, skip);
 }
 
 }  // namespace gtopk::cuda::detail

@@ -40,22 +40,30 @@ __global__ void take_all_kernel(const T* x, int64_t d, Index* out_index, T* out_
 }
 
 template <typename T>
-__global__ void accumulate_kernel(const T* gradient, T* residual, int64_t d) {
+__global__ void accumulate_kernel(const T* gradient, T* residual, int64_t d,
+                                  const int32_t* skip) {
+    if (detail::flag_set(skip)) return;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
          i += int64_t{gridDim.x} * blockDim.x) {
         residual[i] += gradient[i];
     }
 }
 
-// Every entry is selected: residual += gradient, out = (i, residual[i]), residual = 0.
+// Every entry is selected: residual += gradient, out = (i, residual[i]), residual = 0; with the
+// skip flag set, out = (i, residual[i]) and the residual is left as it is.
 template <typename T, typename Index>
 __global__ void accumulate_take_all_kernel(const T* gradient, T* residual, int64_t d,
-                                           Index* out_index, T* out_value) {
+                                           Index* out_index, T* out_value, const int32_t* skip) {
+    const bool skipping = detail::flag_set(skip);
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
          i += int64_t{gridDim.x} * blockDim.x) {
         out_index[i] = static_cast<Index>(i);
-        out_value[i] = residual[i] + gradient[i];
-        residual[i] = T(0);
+        if (skipping) {
+            out_value[i] = residual[i];
+        } else {
+            out_value[i] = residual[i] + gradient[i];
+            residual[i] = T(0);
+        }
     }
 }
 
@@ -98,7 +106,7 @@ int64_t topk_abs_typed(const void* x, int64_t d, int64_t k, void* out_index, voi
 template <typename T, typename Index>
 int64_t accumulate_select_typed(const void* gradient, void* residual, int64_t d, int64_t k,
                                 void* out_index, void* out_value, cudaStream_t stream,
-                                const Workspace& workspace) {
+                                const Workspace& workspace, const int32_t* skip) {
     if (d <= 0) return 0;
     const int64_t n = selected_count(d, k);
     const T* g = static_cast<const T*>(gradient);
@@ -106,20 +114,20 @@ int64_t accumulate_select_typed(const void* gradient, void* residual, int64_t d,
     Index* index_out = static_cast<Index*>(out_index);
     T* value_out = static_cast<T*>(out_value);
     if (n == 0) {
-        accumulate_kernel<T><<<elementwise_grid(d), kThreads, 0, stream>>>(g, r, d);
+        accumulate_kernel<T><<<elementwise_grid(d), kThreads, 0, stream>>>(g, r, d, skip);
         GTOPK_CUDA_CHECK_LAUNCH("accumulate_kernel");
         return 0;
     }
     if (n == d) {
         accumulate_take_all_kernel<T, Index>
-            <<<elementwise_grid(d), kThreads, 0, stream>>>(g, r, d, index_out, value_out);
+            <<<elementwise_grid(d), kThreads, 0, stream>>>(g, r, d, index_out, value_out, skip);
         GTOPK_CUDA_CHECK_LAUNCH("accumulate_take_all_kernel");
         return n;
     }
     const auto plan = detail::plan_select<T, Index>(d, n);
     detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
-        detail::select_topk<T, Index>(plan, detail::AccumulateValues<T>{g, r}, r, index_out,
-                                      value_out, r, scratch, stream);
+        detail::select_topk<T, Index>(plan, detail::AccumulateValues<T>{g, r, skip}, r,
+                                      index_out, value_out, r, scratch, stream, skip);
     });
     return n;
 }
@@ -145,14 +153,14 @@ int64_t topk_abs(ValueType value_type, IndexType index_type, const void* x, int6
 
 int64_t accumulate_select(ValueType value_type, IndexType index_type, const void* gradient,
                           void* residual, int64_t d, int64_t k, void* out_index, void* out_value,
-                          void* stream, Workspace workspace) {
+                          void* stream, Workspace workspace, const int32_t* skip) {
     detail::require_index_fits(index_type, d);
     const auto s = static_cast<cudaStream_t>(stream);
     return detail::with_types<false>(value_type, index_type, "accumulate_select",
                                      [&](auto v, auto i) {
         return accumulate_select_typed<decltype(v), decltype(i)>(gradient, residual, d, k,
                                                                  out_index, out_value, s,
-                                                                 workspace);
+                                                                 workspace, skip);
     });
 }
 

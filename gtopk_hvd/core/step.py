@@ -76,6 +76,7 @@ import numpy as np
 from gtopk_hvd import ops
 from gtopk_hvd.backend import backend_for
 from gtopk_hvd.core.agreement import check_same_on_all_workers, signature
+from gtopk_hvd.core.device_skip import DeviceSkip
 from gtopk_hvd.core.stats import StepStats
 from gtopk_hvd.core.warmup_warning import warn_if_density_needs_warmup
 from gtopk_hvd.density import Schedule
@@ -132,15 +133,64 @@ class SparseStep:
             layout, sizes=self.sizes, compression=config, average=average,
             predivide=self.predivide, wait_probe=resolve_wait_probe(None, self.transport),
             state=self.backend.name, **(options or {}))
-        self.step_count = 0
-        self.skipped_steps = 0  # steps skipped for a non-finite gradient (not checkpointed)
-        self.last_stats: StepStats | None = None
+        self._step_count = 0
+        self._skipped_steps = 0
+        self._last_stats: StepStats | None = None
+        self._unresolved: list[tuple[DeviceSkip, StepStats]] = []
         self._workers_agree = False
+
+    # -- the host's counts (a step skipped on the device is corrected when its flag arrives) --
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (skipped ones not counted): sets k in the density warm-up."""
+        self._resolve_skips()
+        return self._step_count
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self._resolve_skips()
+        self._step_count = int(value)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite gradient (not checkpointed)."""
+        self._resolve_skips()
+        return self._skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._resolve_skips()
+        self._skipped_steps = int(value)
+
+    @property
+    def last_stats(self) -> StepStats | None:
+        """What the last step did (`StepStats`); reading it after a step decided on the device
+        brings that decision to the host (`skipped`)."""
+        self._resolve_skips()
+        return self._last_stats
+
+    def _resolve_skips(self) -> None:
+        """Corrects the counts for the steps skipped on the device (`DeviceSkip`) whose flags
+        were not read yet: each such step counted as taken is taken back."""
+        unresolved, self._unresolved = self._unresolved, []
+        for device_skip, stats in unresolved:
+            if device_skip.skipped():
+                self._step_count -= 1
+                self._skipped_steps += 1
+                stats.skipped = True
+
+    def skips_on_device(self) -> bool:
+        """Whether `update` can take the skip decision as a flag on the device (`DeviceSkip`)
+        without reading it: torch state, nonfinite="propagate", a scheme that can
+        (`Scheme.skips_on_device`). Otherwise a DeviceSkip given is read on the host first."""
+        return (self.backend.name == "torch" and self.compression.nonfinite == "propagate"
+                and self.scheme.skips_on_device())
 
     # -- one step -----------------------------------------------------------------------------
 
     def step(self, gradient: Any, clear_gradient: bool = False,
-             skip: bool | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+             skip: bool | DeviceSkip | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """One step (module docstring): the global (indices, values) to apply, values scaled;
         None for a step skipped for a non-finite gradient (nonfinite="propagate").
 
@@ -150,60 +200,75 @@ class SparseStep:
         skip: None: the configuration's rule decides (the check costs one all-reduce); True /
         False: the caller has already counted the non-finite workers for several steps at once
         (`count_nonfinite_workers`; the DDP hook, one count per iteration over all buckets)
-        and says whether to skip this one.
+        and says whether to skip this one (a `DeviceSkip`: a flag on the device, the host
+        values read at once here, since the result goes to the host anyway).
         """
+        if isinstance(skip, DeviceSkip):
+            skip = skip.skipped()
         result = self._step(gradient, clear_gradient, skip)
         if result is None:
             return None
         to_host = self.backend.to_host
-        return tuple(x if isinstance(x, np.ndarray) else to_host(x) for x in result)
+        return tuple(x if isinstance(x, np.ndarray) else to_host(x) for x in result[:2])
 
-    def _step(self, gradient: Any, clear_gradient: bool, skip: bool | None
-              ) -> tuple[Any, Any] | None:
+    def _step(self, gradient: Any, clear_gradient: bool, skip: bool | DeviceSkip | None
+              ) -> tuple[Any, Any, Any] | None:
         """`step`, its result where the scheme left it: host arrays, or the backend's tensors
-        where the reduction ran on the device."""
+        where the reduction ran on the device; and the device skip flag the update must honour
+        (None: the step was applied)."""
         self._check_agreement()
         config = self.compression
         check_seconds = check_wait_seconds = 0.0
+        if isinstance(skip, DeviceSkip) and not self.skips_on_device():
+            skip = skip.skipped()
         if skip is None:
             skip, check_seconds, check_wait_seconds = self._check_and_count(gradient)
-        budget = self.schedule.budget(self.step_count)
-        if skip:
+        self._resolve_skips()
+        budget = self.schedule.budget(self._step_count)
+        device_skip = skip if isinstance(skip, DeviceSkip) else None
+        if device_skip is None and skip:
             return self._skip(gradient, clear_gradient, budget, check_seconds,
                               check_wait_seconds)
+        flag = None if device_skip is None else device_skip.flag
         start = time.perf_counter()
-        gradient, clear_in_pass = self._prepare(gradient, clear_gradient)
+        gradient, clear_in_pass = self._prepare(gradient, clear_gradient, flag)
         prepare_seconds = time.perf_counter() - start
 
-        exchange = self.scheme.exchange(gradient, self.residual, budget, self.step_count,
-                                        clear_in_pass)
+        on_device = {} if flag is None else {"skip": flag}
+        exchange = self.scheme.exchange(gradient, self.residual, budget, self._step_count,
+                                        clear_in_pass, **on_device)
         if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
             self._raise_nonfinite()
         if self.velocity is not None and exchange.taken is not None:
-            self.velocity[exchange.taken] = 0.0
+            ops.zero_at(self.velocity, exchange.taken, flag)
 
         scale = self.predivide / self.transport.size if self.average else self.predivide
         values = exchange.values * np.float32(scale) if scale != 1.0 else exchange.values
         stats = exchange.stats
-        self.last_stats = StepStats(
-            step=self.step_count, density=budget.density, k=budget.k,
+        self._last_stats = StepStats(
+            step=self._step_count, density=budget.density, k=budget.k,
             global_entries=len(exchange.indices), bytes_sent=stats.bytes_sent,
             bytes_received=stats.bytes_received,
             select_seconds=prepare_seconds + exchange.select_seconds,
             communicate_seconds=stats.comm_seconds + check_wait_seconds,
             merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds + check_wait_seconds,
             transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
-        self.step_count += 1
-        return exchange.indices, values
+        self._step_count += 1
+        if device_skip is not None:
+            self._unresolved.append((device_skip, self._last_stats))
+        return exchange.indices, values, flag
 
-    def _prepare(self, gradient: Any, clear_gradient: bool) -> tuple[Any, bool]:
+    def _prepare(self, gradient: Any, clear_gradient: bool,
+                 skip: Any = None) -> tuple[Any, bool]:
         """Predivision and momentum correction (module docstring) with no temporary of the
         gradient's size: (what the scheme accumulates, whether it clears it). A read-only
         gradient is divided in blocks into the velocity, or into the residual (the scheme then
-        gets None: `Scheme.takes_accumulated`)."""
+        gets None: `Scheme.takes_accumulated`), unless a device skip flag is given (the residual
+        must stay as it is if it is set: then into a new array)."""
         divisor = self.predivide
         if self.velocity is not None:
-            ops.momentum_update(self.velocity, gradient, self.compression.momentum, divisor)
+            ops.momentum_update(self.velocity, gradient, self.compression.momentum, divisor,
+                                skip)
             if clear_gradient:
                 gradient[:] = 0
             return self.velocity, False
@@ -212,24 +277,26 @@ class SparseStep:
         if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
             gradient /= np.float32(divisor)
             return gradient, True
-        if self.scheme.takes_accumulated:
+        if self.scheme.takes_accumulated and skip is None:
             ops.add_divided(self.residual, gradient, divisor)
             return None, False
         return gradient / np.float32(divisor), False
 
     def update(self, gradient: Any, out: Any, clear_gradient: bool = False,
-               skip: bool | None = None) -> Any:
+               skip: bool | DeviceSkip | None = None) -> Any:
         """One `step`, its global set written into `out` as the dense update: out = zeros(d),
         out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the backend's
         type (it may be the gradient itself, with clear_gradient). Times the write as
-        last_stats.write_seconds."""
+        last_stats.write_seconds. skip: as `step`'s; a `DeviceSkip` is honoured on the device
+        without a host read where `skips_on_device()` (gtopk_hvd.core.device_skip), and read on
+        the host first otherwise."""
         result = self._step(gradient, clear_gradient, skip)
         start = time.perf_counter()
         if result is None:
             out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars
         else:
             ops.write_sparse(out, *result)
-        self.last_stats.write_seconds = time.perf_counter() - start
+        self._last_stats.write_seconds = time.perf_counter() - start
         return out
 
     def dense_update(self, gradient: Any, out: Any, clear_gradient: bool = False) -> Any:
@@ -261,7 +328,7 @@ class SparseStep:
         seconds = time.perf_counter() - start
         size = self.transport.size
         ring = 2 * (size - 1) * 4 * self.d // size
-        self.last_stats = StepStats(
+        self._last_stats = StepStats(
             step=self.step_count, density=1.0, k=self.d, global_entries=self.d,
             bytes_sent=ring, bytes_received=ring, select_seconds=0.0,
             communicate_seconds=seconds + check_wait_seconds, merge_seconds=0.0,
@@ -360,7 +427,7 @@ class SparseStep:
         if clear_gradient:
             gradient[:] = 0
         self.skipped_steps += 1
-        self.last_stats = StepStats(
+        self._last_stats = StepStats(
             step=self.step_count, density=budget.density, k=budget.k, global_entries=0,
             bytes_sent=0, bytes_received=0, select_seconds=0.0,
             communicate_seconds=check_wait_seconds, merge_seconds=0.0,
@@ -451,6 +518,17 @@ class NonfiniteFlags:
         if flag is None:
             flag = self.flags[place] = ops.nonfinite_flag(gradient)
         ops.mark_nonfinite(gradient, flag)
+
+    def take(self, device: Any) -> Any:
+        """The flag of the gradients checked on `device` (a torch device), not read; clears.
+        Raises if none was checked there or some elsewhere. For a decision that stays on the
+        device (`gtopk_hvd.core.device_skip`)."""
+        flags, self.flags = self.flags, {}
+        flag = flags.get(str(device))
+        if flag is None or len(flags) != 1:
+            raise ValueError(f"the checked gradients are on {sorted(flags)}, not only on "
+                             f"{device}")
+        return flag
 
     def read(self) -> bool:
         """Whether a checked gradient was not finite (one host read per place); clears."""

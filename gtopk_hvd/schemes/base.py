@@ -83,7 +83,15 @@ class Scheme(ABC):
         """The module docstring's step. gradient: read only unless clear_gradient (then all
         zeros on return), or None where `takes_accumulated`; residual: updated in place.
         budget: this step's k (and its parts); step: the optimizer step (0-based), the same on
-        every worker."""
+        every worker. A scheme whose `skips_on_device()` also takes skip=flag (a device skip
+        flag, `gtopk_hvd.core.device_skip`): when it is set, the residual (and the scheme's
+        state) stay as they were, and the exchange still runs with every message of its usual
+        size."""
+
+    def skips_on_device(self) -> bool:
+        """Whether `exchange` takes skip=flag (above) for this configuration and state: a step
+        decided on the device without a host read. False unless a scheme says so."""
+        return False
 
     def state_dict(self) -> dict:
         """What the scheme keeps between steps besides the residual (thresholds, partition

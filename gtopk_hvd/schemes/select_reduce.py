@@ -75,25 +75,38 @@ class SelectReduce(Scheme):
         self.reduction = REDUCTIONS.get(reduction_name(self.config))(
             self.transport, self.index_dtype, self.config.wire_dtype)
 
+    def skips_on_device(self) -> bool:
+        """A sparsifier that takes a skip flag (Top-k) and a reduction that takes the sets on
+        the state's device (gTop-k, the all-gather): every write to the state is then a kernel
+        that reads the flag, or a mask cut on the device."""
+        sparsifier = type(self.sparsifier)
+        return (self.backend.name == "torch" and sparsifier.takes_skip_flag
+                and self.reduction.takes_tensors_on(self.backend.device))
+
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                 clear_gradient: bool) -> Exchange:
+                 clear_gradient: bool, skip: Any = None) -> Exchange:
         start = time.perf_counter()
         local_indices, local_values = self._select(gradient, residual, budget, step,
-                                                   clear_gradient)
+                                                   clear_gradient, skip)
         select_seconds = time.perf_counter() - start
         if self._reduce_on_device(local_values, budget.k):
             result = self.reduction.reduce(local_indices, local_values, budget.k)
             if not self.config.exact:
-                ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+                ops.restore_residual(residual, local_indices, local_values, ~result.survived,
+                                     skip)
                 return Exchange(result.indices, result.values, local_indices, result.stats,
                                 select_seconds)
             values = sum_at_tensors(self.transport, residual, result.indices, result.stats,
-                                    taken=(local_indices, local_values))
-            ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+                                    taken=(local_indices, local_values), skip=skip)
+            ops.restore_residual(residual, local_indices, local_values, ~result.survived, skip)
             # Both sets, not their union: the step only zeroes the velocity there, and a
             # union's length would wait for the device.
             taken = self.backend.concatenate([local_indices, result.indices])
             return Exchange(result.indices, values, taken, result.stats, select_seconds)
+        if skip is not None:
+            raise RuntimeError("gtopk_hvd: a step skipped on the device reached the host "
+                               "reduction path (a set of other than k entries?); "
+                               "skips_on_device() should have been False")
         to_host = self.backend.to_host
         host_indices, host_values = to_host(local_indices), to_host(local_values)
         result = self.reduction.reduce(host_indices, host_values, budget.k)
@@ -117,11 +130,13 @@ class SelectReduce(Scheme):
                 and self.reduction.takes_tensors_on(self.backend.device))
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                clear_gradient: bool) -> tuple[Any, Any]:
+                clear_gradient: bool, skip: Any = None) -> tuple[Any, Any]:
         """The sparsifier over each part of the budget; one set, index-sorted."""
         backend, select = self.backend, self.sparsifier.select
+        on_device = {} if skip is None else {"skip": skip}
         if self.config.granularity == "model":
-            indices, values = select(gradient, residual, budget.k, clear_gradient, step, 0)
+            indices, values = select(gradient, residual, budget.k, clear_gradient, step, 0,
+                                     **on_device)
             return backend.as_index_dtype(indices, self.index_dtype), values
         return self.sparsifier.select_parts(gradient, residual, budget.parts, clear_gradient,
-                                            step, self.index_dtype)
+                                            step, self.index_dtype, **on_device)

@@ -179,7 +179,7 @@ def sum_counted_tensors(transport: Transport, tensor: Any, stats: ReductionStats
 
 
 def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: ReductionStats,
-                   taken: tuple[Any, Any] | None = None) -> Any:
+                   taken: tuple[Any, Any] | None = None, skip: Any = None) -> Any:
     """`sum_at` on tensors: V[j] = sum over workers of acc[I[j]]; residual[I] = 0 after.
 
     residual: float32 tensor; indices: I, a sorted tensor of indices on its device, the same on
@@ -187,12 +187,15 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
     residual, index-sorted tensors there (indices of I's dtype). V is a new float32 tensor
     there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken):
     the taken entry is found by binary search and added by one gather and one scatter, the
-    entries not in I scattered to a spare slot past V's end, so nothing waits for a count."""
+    entries not in I scattered to a spare slot past V's end, so nothing waits for a count.
+    skip: a device skip flag (`gtopk_hvd.core.device_skip`): when set, residual[I] keeps its
+    values (chosen on the device)."""
     import torch
 
     n = int(indices.numel())
     values = torch.empty(n + 1, dtype=torch.float32, device=residual.device)
     torch.index_select(residual, 0, indices, out=values[:n])
+    kept = None if skip is None else torch.where(skip.reshape(()) != 0, values[:n], 0.0)
     if taken is not None and taken[0].numel() and n:
         position = torch.searchsorted(indices, taken[0])
         found = indices[position.clamp(max=n - 1)] == taken[0]
@@ -200,5 +203,8 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
         values[target] = values[target] + taken[1]
     values = values[:n]
     sum_counted_tensors(transport, values, stats)
-    residual[indices] = 0.0
+    if kept is None:
+        residual[indices] = 0.0
+    else:
+        residual[indices] = kept
     return values

@@ -28,6 +28,10 @@ class Sparsifier(ABC):
     reduction applies: no indices are sent)."""
     default_reduction: ClassVar[str] = "gtopk"
     """The reduction `Compression.sparse` pairs it with unless told otherwise."""
+    takes_skip_flag: ClassVar[bool] = False
+    """True when `select` and `select_parts` also take skip=flag, a device skip flag
+    (`gtopk_hvd.core.device_skip`): when set, the residual is left as it is and the set is
+    chosen from it as it is (k entries still, so every message keeps its size)."""
 
     def __init__(self, seed: int = 0, backend: ArrayBackend = NUMPY) -> None:
         self.seed = seed  # for rules that draw at random: the same on every worker

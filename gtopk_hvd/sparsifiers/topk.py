@@ -14,17 +14,21 @@ class MagnitudeTopK(Sparsifier):
     """I_p = the k largest |acc| (ties: lower index first; NaN and Inf rank highest); one fused
     pass over d (`ops.accumulate_select`)."""
 
+    takes_skip_flag = True
+
     def select(self, gradient: Any, residual: Any, k: int, clear_gradient: bool, step: int,
-               part: int) -> tuple[Any, Any]:
-        return ops.accumulate_select(gradient, residual, k, clear_gradient=clear_gradient)
+               part: int, skip: Any = None) -> tuple[Any, Any]:
+        return ops.accumulate_select(gradient, residual, k, clear_gradient=clear_gradient,
+                                     skip=skip)
 
     def select_parts(self, gradient: Any, residual: Any, parts: Sequence[tuple[int, int, int, int]],
-                     clear_gradient: bool, step: int, index_dtype: Any) -> tuple[Any, Any]:
+                     clear_gradient: bool, step: int, index_dtype: Any,
+                     skip: Any = None) -> tuple[Any, Any]:
         """Every part's top-k_i in one call (`ops.segmented_accumulate_select`: one launch
         sequence on a GPU, not one per part), bit for bit the per-part selections joined."""
         offsets, ks = segments_of(parts)
         indices, values = ops.segmented_accumulate_select(gradient, residual, offsets, ks,
-                                                          clear_gradient)
+                                                          clear_gradient, skip)
         return self.backend.as_index_dtype(indices, index_dtype), values
 
 

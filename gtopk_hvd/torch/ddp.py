@@ -90,6 +90,7 @@ import torch.distributed as dist
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
 from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats, count_workers
+from gtopk_hvd.core.device_skip import DeviceSkip
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
@@ -123,7 +124,11 @@ class GTopkHookState:
     or None (the default: torch.distributed over process_group; for NCCL, make that group with
     backend="nccl": "torch" / None is how the hook runs on NCCL); its workers must be the
     process group's (the same rank and size), or the first hook call raises (the constructor
-    already, for a Transport object once torch.distributed is initialised).
+    already, for a Transport object once torch.distributed is initialised). skip_on_device:
+    nonfinite="propagate" decides a skipped iteration on the device, without a host read
+    (`gtopk_hvd.core.device_skip`; module docstring): None (the default) on CUDA buckets where
+    the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device), True
+    wherever the scheme can (CPU buckets too: the same results), False never.
 
     Fields (public; set process_group and transport before the first iteration):
 
@@ -133,8 +138,11 @@ class GTopkHookState:
     compression     the sparse configuration (`SparseCompression`)
     start_iter      DDP iterations of plain all-reduce before the sparse steps
     iter            DDP iterations so far (one skipped for a NaN/Inf does not count)
-    last_iteration_skipped  whether the last complete iteration was skipped for a NaN/Inf
-                    (its gradients all NaN: do not step the optimizer without a scaler)
+    last_iteration_skipped  (property) whether the last complete iteration was skipped for a
+                    NaN/Inf (its gradients all NaN: do not step the optimizer without a
+                    scaler); after an iteration decided on the device, reading it (or iter)
+                    brings the flag to the host: a wait for that iteration's backward
+    skip_on_device  the constructor's choice (above)
     buckets         DDP bucket index -> `HookBucket` (layout, SparseStep) of each bucket that
                     has stepped
     seen_buckets    DDP bucket index -> (layout, parameter sizes) of each final bucket seen,
@@ -158,14 +166,15 @@ class GTopkHookState:
     this process only.
     """
 
-    __slots__ = ("active_transport", "buckets", "compression", "iter", "last_iteration_skipped",
-                 "nonfinite", "pending", "process_group", "remap", "restored_buckets",
-                 "restored_indices", "seen_buckets", "start_iter", "transport")
+    __slots__ = ("_iter", "_last_skipped", "_unresolved", "active_transport", "buckets",
+                 "compression", "nonfinite", "pending", "process_group", "remap",
+                 "restored_buckets", "restored_indices", "seen_buckets", "skip_on_device",
+                 "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
                  start_iter: int = 2, transport: Transport | str | None = None,
-                 **options: Any) -> None:
+                 skip_on_device: bool | None = None, **options: Any) -> None:
         if compression is None:
             compression = sparse_config(reduction or "gtopk",
                                         0.01 if density is None else density,
@@ -188,11 +197,15 @@ class GTopkHookState:
                       fix="DDP rebuilds its buckets after the first iteration, so the sparse "
                           "steps start at iteration 2 at the earliest")
         _check_transport_argument(transport)
+        if skip_on_device not in (None, True, False):
+            refuse("skip_on_device", "None (on CUDA buckets), True or False", skip_on_device,
+                   wrong_type=True)
+        self.skip_on_device = skip_on_device
         self.process_group = process_group
         self.transport = transport
         self.compression = compression
         self.start_iter = start_iter
-        self.iter = 0
+        self._iter = 0
         self.reset_process_state()
         if isinstance(transport, Transport) and dist.is_available() and dist.is_initialized():
             check_matches_process_group(transport, process_group)
@@ -202,7 +215,8 @@ class GTopkHookState:
         states, the remap, the held buckets, the resolved transport, last_iteration_skipped
         (`load_state_dict` then sets what a checkpoint holds)."""
         self.active_transport: Transport | None = None
-        self.last_iteration_skipped = False
+        self._last_skipped = False
+        self._unresolved: DeviceSkip | None = None
         self.buckets: dict[int, HookBucket] = {}
         self.seen_buckets: dict[int, tuple[Layout, list[int]]] = {}
         self.restored_buckets: dict[int, dict] = {}
@@ -210,6 +224,49 @@ class GTopkHookState:
         self.remap = BucketRemap()
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
         self.nonfinite = NonfiniteFlags()
+
+    # -- iterations (one decided on the device is corrected when its flag is read) -----------
+
+    @property
+    def iter(self) -> int:
+        self._resolve()
+        return self._iter
+
+    @iter.setter
+    def iter(self, value: int) -> None:
+        self._resolve()
+        self._iter = int(value)
+
+    @property
+    def last_iteration_skipped(self) -> bool:
+        self._resolve()
+        return self._last_skipped
+
+    def _resolve(self) -> None:
+        """Reads the last iteration's device flag, if it has not been read: a skipped
+        iteration, counted in iter as applied, is taken back."""
+        unresolved, self._unresolved = getattr(self, "_unresolved", None), None
+        if unresolved is not None:
+            self._last_skipped = unresolved.skipped()
+            self._iter -= int(self._last_skipped)
+
+    def in_dense_start(self) -> bool:
+        """Whether this iteration is one of the first start_iter (DDP's all-reduce). Needs no
+        flag read: an iteration skipped on the device was a sparse one, so taking it back
+        cannot bring iter below start_iter."""
+        return self._iter < self.start_iter
+
+    def end_iteration(self, skipped: bool | DeviceSkip) -> None:
+        """Counts the iteration whose last bucket has just been stepped: in iter unless it was
+        skipped; a device decision counts as applied until its flag is read."""
+        self._resolve()
+        if isinstance(skipped, DeviceSkip):
+            self._iter += 1
+            self._last_skipped = False
+            self._unresolved = skipped
+        else:
+            self._iter += int(not skipped)
+            self._last_skipped = bool(skipped)
 
     def fail_held(self, error: BaseException) -> None:
         """Fails every bucket future the hook holds (this iteration's, and a restored state's
@@ -276,7 +333,7 @@ class GTopkHookState:
         if dropped:
             logger.warning("NOTE: GTopkHookState's %s cannot be pickled and is excluded from "
                            "the saved state", " and ".join(dropped))
-        return {"compression": self.compression,
+        return {"compression": self.compression, "skip_on_device": self.skip_on_device,
                 "transport": self.transport if isinstance(self.transport, str) else None,
                 **self.state_dict(), "dropped": dropped}
 
@@ -286,6 +343,7 @@ class GTopkHookState:
         saving (set `state.process_group` / `state.transport` again before the next
         iteration)."""
         self.process_group = None
+        self.skip_on_device = state.get("skip_on_device")
         self.transport = state.get("transport")
         self.compression = state["compression"]
         self.load_state_dict(state)
@@ -364,21 +422,50 @@ class GTopkHookState:
         return self.new_sparse_step(index, layout, sizes, bucket.buffer().device, saved)
 
     def step_together(self, steps: list[tuple[SparseStep, torch.Tensor]],
-                      checked: bool = False) -> bool:
+                      checked: bool = False) -> bool | DeviceSkip:
         """Runs the steps of one iteration's buckets in place; returns whether they were
-        applied. nonfinite="propagate": one count of the workers with a NaN/Inf in any bucket
-        first (each bucket read on its device into `nonfinite`, already as it arrived if
-        `checked`; one host read of the flag, then one all-reduce of one integer at P > 1),
-        and every step skipped (all NaN) if there is one; "raise": each step as it is."""
-        skip = None
+        skipped: a bool, or a `DeviceSkip` when decided on the device. nonfinite="propagate":
+        one count of the workers with a NaN/Inf in any bucket first (each bucket read on its
+        device into `nonfinite`, already as it arrived if `checked`), and every step skipped
+        (all NaN) if there is one: on the device (`skip_on_device`: the flag summed over the
+        workers there, and read by the steps' kernels), or on the host (one host read of the
+        flag, then one all-reduce of one integer at P > 1); "raise": each step as it is."""
+        skip: bool | DeviceSkip | None = None
         if self.compression.nonfinite == "propagate":
             if not checked:
                 for _, buffer in steps:
                     self.nonfinite.check(buffer)
-            skip = count_workers(self.get_transport(), self.nonfinite.read()) > 0
+            device = self._skip_device(steps)
+            if device is not None:
+                flag = self.nonfinite.take(device)
+                if self.get_transport().size > 1:
+                    self.get_transport().allreduce_sum_tensors([flag])
+                skip = DeviceSkip(flag)
+            else:
+                skip = count_workers(self.get_transport(), self.nonfinite.read()) > 0
         for sparse, buffer in steps:
             _step_in_place(sparse, buffer, skip)
-        return not skip
+        return bool(skip) if not isinstance(skip, DeviceSkip) else skip
+
+    def _skip_device(self, steps: list[tuple[SparseStep, torch.Tensor]]) -> torch.device | None:
+        """The device on which this iteration's skip is decided (`skip_on_device`), or None
+        for the host: every bucket on that device, every step able to, and the transport
+        summing tensors there (or one worker). The same answer on every worker (the same
+        configuration, devices of the same kind)."""
+        if self.skip_on_device is False or not steps:
+            return None
+        devices = {buffer.device for _, buffer in steps}
+        if len(devices) != 1:
+            return None
+        device = devices.pop()
+        if self.skip_on_device is None and device.type != "cuda":
+            return None
+        transport = self.get_transport()
+        if transport.size > 1 and not transport.takes_tensors_on(device):
+            return None
+        if not all(sparse.skips_on_device() for sparse, _ in steps):
+            return None
+        return device
 
 
 def check_matches_process_group(transport: Transport, process_group: Any = None) -> None:
@@ -410,29 +497,29 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
     remap = state.remap
     first_iteration_here = not remap.first_iteration_done
     remap.observe(bucket, layout)
-    if not first_iteration_here and state.iter < state.start_iter:
+    dense = state.in_dense_start()
+    if not first_iteration_here and dense:
         state.note_final_bucket(bucket, layout)
-    applied = True  # whether the iteration, once its last bucket is in, counts in state.iter
-    if state.iter < state.start_iter:
+    skipped: bool | DeviceSkip = False  # the iteration's decision, once its last bucket is in
+    if dense:
         future = _allreduce_average(state.process_group, buffer)
     elif remap.applies(bucket.index(), layout, state.restored_buckets):
         future = _future(buffer)
         remap.hold(bucket, buffer, future)
         if bucket.is_last():
-            applied = _step_remapped(state)
+            skipped = _step_remapped(state)
     elif remap.holding:
         raise RuntimeError(f"gtopk_hook: DDP bucket {bucket.index()} of the first iteration is "
                            "not one of the construction-time buckets the restored state "
                            "recorded")
     elif state.compression.nonfinite == "propagate":
-        future, applied = _hold_for_check(state, state.sparse_step_for(bucket, layout), buffer,
+        future, skipped = _hold_for_check(state, state.sparse_step_for(bucket, layout), buffer,
                                           bucket.is_last())
     else:
         _step_in_place(state.sparse_step_for(bucket, layout), buffer)
         future = _done(buffer)
     if bucket.is_last():
-        state.iter += int(applied)  # a skipped iteration does not count (module docstring)
-        state.last_iteration_skipped = not applied
+        state.end_iteration(skipped)  # a skipped iteration does not count (module docstring)
         remap.end_iteration()
     return future
 
@@ -444,41 +531,41 @@ gtopk_hook.__annotations__.update(bucket=dist.GradBucket,
 
 
 def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Tensor,
-                    last: bool) -> tuple[torch.futures.Future, bool]:
+                    last: bool) -> tuple[torch.futures.Future, bool | DeviceSkip]:
     """nonfinite="propagate": keeps the bucket in `state.pending` until the iteration's last
     one, enqueuing its non-finite read now (`state.nonfinite`), then runs every held bucket's
-    step together (`step_together`: one host read of the flag for all of them) and completes
-    their futures. Returns the bucket's future and whether the iteration was applied (True
-    until the last bucket)."""
+    step together (`step_together`: the decision on the device, or one host read of the flag
+    for all of them) and completes their futures. Returns the bucket's future and whether the
+    iteration was skipped (False until the last bucket; a `DeviceSkip` if decided there)."""
     future = _future(buffer)
     state.pending.append((sparse, buffer, future))
     state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
-        return future, True
-    applied = state.step_together([(held, held_buffer) for held, held_buffer, _ in
+        return future, False
+    skipped = state.step_together([(held, held_buffer) for held, held_buffer, _ in
                                    state.pending], checked=True)
     pending, state.pending = state.pending, []
     for _, held_buffer, held_future in pending:
         held_future.set_result(held_buffer)
-    return future, applied
+    return future, skipped
 
 
-def _step_remapped(state: GTopkHookState) -> bool:
+def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
     """The restored state's first iteration on a new model, at its last bucket: the saved
     buckets' steps on their parameters' gradients, cut from the held construction-time buckets
     (`BucketRemap`), run together; then every held future completes. Returns whether the
-    iteration was applied."""
+    iteration was skipped (`step_together`)."""
     steps = []
     for index, views in state.remap.gradients().items():
         saved = state.restored_buckets.pop(index)
         sparse = state.new_sparse_step(index, _layout_of_saved(saved), list(saved["sizes"]),
                                        views[0].device, saved)
         steps.append((sparse, gather(views), views))
-    applied = state.step_together([(sparse, flat) for sparse, flat, _ in steps])
+    skipped = state.step_together([(sparse, flat) for sparse, flat, _ in steps])
     for _, flat, views in steps:
         scatter(flat, views)
     state.remap.release()
-    return applied
+    return skipped
 
 
 # -- the step ---------------------------------------------------------------------------
@@ -489,7 +576,8 @@ def _step_device(device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" and ops.cuda_built else None
 
 
-def _step_in_place(sparse: SparseStep, buffer: torch.Tensor, skip: bool | None = None) -> None:
+def _step_in_place(sparse: SparseStep, buffer: torch.Tensor,
+                   skip: bool | DeviceSkip | None = None) -> None:
     """buffer := the averaged sparse update of the gradient it holds (any float dtype); all NaN
     if skip (`SparseStep.step`'s skip)."""
     work = buffer if buffer.dtype == torch.float32 and buffer.is_contiguous() else (

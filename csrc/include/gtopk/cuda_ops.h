@@ -36,9 +36,12 @@ int64_t topk_abs(ValueType value_type, IndexType index_type, const void* x, int6
                  void* out_index, void* out_value, void* stream, Workspace workspace = {});
 
 // residual += gradient; top-k of residual; residual[selected] = 0. float32 / float64 only.
+// skip: null, or one int32 in device memory that the kernels read (so the host need not know
+// it): when it is nonzero, nothing is written to the residual and the result is the top-k of
+// the residual as it is (a valid set: a step skipped on the device, docs/ddp.md).
 int64_t accumulate_select(ValueType value_type, IndexType index_type, const void* gradient,
                           void* residual, int64_t d, int64_t k, void* out_index, void* out_value,
-                          void* stream, Workspace workspace = {});
+                          void* stream, Workspace workspace = {}, const int32_t* skip = nullptr);
 
 // cpu::segmented_accumulate_select on the device: accumulate_select over each segment of a
 // vector of d values with its own k, the outputs concatenated in segment order with indices
@@ -49,13 +52,16 @@ int64_t accumulate_select(ValueType value_type, IndexType index_type, const void
 // residual already holds the sum (nothing is added; clear_gradient must be false). One fixed
 // sequence of launches per 256 segments, whatever their sizes (segmented_select.cu).
 // float32 / float64 only. Returns the table's out_offsets[segments] without synchronising.
+// skip: as accumulate_select's (when set, the residual is read as it is and left so; the
+// gradient is still cleared if asked).
 size_t segmented_select_workspace_bytes(ValueType value_type, IndexType index_type,
                                         const int64_t* host_table, int64_t segments);
 int64_t segmented_accumulate_select(ValueType value_type, IndexType index_type, void* gradient,
                                     void* residual, int64_t d, const int64_t* host_table,
                                     const int64_t* device_table, int64_t segments,
                                     void* out_index, void* out_value, bool clear_gradient,
-                                    void* stream, Workspace workspace = {});
+                                    void* stream, Workspace workspace = {},
+                                    const int32_t* skip = nullptr);
 
 size_t merge_topk_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n_a,
                                   int64_t n_b, int64_t k);
@@ -71,9 +77,11 @@ int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index
 // divisor != 1), each operation rounded on its own (no fused multiply-add): the host's
 // `velocity *= momentum; velocity += gradient / divisor`, bit for bit, in one pass. momentum and
 // divisor are converted to the value type first. float32 / float64 only. Enqueued on `stream`,
-// no host wait, no scratch.
+// no host wait, no scratch. skip: as accumulate_select's (when set, the velocity is left as it
+// is).
 void momentum_update(ValueType value_type, void* velocity, const void* gradient, int64_t n,
-                     double momentum, double divisor, void* stream);
+                     double momentum, double divisor, void* stream,
+                     const int32_t* skip = nullptr);
 
 // residual[index[j]] += value[j] where restore[j] != 0. float32 / float64 only. No scratch.
 void restore_residual(ValueType value_type, IndexType index_type, void* residual,
