@@ -668,8 +668,8 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None) -> None
         if skip is None:
             dest.zero_()
         else:
-            skipping = skip.reshape(()) != 0
-            nan = torch.tensor(float("nan"), dtype=dest.dtype, device=dest.device)
+            skipping = skip.reshape(()) != 0  # a fill kernel each, no copy from the host:
+            nan = torch.full((), float("nan"), dtype=dest.dtype, device=dest.device)
             dest.copy_(torch.where(skipping, nan, torch.zeros_like(nan)).expand_as(dest))
             values = torch.where(skipping, nan, values)
         dest[torch.as_tensor(indices, device=dest.device).long()] = values

@@ -1,7 +1,10 @@
 """The DDP hook on CUDA buckets (run by scripts/gpu_check.sh's tests stage): the same updates,
-residuals and skipped iteration as the host path, bit for bit, and no wait for the device before
-the iteration's last bucket (each bucket's non-finite read stays on the device:
-`ops.mark_nonfinite`; tests/test_ddp_hook_costs.py counts the host reads without a GPU)."""
+residuals and skipped iteration as the host path, bit for bit, and no wait for the device at any
+bucket: each bucket's non-finite read stays on the device (`ops.mark_nonfinite`), and so does
+the decision to skip at the last one (`skip_on_device`, the default on CUDA buckets;
+tests/test_ddp_hook_costs.py and tests/test_device_skip.py count the host reads without a
+GPU). With skip_on_device=False the last bucket waits (the host decision) and the results are
+the same."""
 
 from __future__ import annotations
 
@@ -41,10 +44,13 @@ def gradients(step: int) -> list[np.ndarray]:
     return values
 
 
-def test_cuda_buckets_step_as_the_host_and_wait_only_at_the_last(one_worker: None) -> None:
+@pytest.mark.parametrize("on_device", [True, False])
+def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None,
+                                                       on_device: bool) -> None:
     compression = Compression.gtopk(0.02)
     host_state = GTopkHookState(compression=compression, start_iter=2)
-    cuda_state = GTopkHookState(compression=compression, start_iter=2)
+    cuda_state = GTopkHookState(compression=compression, start_iter=2,
+                                skip_on_device=None if on_device else False)
     host_parameters = [[torch.zeros(n)] for n in SIZES]
     cuda_parameters = [[torch.zeros(n, device="cuda")] for n in SIZES]
     for step in range(8):
@@ -56,7 +62,7 @@ def test_cuda_buckets_step_as_the_host_and_wait_only_at_the_last(one_worker: Non
         host_got = [gtopk_hook(host_state, b).wait() for b in host_buckets]
         futures = []
         for bucket in cuda_buckets:
-            if step >= 4 and not bucket.is_last():
+            if step >= 4 and (on_device or not bucket.is_last()):
                 torch.cuda.synchronize()
                 torch.cuda._sleep(50_000_000)  # keeps the stream busy for tens of ms
                 futures.append(gtopk_hook(cuda_state, bucket))
