@@ -761,9 +761,7 @@ def mark_nonfinite(x: Any, flag: Any) -> None:
         return
     import torch
 
-    if flag.device != x.device or flag.dtype != torch.int32 or flag.numel() != 1:
-        raise ValueError(f"flag must be one int32 on {x.device}, got {flag.dtype} "
-                         f"{tuple(flag.shape)} on {flag.device}")
+    _check_flag(flag, x, "flag")
     name = dtype_name(x.dtype)
     if not (cuda_built and name in _FIRST_NONFINITE_KEY and x.is_contiguous()):
         flag.copy_(torch.maximum(flag, (~torch.isfinite(x).all()).to(torch.int32).reshape(1)))
@@ -976,16 +974,21 @@ def _cuda_topk_abs(x: Any, k: int) -> tuple[Any, Any]:
     return indices, values
 
 
+def _check_flag(flag: Any, like: Any, what: str) -> None:
+    """Raises unless `flag` is one int32 on like's device (a torch tensor)."""
+    import torch
+
+    if flag.device != like.device or flag.dtype != torch.int32 or flag.numel() != 1:
+        raise ValueError(f"{what} must be one int32 on {like.device}, got {flag.dtype} "
+                         f"{tuple(flag.shape)} on {flag.device}")
+
+
 def _flag_address(skip: Any, like: Any) -> int:
     """The device address of a skip flag for the kernels (0: none), checked to be one int32 on
     like's device."""
     if skip is None:
         return 0
-    import torch
-
-    if skip.device != like.device or skip.dtype != torch.int32 or skip.numel() != 1:
-        raise ValueError(f"skip must be one int32 on {like.device}, got {skip.dtype} "
-                         f"{tuple(skip.shape)} on {skip.device}")
+    _check_flag(skip, like, "skip")
     return skip.data_ptr()
 
 

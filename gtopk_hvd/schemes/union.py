@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from gtopk_hvd import ops
 from gtopk_hvd.backend import ArrayBackend
 from gtopk_hvd.options import refuse
 from gtopk_hvd.reductions.result import ReductionStats
@@ -195,7 +196,6 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
     n = int(indices.numel())
     values = torch.empty(n + 1, dtype=torch.float32, device=residual.device)
     torch.index_select(residual, 0, indices, out=values[:n])
-    kept = None if skip is None else torch.where(skip.reshape(()) != 0, values[:n], 0.0)
     if taken is not None and taken[0].numel() and n:
         position = torch.searchsorted(indices, taken[0])
         found = indices[position.clamp(max=n - 1)] == taken[0]
@@ -203,8 +203,5 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
         values[target] = values[target] + taken[1]
     values = values[:n]
     sum_counted_tensors(transport, values, stats)
-    if kept is None:
-        residual[indices] = 0.0
-    else:
-        residual[indices] = kept
+    ops.zero_at(residual, indices, skip)
     return values

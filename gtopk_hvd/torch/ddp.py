@@ -128,7 +128,8 @@ class GTopkHookState:
     nonfinite="propagate" decides a skipped iteration on the device, without a host read
     (`gtopk_hvd.core.device_skip`; module docstring): None (the default) on CUDA buckets where
     the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device), True
-    wherever the scheme can (CPU buckets too: the same results), False never.
+    on any device where the steps keep torch state and the scheme can (the same results; CPU
+    buckets keep numpy state, so there it changes nothing), False never.
 
     Fields (public; set process_group and transport before the first iteration):
 
@@ -245,7 +246,7 @@ class GTopkHookState:
     def _resolve(self) -> None:
         """Reads the last iteration's device flag, if it has not been read: a skipped
         iteration, counted in iter as applied, is taken back."""
-        unresolved, self._unresolved = getattr(self, "_unresolved", None), None
+        unresolved, self._unresolved = self._unresolved, None
         if unresolved is not None:
             self._last_skipped = unresolved.skipped()
             self._iter -= int(self._last_skipped)
