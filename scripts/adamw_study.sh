@@ -36,6 +36,12 @@ if [[ ${GRID:-} == p32 ]]; then
             --density 0.01 --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
     done
     run topk-0.01-gradient --compression topk --density 0.01 --sparsify gradient
+    # Fewer bytes than Top-k 0.01 with more entries: Ok-Topk at 5x the density (2.5x fewer
+    # bytes), exact gTop-k at Top-k 0.01's bytes (5.2x its k at P = 32).
+    run oktopk-0.05-preconditioned-dense100-epochs2 --compression oktopk --density 0.05 \
+        --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
+    run gtopk-exact-0.052-preconditioned-dense100-epochs2 --compression gtopk-exact \
+        --density 0.052 --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
     exit 0
 fi
 for density in 0.01 0.001; do
