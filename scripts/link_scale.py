@@ -263,6 +263,11 @@ class HostModel:
         found = self.floors.get((row["scheme"], row["workers"]))
         return row["bytes"] - (found["bytes"] if found is not None else 0.0)
 
+    def predicted(self, row: dict, beta: float | None, modelled: bool = False) -> float | None:
+        """T(P) for the row (class docstring); None without a floor or a fitted beta_host."""
+        floor = self.floor(row, modelled)
+        return None if floor is None or beta is None else floor + self.extra_bytes(row) * beta
+
     def covers(self, rows: list[dict]) -> bool:
         return all(self.floor(row) is not None for row in rows)
 
@@ -300,12 +305,10 @@ def report(args: argparse.Namespace) -> None:
             host_betas[scheme] = fit_beta(mine, host.floor, host.extra_bytes)
         for row in sorted((r for r in rows if r["scheme"] == scheme),
                           key=lambda r: (r["gradients"], r["density"], r["workers"])):
-            values = [predicted(row, alpha, beta)]
-            for modelled in (False, True):
-                floor = host.floor(row, modelled)
-                values.append(None if floor is None or scheme not in host_betas else
-                              floor + host.extra_bytes(row) * host_betas[scheme])
-            values.append(predicted(row, alpha, 8.0 / rate))
+            values = [predicted(row, alpha, beta),
+                      host.predicted(row, host_betas.get(scheme)),
+                      host.predicted(row, host_betas.get(scheme), modelled=True),
+                      predicted(row, alpha, 8.0 / rate)]
             errors = [None if v is None else (v - row["seconds"]) / row["seconds"]
                       for v in values]
             if row["workers"] > args.fit_at_most:
@@ -373,9 +376,7 @@ def spread_lines(args: argparse.Namespace, alpha: float, betas: dict, host: Host
         seconds = np.array([row["seconds"] for row in rows])
         median = float(np.median(seconds))
         model = predicted(rows[0], alpha, betas[scheme])
-        floor = host.floor(rows[0])
-        aware = None if floor is None or scheme not in host_betas else (
-            floor + host.extra_bytes(rows[0]) * host_betas[scheme])
+        aware = host.predicted(rows[0], host_betas.get(scheme))
         spreads.append(seconds.max() / seconds.min() - 1)
         if aware is not None:
             errors.append((aware - median) / median)
@@ -412,8 +413,8 @@ def plot(args: argparse.Namespace, rows: list[dict], alpha: float, betas: dict,
             color = f"C{SCHEMES.index(scheme)}"  # one colour per scheme in every panel
             axis.plot([r["workers"] for r in mine], [predicted(r, alpha, beta) for r in mine],
                       label=scheme, color=color)
-            aware = [(r["workers"], host.floor(r) + host.extra_bytes(r) * host_betas[scheme])
-                     for r in mine if scheme in host_betas and host.floor(r) is not None]
+            aware = [(r["workers"], host.predicted(r, host_betas.get(scheme))) for r in mine]
+            aware = [point for point in aware if point[1] is not None]
             if aware:
                 axis.plot(*zip(*aware), color=color, linestyle=":")
             axis.scatter([r["workers"] for r in mine], [r["seconds"] for r in mine],
