@@ -16,7 +16,9 @@ The corpus, the shards, the evaluation and the training loop are examples/pytorc
 
 With a sparse scheme the gradient is sparsified before AdamW sees it (the wrapped optimizer
 gets the averaged sparse update): docs/adamw.md says what that does to Adam's moments, and why
-`--sparsify preconditioned` (the optimizer's `freeze_variance_after`) does better.
+`--sparsify preconditioned` (the optimizer's `freeze_variance_after`) does better; with
+`--momentum-correction` too, AdamW's first moment moves into the exchange (1-bit Adam's
+structure: each worker's velocity of the preconditioned gradient is what is sparsified).
 
     mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \\
         .venv/bin/python examples/pytorch_transformer.py --compression gtopk --density 0.01
@@ -36,6 +38,9 @@ import pytorch_lm
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+BETAS = (0.9, 0.95)
+"""AdamW's (beta1, beta2)."""
 
 
 class Block(nn.Module):
@@ -146,7 +151,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error("--dense-steps must be >= 1")
     if args.size % args.heads:
         parser.error(f"--size ({args.size}) must be a multiple of --heads ({args.heads})")
-    args.momentum = 0.0  # sparse_options' momentum-correction check reads it: AdamW has none
+    if args.momentum_correction and args.sparsify != "preconditioned":
+        parser.error("--momentum-correction moves AdamW's first moment into the exchange, which "
+                     "needs its second moment frozen: add --sparsify preconditioned")
+    args.momentum = BETAS[0]  # the momentum correction's momentum is AdamW's beta1
     return args
 
 
@@ -163,7 +171,7 @@ def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.O
             if p.dim() < 2 or name.startswith("position_embedding")]
     return torch.optim.AdamW([{"params": decayed, "weight_decay": args.weight_decay},
                               {"params": kept, "weight_decay": 0.0}],
-                             lr=args.lr, betas=(0.9, 0.95))
+                             lr=args.lr, betas=BETAS)
 
 
 def learning_rate(args: argparse.Namespace, step: int, total_steps: int) -> float:

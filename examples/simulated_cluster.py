@@ -157,7 +157,8 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
                                                        for _ in range(workers)], args.clip)
     frozen = None  # --sparsify preconditioned: the optimizer's freeze_variance_after
     if getattr(args, "sparsify", "gradient") == "preconditioned" and not dense:
-        frozen = FrozenVariance(optimizer, parameters, args.dense_steps)
+        frozen = FrozenVariance(optimizer, parameters, args.dense_steps,
+                                args.momentum if args.momentum_correction else None)
     cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
                                [p.numel() for p in parameters], workers)
 

@@ -6,7 +6,9 @@
 # (or $1), then the table (scripts/adamw_table.py). --sparsify preconditioned: the gradient
 # divided by AdamW's second moment, frozen after 50 dense steps. Sequential: 4 to 11 minutes a
 # run on one core at the sizes below (P = 8); ONLY=<name> runs one; WORKERS=32 (names end in
-# -p32) runs the grid at P = 32, GRID=p32 only the cells that decide there.
+# -p32) runs the grid at P = 32, GRID=p32 only the cells that decide there. SEED=<n> sets the
+# seed (default 42, the example's); put another seed's runs in their own folder ($1), as the
+# planner reads one dense run per P from a folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/adamw}"
@@ -15,7 +17,7 @@ STEPS="${STEPS:-600}"
 mkdir -p "$OUT"
 COMMON=(--workers "$WORKERS" --global-batch 32 --vocab-size 5000 --size 128 --layers 2
         --heads 4 --bptt 64 --max-steps "$STEPS" --eval-every 100 --warmup-steps 50
-        --lr 2e-3 --quiet)
+        --lr 2e-3 --seed "${SEED:-42}" --quiet)
 SUFFIX=""; [[ $WORKERS != 8 ]] && SUFFIX="-p$WORKERS"
 run() {  # name, then the run's own options
     local name=$1$SUFFIX; shift
@@ -42,6 +44,15 @@ if [[ ${GRID:-} == p32 ]]; then
         --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
     run gtopk-exact-0.052-preconditioned-dense100-epochs2 --compression gtopk-exact \
         --density 0.052 --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
+    # The dense start's share of the time: 25 dense steps (the learning-rate warm-up's half).
+    run oktopk-0.05-preconditioned-dense25-epochs2 --compression oktopk --density 0.05 \
+        --sparsify preconditioned --dense-steps 25 --epochs 2 --max-steps 1014
+    # AdamW's first moment in the exchange (--momentum-correction: 1-bit Adam's structure).
+    for density in 0.05 0.01; do
+        run "oktopk-$density-preconditioned-momentum-dense100-epochs2" --compression oktopk \
+            --density "$density" --sparsify preconditioned --momentum-correction \
+            --dense-steps 100 --epochs 2 --max-steps 1014
+    done
     exit 0
 fi
 for density in 0.01 0.001; do

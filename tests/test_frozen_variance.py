@@ -11,8 +11,9 @@ gtopk_hvd.torch.frozen_variance) and the core's dense step it starts with
 - `dense_update` over the "local" transport at P = 3: the mean of the gradients on every worker
   alike, the sparse state untouched, a ring all-reduce's bytes, the non-finite rule, and a
   joined worker taking part in the others' dense steps.
-- Bad input refused with the reason: SGD, Adam's coupled L2, amsgrad, N < 1, momentum
-  correction, a dense compression.
+- The same replay with the momentum correction at beta1 (the first moment in the exchange).
+- Bad input refused with the reason: SGD, Adam's coupled L2, amsgrad, N < 1, a momentum
+  correction whose momentum is not beta1, a dense compression.
 The mpirun job with it is tests/test_simulate.py's transformer test (bitwise the simulation).
 """
 
@@ -49,11 +50,14 @@ def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
-                after: int = AFTER) -> torch.optim.Optimizer:
+                after: int = AFTER, momentum: bool = False) -> torch.optim.Optimizer:
+    """momentum: the compression's momentum correction at Adam's beta1 (the first moment in
+    the exchange)."""
     hvd.init()
+    compression = gtopk.Compression.topk(DENSITY, momentum_correction=momentum,
+                                         momentum=BETAS[0])
     return gtopk.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                      compression=gtopk.Compression.topk(DENSITY),
-                                      freeze_variance_after=after)
+                                      compression=compression, freeze_variance_after=after)
 
 
 def gradients(step: int, sizes: list[int]) -> list[np.ndarray]:
@@ -68,12 +72,16 @@ def one_step(optimizer: torch.optim.Optimizer, parameters: list, grads: list[np.
     optimizer.step()
 
 
-def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int) -> list[np.ndarray]:
+def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int,
+                 momentum: bool = False) -> list[np.ndarray]:
     """AdamW for AFTER steps, then its frozen-variance rule with Top-k and error feedback at
-    P = 1 (docstring of gtopk_hvd.torch.frozen_variance), in float64 over the flat vector."""
+    P = 1 (docstring of gtopk_hvd.torch.frozen_variance), in float64 over the flat vector;
+    momentum: the first moment in the exchange (a velocity seeded from m_hat, zeroed where
+    sent)."""
     w = np.concatenate(weights).astype(np.float64)
     decay = np.concatenate([np.full(x.size, d) for x, d in zip(weights, decays)])
     m, v, residual = np.zeros_like(w), np.zeros_like(w), np.zeros_like(w)
+    velocity = np.zeros_like(w)
     k = math.ceil(DENSITY * w.size)
     (b1, b2), scale = BETAS, None
     for t in range(steps):
@@ -86,11 +94,18 @@ def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int) -> 
             continue
         if scale is None:
             scale = 1 / (np.sqrt(v / (1 - b2 ** AFTER)) + EPS)
-        accumulated = residual + g * scale
+            velocity = m / (1 - b1 ** AFTER) * scale / (1 - b1)  # u_0 = m_hat s / (1 - b1)
+        if momentum:
+            velocity = b1 * velocity + g * scale
+        accumulated = residual + (velocity if momentum else g * scale)
         chosen = np.argsort(-np.abs(accumulated), kind="stable")[:k]
         u = np.zeros_like(w)
         u[chosen] = accumulated[chosen]
         residual = accumulated - u
+        if momentum:
+            velocity[chosen] = 0.0
+            w -= LR * (1 - b1) * u
+            continue
         m = b1 * m + (1 - b1) * u
         w -= LR / (1 - b1 ** (t + 1)) * m
     bounds = np.cumsum([0] + [x.size for x in weights])
@@ -98,12 +113,13 @@ def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int) -> 
 
 
 @pytest.mark.usefixtures("optimizer_state_on")
-def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule() -> None:
+@pytest.mark.parametrize("momentum", [False, True], ids=["first-moment-after", "momentum-in"])
+def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule(momentum: bool) -> None:
     model, adamw = model_and_optimizer()
     order = [p for group in adamw.param_groups for p in group["params"]]  # the fused order
     start = [p.detach().numpy().reshape(-1).copy() for p in order]
     decays = [group["weight_decay"] for group in adamw.param_groups for _ in group["params"]]
-    optimizer = distributed(adamw, model)
+    optimizer = distributed(adamw, model, momentum=momentum)
     sizes = [p.numel() for p in order]
     frozen_v = None
     for t in range(7):
@@ -113,7 +129,7 @@ def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule() -> None:
     for p, v in zip(order, frozen_v):  # never updated after the freeze
         assert torch.equal(optimizer.state[p]["exp_avg_sq"], v)
         assert int(optimizer.state[p]["step"]) == 7
-    for p, expected in zip(order, numpy_replay(start, decays, 7)):
+    for p, expected in zip(order, numpy_replay(start, decays, 7, momentum)):
         np.testing.assert_allclose(p.detach().numpy().reshape(-1), expected, rtol=2e-5,
                                    atol=2e-6)
 
@@ -143,33 +159,58 @@ def test_a_nonfinite_step_changes_nothing_in_either_phase(at: int) -> None:
     assert not all(torch.equal(p, w) for p, w in zip(order, weights))
 
 
-def resumed_from(saved_model: dict, saved: dict) -> tuple[torch.optim.Optimizer, list]:
+@pytest.mark.usefixtures("optimizer_state_on")
+def test_a_skipped_first_sparse_step_seeds_the_velocity_once() -> None:
+    """The momentum in the exchange: a NaN at the first sparse step, then the same gradients
+    as a twin that never saw it: bit for bit the twin (the first moment is handed over once)."""
+    runs = []
+    for bad_step in (True, False):
+        model, adamw = model_and_optimizer()
+        order = [p for group in adamw.param_groups for p in group["params"]]
+        optimizer = distributed(adamw, model, momentum=True)
+        sizes = [p.numel() for p in order]
+        for t in range(AFTER):
+            one_step(optimizer, order, gradients(t, sizes))
+        if bad_step:
+            bad = gradients(99, sizes)
+            bad[1][0] = np.inf
+            one_step(optimizer, order, bad)
+            assert optimizer.last_stats.skipped
+        for t in range(AFTER, AFTER + 3):
+            one_step(optimizer, order, gradients(t, sizes))
+        runs.append([p.detach().clone() for p in order])
+    assert all(torch.equal(p, q) for p, q in zip(*runs))
+
+
+def resumed_from(saved_model: dict, saved: dict, momentum: bool = False
+                 ) -> tuple[torch.optim.Optimizer, list]:
     """A new model and optimizer from a checkpoint (copies: torch keeps the tensors it loads)."""
     model, adamw = model_and_optimizer()
     model.load_state_dict(copy.deepcopy(saved_model))
-    optimizer = distributed(adamw, model)
+    optimizer = distributed(adamw, model, momentum=momentum)
     optimizer.load_state_dict(copy.deepcopy(saved))
     return optimizer, [p for group in adamw.param_groups for p in group["params"]]
 
 
-def test_a_checkpoint_resumes_bit_for_bit_in_either_phase() -> None:
+@pytest.mark.parametrize("momentum", [False, True], ids=["first-moment-after", "momentum-in"])
+def test_a_checkpoint_resumes_bit_for_bit_in_either_phase(momentum: bool) -> None:
     model, adamw = model_and_optimizer()
     order = [p for group in adamw.param_groups for p in group["params"]]
-    optimizer = distributed(adamw, model)
+    optimizer = distributed(adamw, model, momentum=momentum)
     sizes = [p.numel() for p in order]
     saved = {}
     for t in range(8):
         if t in (2, 5):  # in the dense start; after the freeze
             saved[t] = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
         one_step(optimizer, order, gradients(t, sizes))
-    resumed, order2 = resumed_from(*saved[5])
+    resumed, order2 = resumed_from(*saved[5], momentum)
     for t in range(5, 8):
         one_step(resumed, order2, gradients(t, sizes))
     assert all(torch.equal(p, q) for p, q in zip(order, order2))
 
     # The dense start's checkpoint loaded into the optimizer that froze since, other gradients
     # after it: the same as a new optimizer from that checkpoint (the scale made again).
-    fresh, order3 = resumed_from(*saved[2])
+    fresh, order3 = resumed_from(*saved[2], momentum)
     model.load_state_dict(copy.deepcopy(saved[2][0]))
     optimizer.load_state_dict(copy.deepcopy(saved[2][1]))
     for t in range(2, 8):
@@ -254,10 +295,10 @@ def test_bad_settings_are_refused() -> None:
     hvd.init()
     with pytest.raises(ValueError, match="integer >= 1"):
         distributed(torch.optim.AdamW(model.parameters()), model, after=0)
-    with pytest.raises(ValueError, match="momentum_correction"):
+    with pytest.raises(ValueError, match=r"momentum \(0.8\) must be Adam's beta1 \(0.9\)"):
         gtopk.DistributedOptimizer(
             torch.optim.AdamW(model.parameters()), named_parameters=model.named_parameters(),
-            compression=gtopk.Compression.gtopk(0.1, momentum_correction=True, momentum=0.9),
+            compression=gtopk.Compression.gtopk(0.1, momentum_correction=True, momentum=0.8),
             freeze_variance_after=2)
     with pytest.raises(ValueError, match="sparse compressions"):
         gtopk.DistributedOptimizer(torch.optim.AdamW(model.parameters()),

@@ -11,7 +11,8 @@
   that float addition makes visible only from P = 3 on, so once each at P = 3 is enough. Each
   mpirun launch starts every rank with torch and Horovod, so the matrix covers each case once.
 - examples/simulated_cluster.py transformer (the GPT-style decoder with AdamW and its warm-up,
-  its second moment frozen after a dense start) at P = 3: bitwise the mpirun job of
+  its second moment frozen after a dense start, its first moment after the exchange or in it)
+  at P = 3: bitwise the mpirun job of
   examples/pytorch_transformer.py with MiCRO, a union scheme (the recipe does not depend on the
   scheme; gTop-k at P = 3 is the digits CNN's).
 - The local transport: messages and collectives as the real transports; a worker that fails
@@ -88,7 +89,9 @@ TRANSFORMER_OPTIONS = ["--vocab-size", "2000", "--size", "32", "--layers", "2", 
 
 
 @pytest.mark.mpi
-def test_simulated_transformer_equals_the_mpirun_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("momentum", [[], ["--momentum-correction"]],
+                         ids=["first-moment-after", "momentum-in-exchange"])
+def test_simulated_transformer_equals_the_mpirun_job(momentum: list[str], tmp_path: Path) -> None:
     """examples/pytorch_transformer.py (AdamW, its warm-up) at P = 3 with the optimizer's
     freeze_variance_after (--sparsify preconditioned: 2 dense steps, then 4 on the
     preconditioned gradient; each worker clips its own gradient): the simulated cluster ends
@@ -96,17 +99,18 @@ def test_simulated_transformer_equals_the_mpirun_job(tmp_path: Path) -> None:
     threshold within its own rotating partition of the indices, the sums exact). The plain
     optimizer path (AdamW on the sparse average) is the LSTM's; the recipe does not depend on
     the scheme; the selection-and-merge gTop-k is proven at P = 3 on the digits CNN and at 2, 6
-    and 8 on the LSTM."""
+    and 8 on the LSTM. With --momentum-correction too, AdamW's first moment moves into the
+    exchange (each worker's velocity, seeded from the dense start's moment)."""
     compression = "micro"
     output = run_mpi("examples/pytorch_transformer.py", 3, "--compression", compression,
                      "--batch-size", str(PER_WORKER_BATCH), "--save",
-                     str(tmp_path / "mpi.npz"), *TRANSFORMER_OPTIONS, timeout_s=300)
+                     str(tmp_path / "mpi.npz"), *TRANSFORMER_OPTIONS, *momentum, timeout_s=300)
     ranks = set(re.findall(r"CHECKSUM rank=\d+ (\w+)", output))
     assert len(ranks) == 1, f"{compression}: mpirun replicas differ: {ranks}"
     command = [sys.executable, str(REPO_ROOT / "examples/simulated_cluster.py"),
                "transformer", "--workers", "3", "--global-batch", str(3 * PER_WORKER_BATCH),
                "--compression", compression, "--save", str(tmp_path / "sim.npz"),
-               *TRANSFORMER_OPTIONS]
+               *TRANSFORMER_OPTIONS, *momentum]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checksum = re.search(r"CHECKSUM simulated (\w+)", done.stdout).group(1)
@@ -115,6 +119,14 @@ def test_simulated_transformer_equals_the_mpirun_job(tmp_path: Path) -> None:
     assert sorted(real) == sorted(fake)
     for name in real:
         assert real[name].tobytes() == fake[name].tobytes(), (compression, name)
+
+
+def test_the_transformer_refuses_the_momentum_correction_without_the_frozen_variance() -> None:
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "examples/pytorch_transformer.py"),
+                           "--compression", "topk", "--momentum-correction"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "needs its second moment frozen: add --sparsify preconditioned" in done.stderr
 
 
 DIGITS_OPTIONS = ["--epochs", "1", "--density", "0.05", "--quiet"]

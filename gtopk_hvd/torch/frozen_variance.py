@@ -20,9 +20,22 @@ optimizer's step count:
             (AdamW's decoupled weight decay; Adam's coupled L2 would feed w into the moments,
             and is refused).
 
+With the compression's momentum correction (`momentum_in_exchange`; its momentum must be
+beta1), the first moment moves into the exchange instead, as 1-bit Adam compresses its
+momentum and DGC its velocity: each worker's velocity u <- beta1 u + g * s is what accumulates
+into its residual and is sparsified (zeroed where sent, `gtopk_hvd.core.step`), the scheme
+returns U, the average of the sparsified sums, and
+
+                w <- w (1 - lr wd) - lr (1 - beta1) U
+
+(u is m / (1 - beta1) in these units, so a dense exchange gives Adam's step with m_hat). The
+momentum of the dense start carries over: the first sparse step hands the scheme
+g * s + beta1 / (1 - beta1) * m_hat * s, m_hat = m / (1 - beta1^N), so every worker's velocity
+starts as if it had held m_hat * s / (1 - beta1); exp_avg is not updated afterwards.
+
 The state is the wrapped optimizer's own (exp_avg, exp_avg_sq, step), so the phase and s come
-back from its checkpoint; s costs d float32 values where the gradients live, made at the first
-sparse step.
+back from its checkpoint (the velocity, with momentum correction, from the sparse step's); s
+costs d float32 values where the gradients live, made at the first sparse step.
 """
 
 from __future__ import annotations
@@ -35,16 +48,24 @@ import torch
 class FrozenVariance:
     """The rule above over `optimizer`'s groups, for `parameters` in the fused order."""
 
-    __slots__ = ("after", "optimizer", "parameters", "scale")
+    __slots__ = ("after", "momentum_in_exchange", "optimizer", "parameters", "scale")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor],
-                 after: int) -> None:
+                 after: int, momentum_in_exchange: float | None = None) -> None:
+        """momentum_in_exchange: None, or the momentum correction's momentum (module
+        docstring), which must be every group's beta1."""
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise ValueError(f"freeze_variance_after must be an integer >= 1 (the dense steps "
                              f"that estimate Adam's second moment), got {after!r}")
         for group in optimizer.param_groups:
             check_adam_group(group, type(optimizer).__name__)
+            if momentum_in_exchange is not None and group["betas"][0] != momentum_in_exchange:
+                raise ValueError(
+                    f"freeze_variance_after with momentum_correction: the compression's "
+                    f"momentum ({momentum_in_exchange}) must be Adam's beta1 "
+                    f"({group['betas'][0]}); the velocity then carries Adam's first moment")
         self.after = after
+        self.momentum_in_exchange = momentum_in_exchange is not None
         self.optimizer = optimizer
         self.parameters = parameters
         self.scale: torch.Tensor | None = None
@@ -63,10 +84,26 @@ class FrozenVariance:
         return self.steps_taken() < self.after
 
     def precondition_(self, flat_gradient: torch.Tensor) -> None:
-        """flat_gradient *= s (the fused order), in place."""
+        """flat_gradient *= s (the fused order), in place; at the first sparse step with the
+        momentum in the exchange, plus beta1 / (1 - beta1) m_hat first (module docstring)."""
         if self.scale is None:
             self.scale = self._frozen_scale(flat_gradient.device)
+        if self.momentum_in_exchange and self.steps_taken() == self.after:
+            self._add_first_moment_(flat_gradient)
         flat_gradient.mul_(self.scale)
+
+    def _add_first_moment_(self, flat_gradient: torch.Tensor) -> None:
+        """flat_gradient += beta1 / (1 - beta1) * exp_avg / (1 - beta1^N), one parameter's
+        slice at a time (no temporary of d values)."""
+        group_of = {id(p): group for group in self.optimizer.param_groups
+                    for p in group["params"]}
+        offset = 0
+        for p in self.parameters:
+            beta1 = group_of[id(p)]["betas"][0]
+            weight = beta1 / ((1.0 - beta1) * (1.0 - beta1 ** self.after))
+            part = flat_gradient[offset:offset + p.numel()]
+            part.add_(self.optimizer.state[p]["exp_avg"].reshape(-1).to(part), alpha=weight)
+            offset += p.numel()
 
     def _frozen_scale(self, device: torch.device) -> torch.Tensor:
         parts = []
@@ -86,7 +123,8 @@ class FrozenVariance:
 
     @torch.no_grad()
     def step(self) -> None:
-        """The sparse phase's step on p.grad (u, the reduced preconditioned update)."""
+        """The sparse phase's step on p.grad (u, or U with the momentum in the exchange: the
+        reduced preconditioned update)."""
         for group in self.optimizer.param_groups:
             beta1 = group["betas"][0]
             lr, decay = float(group["lr"]), float(group["weight_decay"])
@@ -95,9 +133,12 @@ class FrozenVariance:
                     continue
                 state = self.optimizer.state[p]
                 state["step"] += 1
-                state["exp_avg"].mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
                 if decay:
                     p.mul_(1.0 - lr * decay)
+                if self.momentum_in_exchange:
+                    p.add_(p.grad, alpha=-lr * (1.0 - beta1))
+                    continue
+                state["exp_avg"].mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
                 p.add_(state["exp_avg"], alpha=-lr / (1.0 - beta1 ** float(state["step"])))
 
 

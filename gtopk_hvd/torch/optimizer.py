@@ -46,6 +46,9 @@ Adam and AdamW: `freeze_variance_after=N` runs N dense steps, then freezes Adam'
 and reduces the preconditioned gradient (`gtopk_hvd.torch.frozen_variance`); `synchronize()`
 then leaves that reduced update in p.grad, and `step()` applies Adam's first moment and weight
 decay to it itself (the wrapped optimizer's step is not called; its state is the one updated).
+With the compression's `momentum_correction` (momentum = beta1) the first moment moves into the
+exchange instead: each worker's velocity of the preconditioned gradient is what is sparsified,
+as 1-bit Adam compresses its momentum.
 Clip before `synchronize()` there (`optimizer.preconditioned` says when): after it p.grad is no
 longer a gradient.
 
@@ -102,10 +105,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         options: dict = {"passes": arguments.passes}
         self._frozen = None
         if freeze_variance_after is not None:
-            if arguments.compression.momentum_correction:
-                raise ValueError("freeze_variance_after keeps Adam's first moment after the "
-                                 "exchange: momentum_correction (SGD's) does not apply")
-            self._frozen = FrozenVariance(self, self._parameters, freeze_variance_after)
+            compression = arguments.compression
+            self._frozen = FrozenVariance(
+                self, self._parameters, freeze_variance_after,
+                compression.momentum if compression.momentum_correction else None)
             options["freeze_variance_after"] = freeze_variance_after
         self._dense_step = False  # the last synchronize() was a dense start's step
         self._sparse = SparseStep(
@@ -312,7 +315,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     Average or Sum. transport: how the sparse reduction communicates (module docstring).
     freeze_variance_after=N (Adam or AdamW, a sparse compression): N dense steps, then Adam's
     second moment is frozen and the scheme reduces the preconditioned gradient
-    (`gtopk_hvd.torch.frozen_variance`; docs/adamw.md).
+    (`gtopk_hvd.torch.frozen_variance`; docs/adamw.md); with the compression's
+    momentum_correction (its momentum Adam's beta1) Adam's first moment moves into the exchange.
     """
     import horovod.torch as hvd
 
