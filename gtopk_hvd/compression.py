@@ -33,6 +33,10 @@ Sparse choices carry their hyper-parameters:
                             instead of g, and u is cleared where entries are sent; use it with
                             an optimizer without momentum of its own
     momentum                m of the momentum correction
+    momentum_masking        DGC's momentum factor masking (True, the default): u is cleared
+                            where entries are sent. False keeps u (an unbroken momentum whose
+                            sum error feedback delivers, as 1-bit Adam compresses its momentum:
+                            what Adam's frozen second moment uses, `freeze_variance_after`)
     granularity             "model": one selection over all parameters fused (as in the paper);
                             "bucket": each parameter keeps its own share ceil(density * size)
                             (`selection=` is accepted as its older name)
@@ -140,6 +144,7 @@ class SparseCompression:
     warmup_steps: int = 0
     momentum_correction: bool = False
     momentum: float = 0.9
+    momentum_masking: bool = True
     granularity: str = "model"
     sparsifier: str = "topk"
     seed: int = 0
@@ -226,6 +231,12 @@ def check_fields(config: SparseCompression) -> None:
     check_flag("momentum_correction", config.momentum_correction)
     check_number("momentum", config.momentum, 0.0, 1.0, high_open=True,
                  fix="m of the momentum correction, e.g. momentum=0.9")
+    check_flag("momentum_masking", config.momentum_masking)
+    if not config.momentum_masking and not config.momentum_correction:
+        refuse("momentum_masking", "True (its default) without momentum_correction=True",
+               config.momentum_masking,
+               "momentum_masking=False keeps the momentum correction's velocity where entries "
+               "are sent; add momentum_correction=True or leave momentum_masking out")
     check_choice("granularity", config.granularity, GRANULARITIES,
                  fix="selection= is granularity's older name; 'model' selects over every "
                      "parameter fused, 'bucket' gives each parameter its share")

@@ -47,11 +47,16 @@ if [[ ${GRID:-} == p32 ]]; then
     # The dense start's share of the time: 25 dense steps (the learning-rate warm-up's half).
     run oktopk-0.05-preconditioned-dense25-epochs2 --compression oktopk --density 0.05 \
         --sparsify preconditioned --dense-steps 25 --epochs 2 --max-steps 1014
-    # AdamW's first moment in the exchange (--momentum-correction: 1-bit Adam's structure).
+    # AdamW's first moment in the exchange (--momentum-correction), with DGC's masking of the
+    # velocity where sent, and without it (1-bit Adam's unbroken momentum).
     for density in 0.05 0.01; do
         run "oktopk-$density-preconditioned-momentum-dense100-epochs2" --compression oktopk \
             --density "$density" --sparsify preconditioned --momentum-correction \
             --dense-steps 100 --epochs 2 --max-steps 1014
+        run "oktopk-$density-preconditioned-momentum-unmasked-dense100-epochs2" \
+            --compression oktopk --density "$density" --sparsify preconditioned \
+            --momentum-correction --no-momentum-masking --dense-steps 100 --epochs 2 \
+            --max-steps 1014
     done
     exit 0
 fi

@@ -11,7 +11,8 @@ gtopk_hvd.torch.frozen_variance) and the core's dense step it starts with
 - `dense_update` over the "local" transport at P = 3: the mean of the gradients on every worker
   alike, the sparse state untouched, a ring all-reduce's bytes, the non-finite rule, and a
   joined worker taking part in the others' dense steps.
-- The same replay with the momentum correction at beta1 (the first moment in the exchange).
+- The same replay with the momentum correction at beta1 (the first moment in the exchange),
+  with DGC's masking of the velocity and without it.
 - Bad input refused with the reason: SGD, Adam's coupled L2, amsgrad, N < 1, a momentum
   correction whose momentum is not beta1, a dense compression.
 The mpirun job with it is tests/test_simulate.py's transformer test (bitwise the simulation).
@@ -50,12 +51,14 @@ def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def distributed(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
-                after: int = AFTER, momentum: bool = False) -> torch.optim.Optimizer:
+                after: int = AFTER, momentum: bool = False,
+                masking: bool = True) -> torch.optim.Optimizer:
     """momentum: the compression's momentum correction at Adam's beta1 (the first moment in
-    the exchange)."""
+    the exchange), its velocity cleared where sent unless masking is False."""
     hvd.init()
     compression = gtopk.Compression.topk(DENSITY, momentum_correction=momentum,
-                                         momentum=BETAS[0])
+                                         momentum=BETAS[0],
+                                         momentum_masking=masking or not momentum)
     return gtopk.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                       compression=compression, freeze_variance_after=after)
 
@@ -73,11 +76,11 @@ def one_step(optimizer: torch.optim.Optimizer, parameters: list, grads: list[np.
 
 
 def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int,
-                 momentum: bool = False) -> list[np.ndarray]:
+                 momentum: bool = False, masking: bool = True) -> list[np.ndarray]:
     """AdamW for AFTER steps, then its frozen-variance rule with Top-k and error feedback at
     P = 1 (docstring of gtopk_hvd.torch.frozen_variance), in float64 over the flat vector;
     momentum: the first moment in the exchange (a velocity seeded from m_hat, zeroed where
-    sent)."""
+    sent if masking)."""
     w = np.concatenate(weights).astype(np.float64)
     decay = np.concatenate([np.full(x.size, d) for x, d in zip(weights, decays)])
     m, v, residual = np.zeros_like(w), np.zeros_like(w), np.zeros_like(w)
@@ -103,7 +106,8 @@ def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int,
         u[chosen] = accumulated[chosen]
         residual = accumulated - u
         if momentum:
-            velocity[chosen] = 0.0
+            if masking:
+                velocity[chosen] = 0.0
             w -= LR * (1 - b1) * u
             continue
         m = b1 * m + (1 - b1) * u
@@ -113,13 +117,15 @@ def numpy_replay(weights: list[np.ndarray], decays: list[float], steps: int,
 
 
 @pytest.mark.usefixtures("optimizer_state_on")
-@pytest.mark.parametrize("momentum", [False, True], ids=["first-moment-after", "momentum-in"])
-def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule(momentum: bool) -> None:
+@pytest.mark.parametrize("momentum,masking", [(False, True), (True, True), (True, False)],
+                         ids=["first-moment-after", "momentum-in", "momentum-in-unmasked"])
+def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule(momentum: bool,
+                                                                   masking: bool) -> None:
     model, adamw = model_and_optimizer()
     order = [p for group in adamw.param_groups for p in group["params"]]  # the fused order
     start = [p.detach().numpy().reshape(-1).copy() for p in order]
     decays = [group["weight_decay"] for group in adamw.param_groups for _ in group["params"]]
-    optimizer = distributed(adamw, model, momentum=momentum)
+    optimizer = distributed(adamw, model, momentum=momentum, masking=masking)
     sizes = [p.numel() for p in order]
     frozen_v = None
     for t in range(7):
@@ -129,7 +135,7 @@ def test_the_optimizer_follows_adamw_then_its_frozen_variance_rule(momentum: boo
     for p, v in zip(order, frozen_v):  # never updated after the freeze
         assert torch.equal(optimizer.state[p]["exp_avg_sq"], v)
         assert int(optimizer.state[p]["step"]) == 7
-    for p, expected in zip(order, numpy_replay(start, decays, 7, momentum)):
+    for p, expected in zip(order, numpy_replay(start, decays, 7, momentum, masking)):
         np.testing.assert_allclose(p.detach().numpy().reshape(-1), expected, rtol=2e-5,
                                    atol=2e-6)
 

@@ -6,7 +6,8 @@ gtopk_hvd/compression.py docstrings), written here without any of gtopk_hvd's co
     acc = r + g;  I_p = top-k of |acc| (ties: lower index);  V_p = acc[I_p];  r = acc, 0 at I_p
     (I, V) = reduce over workers: "allgather" (Top-k): union, values summed in rank order;
              "gtopk": recursive doubling with fold in / out (tests/helpers/reference.py)
-    r[j] = V_p[j] for j in I_p not in I;  [momentum correction: u[I_p] = 0]
+    r[j] = V_p[j] for j in I_p not in I;  [momentum correction: u[I_p] = 0, unless
+                                            momentum_masking=False]
     update = V * predivide / P (average) or V * predivide (sum)
 
 with k = max(1, ceil(density_at(step) * d)) ("model") or the sum over parameters of
@@ -47,6 +48,7 @@ class Options:
     warmup_densities: tuple[float, ...] = ()
     warmup_steps: int = 0
     momentum: float | None = None  # None: no momentum correction
+    masking: bool = True  # the momentum correction's velocity cleared where sent
     granularity: str = "model"
     predivide: float = 1.0
     average: bool = True
@@ -54,7 +56,8 @@ class Options:
 
     def compression(self) -> object:
         factory = Compression.topk if self.reduction == "allgather" else Compression.gtopk
-        extra = {} if self.momentum is None else {"momentum": self.momentum}
+        extra = {} if self.momentum is None else {"momentum": self.momentum,
+                                                  "momentum_masking": self.masking}
         return factory(self.density, warmup_densities=self.warmup_densities,
                        warmup_steps=self.warmup_steps,
                        momentum_correction=self.momentum is not None,
@@ -144,7 +147,7 @@ class Replay:
         for p, (chosen, chosen_values) in enumerate(sets):
             back = ~np.isin(chosen, indices)  # sent but not in the global set: back to r
             self.residuals[p][chosen[back]] += chosen_values[back]
-            if options.momentum is not None:
+            if options.momentum is not None and options.masking:
                 self.velocities[p][chosen] = 0.0
         scale = options.predivide / self.workers if options.average else options.predivide
         self.step_count += 1
@@ -223,6 +226,27 @@ def test_momentum_correction_matches_replay(reduction: str, workers: int) -> Non
             assert max(sizes) > 10, sizes
         else:
             assert all(size == 10 for size in sizes), sizes
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("reduction", ["allgather", "gtopk"])
+def test_momentum_correction_without_masking_matches_replay(reduction: str,
+                                                             workers: int) -> None:
+    """momentum_masking=False: the velocity is never cleared (u = m u + g on every entry)."""
+    options = Options(reduction, density=0.05, momentum=0.9, masking=False)
+    generator = np.random.default_rng(70 + workers)
+    gradients = generator.standard_normal((workers, 5, sum(SIZES))).astype(np.float32)
+    check_against_replay(options, workers, steps=5, seed=70 + workers)
+    velocity = run_library(options, workers, gradients)[0][-1]["velocity"]
+    unbroken = np.zeros(sum(SIZES), np.float32)
+    for step in range(5):
+        unbroken = unbroken * np.float32(0.9) + gradients[0][step]
+    np.testing.assert_allclose(velocity, unbroken, rtol=RTOL, atol=ATOL)
+
+
+def test_momentum_masking_false_without_the_correction_is_refused() -> None:
+    with pytest.raises(ValueError, match="momentum_masking=False keeps the momentum"):
+        Compression.topk(0.01, momentum_masking=False)
 
 
 @pytest.mark.parametrize("workers", WORKERS)

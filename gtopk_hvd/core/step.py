@@ -239,7 +239,8 @@ class SparseStep:
                                         clear_in_pass, **on_device)
         if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
             self._raise_nonfinite()
-        if self.velocity is not None and exchange.taken is not None:
+        if (self.velocity is not None and exchange.taken is not None
+                and config.momentum_masking):
             ops.zero_at(self.velocity, exchange.taken, flag)
 
         scale = self.predivide / self.transport.size if self.average else self.predivide

@@ -86,7 +86,7 @@ def _check_own_options(config: Any, scheme: type[Scheme]) -> None:
             f"gtopk_hvd: {choice_for(config.scheme)} has no option {name} (got "
             f"{name}={value!r}); the options of scheme {config.scheme!r} are: {own}, and the "
             "common ones (wire_dtype, warmup_densities, warmup_steps, momentum_correction, "
-            f"momentum, granularity, seed, nonfinite); {fix}")
+            f"momentum, momentum_masking, granularity, seed, nonfinite); {fix}")
 
 
 def _check_unused_fields(config: Any) -> None:

@@ -116,11 +116,12 @@ class GTopkHookState:
     DDP's). density: k / d of each bucket (default 0.01), with `reduction` ("gtopk", or
     "allgather" for Top-k S-SGD) and `options`, the other fields of
     `gtopk_hvd.compression.SparseCompression` (wire_dtype, warmup_densities, warmup_steps,
-    momentum_correction, momentum, granularity, sparsifier, seed, nonfinite); or, instead of
-    these, a ready `compression=` (e.g. Compression.gtopk(..)). granularity "model" selects over
-    each bucket as a whole, "bucket" each parameter's share. start_iter: DDP iterations of plain
-    all-reduce before the sparse steps (>= 2). transport: what the sparse reductions run on: a
-    gtopk_hvd Transport, a registered name ("torch", "mpi", "horovod": `gtopk_hvd.transports`),
+    momentum_correction, momentum, momentum_masking, granularity, sparsifier, seed, nonfinite);
+    or, instead of these, a ready `compression=` (e.g. Compression.gtopk(..)). granularity
+    "model" selects over each bucket as a whole, "bucket" each parameter's share. start_iter:
+    DDP iterations of plain all-reduce before the sparse steps (>= 2). transport: what the
+    sparse reductions run on: a gtopk_hvd Transport, a registered name ("torch", "mpi",
+    "horovod": `gtopk_hvd.transports`),
     or None (the default: torch.distributed over process_group; for NCCL, make that group with
     backend="nccl": "torch" / None is how the hook runs on NCCL); its workers must be the
     process group's (the same rank and size), or the first hook call raises (the constructor
