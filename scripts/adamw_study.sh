@@ -44,9 +44,18 @@ if [[ ${GRID:-} == p32 ]]; then
         --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
     run gtopk-exact-0.052-preconditioned-dense100-epochs2 --compression gtopk-exact \
         --density 0.052 --sparsify preconditioned --dense-steps 100 --epochs 2 --max-steps 1014
-    # The dense start's share of the time: 25 dense steps (the learning-rate warm-up's half).
-    run oktopk-0.05-preconditioned-dense25-epochs2 --compression oktopk --density 0.05 \
-        --sparsify preconditioned --dense-steps 25 --epochs 2 --max-steps 1014
+    # The dense start's share of the time: 25 and 50 dense steps (the learning-rate warm-up's
+    # half and whole); fewer bytes: Ok-Topk at 0.03.
+    for dense in 25 50; do
+        run "oktopk-0.05-preconditioned-dense$dense-epochs2" --compression oktopk --density 0.05 \
+            --sparsify preconditioned --dense-steps "$dense" --epochs 2 --max-steps 1014
+    done
+    for dense in 50 100; do
+        run "oktopk-0.03-preconditioned-dense$dense-epochs2" --compression oktopk --density 0.03 \
+            --sparsify preconditioned --dense-steps "$dense" --epochs 2 --max-steps 1014
+    done
+    run topk-0.01-preconditioned-dense50-epochs2 --compression topk --density 0.01 \
+        --sparsify preconditioned --dense-steps 50 --epochs 2 --max-steps 1014
     # AdamW's first moment in the exchange (--momentum-correction), with DGC's masking of the
     # velocity where sent, and without it (1-bit Adam's unbroken momentum).
     for density in 0.05 0.01; do
