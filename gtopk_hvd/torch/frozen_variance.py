@@ -23,12 +23,14 @@ optimizer's step count:
 With the compression's momentum correction (`momentum_in_exchange`; its momentum must be
 beta1), the first moment moves into the exchange instead, as 1-bit Adam compresses its
 momentum and DGC its velocity: each worker's velocity u <- beta1 u + g * s is what accumulates
-into its residual and is sparsified (zeroed where sent, `gtopk_hvd.core.step`), the scheme
-returns U, the average of the sparsified sums, and
+into its residual and is sparsified (cleared where sent unless the compression's
+momentum_masking is False, `gtopk_hvd.core.step`), the scheme returns U, the average of the
+sparsified sums, and
 
                 w <- w (1 - lr wd) - lr (1 - beta1) U
 
-(u is m / (1 - beta1) in these units, so a dense exchange gives Adam's step with m_hat). The
+(u is m / (1 - beta1) in these units, so a dense exchange without masking gives Adam's step;
+with masking a coordinate sent at every step moves by (1 - beta1) of it). The
 momentum of the dense start carries over: the first sparse step hands the scheme
 g * s + beta1 / (1 - beta1) * m_hat * s, m_hat = m / (1 - beta1^N), so every worker's velocity
 starts as if it had held m_hat * s / (1 - beta1); exp_avg is not updated afterwards.
