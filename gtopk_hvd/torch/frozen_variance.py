@@ -97,11 +97,9 @@ class FrozenVariance:
     def _add_first_moment_(self, flat_gradient: torch.Tensor) -> None:
         """flat_gradient += beta1 / (1 - beta1) * exp_avg / (1 - beta1^N), one parameter's
         slice at a time (no temporary of d values)."""
-        group_of = {id(p): group for group in self.optimizer.param_groups
-                    for p in group["params"]}
         offset = 0
-        for p in self.parameters:
-            beta1 = group_of[id(p)]["betas"][0]
+        for p, group in self._with_groups():
+            beta1 = group["betas"][0]
             weight = beta1 / ((1.0 - beta1) * (1.0 - beta1 ** self.after))
             part = flat_gradient[offset:offset + p.numel()]
             part.add_(self.optimizer.state[p]["exp_avg"].reshape(-1).to(part), alpha=weight)
@@ -109,10 +107,7 @@ class FrozenVariance:
 
     def _frozen_scale(self, device: torch.device) -> torch.Tensor:
         parts = []
-        group_of = {id(p): group for group in self.optimizer.param_groups
-                    for p in group["params"]}
-        for p in self.parameters:
-            group = group_of[id(p)]
+        for p, group in self._with_groups():
             state = self.optimizer.state.get(p)
             if not state or "exp_avg_sq" not in state:
                 raise RuntimeError(
@@ -122,6 +117,12 @@ class FrozenVariance:
             v_hat = state["exp_avg_sq"].detach().float() / (1.0 - beta2 ** self.after)
             parts.append((1.0 / (v_hat.sqrt() + eps)).reshape(-1).to(device))
         return torch.cat(parts)
+
+    def _with_groups(self) -> list[tuple[torch.Tensor, dict[str, Any]]]:
+        """(parameter, its optimizer group) in the fused order."""
+        group_of = {id(p): group for group in self.optimizer.param_groups
+                    for p in group["params"]}
+        return [(p, group_of[id(p)]) for p in self.parameters]
 
     @torch.no_grad()
     def step(self) -> None:
