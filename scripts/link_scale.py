@@ -23,8 +23,8 @@ NCCL's collectives use and the model's formula; OpenMPI's own choice for these s
 43-62% of the link rate here (all-reduce; Top-k's all-gather at P = 8 and 16: about 60%), the
 ring 96% (85-100%). --eager-limit raises OpenMPI's TCP eager limit: above it a message waits for
 the receiver's acknowledgement, which on a shaped link waits behind the partner's own data.
-Each P also runs a floor (k = 2 P: the same messages with a few bytes each), the host's part of
-the step (HostModel below).
+Every rank opens its connections at start-up (PRECONNECT). Each P also runs a floor (k = 2 P:
+the same messages with a few bytes each), the host's part of the step (HostModel below).
 
 `report` fits each scheme's model on the runs with P <= --fit-at-most and checks it on the
 others (<out>/summary.md, <out>/link_scale.png; the fit in <out>/model.json, whose "link_share"
@@ -153,10 +153,18 @@ def measure(args: argparse.Namespace) -> None:
             part.unlink()
 
 
+PRECONNECT = {"OMPI_MCA_mpi_preconnect_mpi": "1"}
+"""Every rank's TCP connections opened in MPI_Init, in turn, rather than at first use: Ok-Topk's
+reduce-scatter opens one to every rank at once, and at P = 32 on 2 cores OpenMPI's connect()
+then failed (EAGAIN) and the job hung, twice. The bench's first step is untimed either way."""
+
+
 def set_mpi_environment(args: argparse.Namespace) -> None:
     """OpenMPI's settings for every rank (mpirun passes OMPI_MCA_* on): the ring all-reduce
-    and all-gathers, and the eager limit where one is asked for."""
+    and all-gathers, connections opened at start-up, and the eager limit where one is asked
+    for."""
     os.environ.update(RING_COLLECTIVES)
+    os.environ.update(PRECONNECT)
     if args.eager_limit is not None:
         os.environ["OMPI_MCA_btl_tcp_eager_limit"] = str(args.eager_limit)
 
