@@ -56,6 +56,11 @@ if [[ ${GRID:-} == p32 ]]; then
     done
     run topk-0.01-preconditioned-dense50-epochs2 --compression topk --density 0.01 \
         --sparsify preconditioned --dense-steps 50 --epochs 2 --max-steps 1014
+    # The schedule's length: the cosine over 800 or 700 steps instead of two epochs' 1,014.
+    for steps in 800 700; do
+        run "oktopk-0.05-preconditioned-dense50-steps$steps" --compression oktopk --density 0.05 \
+            --sparsify preconditioned --dense-steps 50 --epochs 2 --max-steps "$steps"
+    done
     # AdamW's first moment in the exchange (--momentum-correction), with DGC's masking of the
     # velocity where sent, and without it (1-bit Adam's unbroken momentum).
     for density in 0.05 0.01; do
