@@ -75,6 +75,10 @@ RING_COLLECTIVES = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
                     "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",     # ring
                     "OMPI_MCA_coll_tuned_allgather_algorithm": "4",     # ring
                     "OMPI_MCA_coll_tuned_allgatherv_algorithm": "3"}    # ring
+PRECONNECT = {"OMPI_MCA_mpi_preconnect_mpi": "1"}
+"""Every rank's TCP connections opened in MPI_Init, in turn, rather than at first use: Ok-Topk's
+reduce-scatter opens one to every rank at once, and at P = 32 on 2 cores OpenMPI's connect()
+then failed (EAGAIN) and the job hung, twice. The bench's first step is untimed either way."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -151,12 +155,6 @@ def measure(args: argparse.Namespace) -> None:
                              "floor" if name == "floor" else None)
             path.write_text(json.dumps(kept + json.loads(part.read_text()), indent=1))
             part.unlink()
-
-
-PRECONNECT = {"OMPI_MCA_mpi_preconnect_mpi": "1"}
-"""Every rank's TCP connections opened in MPI_Init, in turn, rather than at first use: Ok-Topk's
-reduce-scatter opens one to every rank at once, and at P = 32 on 2 cores OpenMPI's connect()
-then failed (EAGAIN) and the job hung, twice. The bench's first step is untimed either way."""
 
 
 def set_mpi_environment(args: argparse.Namespace) -> None:
