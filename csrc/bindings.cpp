@@ -795,6 +795,24 @@ void bind_cuda(py::module_& m) {
                                       static_cast<const uint8_t*>(as_pointer(restore)), n,
                                       as_pointer(stream));
     });
+    m.def("cuda_restore_unselected", [](ValueType value_type, IndexType index_type,
+                                        uintptr_t residual, uintptr_t index, uintptr_t value,
+                                        int64_t n, uintptr_t selected, int64_t n_selected,
+                                        uintptr_t stream, uintptr_t skip) {
+        py::gil_scoped_release release;
+        gtopk::cuda::restore_unselected(value_type, index_type, as_pointer(residual),
+                                        as_pointer(index), as_pointer(value), n,
+                                        as_pointer(selected), n_selected, as_pointer(stream),
+                                        static_cast<const int32_t*>(as_pointer(skip)));
+    }, "residual[index[j]] += value[j] where index[j] is not in the sorted `selected`.");
+    m.def("cuda_write_sparse", [](ValueType value_type, IndexType index_type, uintptr_t dest,
+                                  int64_t d, uintptr_t index, uintptr_t value, int64_t n,
+                                  bool zeroed, uintptr_t stream, uintptr_t skip) {
+        py::gil_scoped_release release;
+        gtopk::cuda::write_sparse(value_type, index_type, as_pointer(dest), d, as_pointer(index),
+                                  as_pointer(value), n, zeroed, as_pointer(stream),
+                                  static_cast<const int32_t*>(as_pointer(skip)));
+    }, "dest = 0 except dest[index] = value (all NaN if the skip flag is set).");
 }
 #endif
 

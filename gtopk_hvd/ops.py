@@ -655,16 +655,30 @@ def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: floa
     add_divided(velocity, gradient, divisor)
 
 
-def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None) -> None:
+def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
+                 zeroed: bool = False) -> None:
     """dest = 0 except dest[indices] = values, in one pass over dest (in place).
 
     indices sorted and unique, values of dest's dtype (float32 / float64). skip: as
     `accumulate_select`'s: when set, dest is all NaN instead (on a GPU the fill value is chosen
-    on the device: the same one pass, no host wait)."""
+    on the device: the same one pass, no host wait). zeroed: dest is known to hold zeros already
+    (e.g. the gradient the step has cleared): on a GPU the zero fill is left out, so the write is
+    the scatter of the set alone (and, with a skip flag, a launch that fills NaN only if set).
+    CUDA (contiguous float32 / float64, built kernels): `_C.cuda_write_sparse`, one call."""
     if is_cuda(dest):
         import torch
 
         values = torch.as_tensor(values, device=dest.device)
+        indices = torch.as_tensor(indices, device=dest.device)
+        if _cuda_kernels_take(dest, values, indices):
+            _cuda_check(indices, "indices", dest.device)
+            with _on_device(dest.device):
+                _C.cuda_write_sparse(_cuda_value_type(dest.dtype),
+                                     _cuda_index_type(indices.dtype), dest.data_ptr(),
+                                     dest.numel(), indices.data_ptr(), values.data_ptr(),
+                                     indices.numel(), bool(zeroed), _stream(dest.device),
+                                     _flag_address(skip, dest))
+            return
         if skip is None:
             dest.zero_()
         else:
@@ -672,7 +686,7 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None) -> None
             nan = torch.full((), float("nan"), dtype=dest.dtype, device=dest.device)
             dest.copy_(torch.where(skipping, nan, torch.zeros_like(nan)).expand_as(dest))
             values = torch.where(skipping, nan, values)
-        dest[torch.as_tensor(indices, device=dest.device).long()] = values
+        dest[indices.long()] = values
         return
     if skip is not None and flag_set(skip):
         dest[:] = float("nan")
@@ -681,6 +695,40 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None) -> None
     index_view = as_numpy(indices, "indices", values=False)
     value_view = as_numpy(values, "values")
     _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
+
+
+def _cuda_kernels_take(values_like: Any, values: Any, indices: Any) -> bool:
+    """Whether the CUDA sparse-write kernels take these tensors: built kernels, contiguous
+    float32 / float64 values of one dtype, contiguous int32 / int64 indices."""
+    return (cuda_built and dtype_name(values_like.dtype) in ("float32", "float64")
+            and values.dtype == values_like.dtype and dtype_name(indices.dtype) in
+            ("int32", "int64") and values_like.is_contiguous() and values.is_contiguous()
+            and indices.is_contiguous() and values.numel() == indices.numel())
+
+
+def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
+                       skip: Any = None) -> None:
+    """residual[indices[j]] += values[j] for each j whose index is not in `selected` (in place):
+    what was sent and not kept globally goes back to the residual. indices: a worker's
+    index-sorted set; selected: the global set's indices, sorted, of the same index dtype.
+    `restore_residual` with the mask `not mark_survivors(indices, selected)`, bit for bit.
+    skip: as `accumulate_select`'s (nothing is restored when set). CUDA (contiguous float32 /
+    float64, built kernels): `_C.cuda_restore_unselected`, one launch (a binary search per
+    entry), no host wait; elsewhere the mask, then the restore."""
+    if (is_cuda(residual) and is_cuda(indices) and is_cuda(selected)
+            and _cuda_kernels_take(residual, values, indices)
+            and selected.dtype == indices.dtype and selected.is_contiguous()):
+        for tensor, what in ((indices, "indices"), (values, "values"), (selected, "selected")):
+            _cuda_check(tensor, what, residual.device)
+        with _on_device(residual.device):
+            _C.cuda_restore_unselected(_cuda_value_type(residual.dtype),
+                                       _cuda_index_type(indices.dtype), residual.data_ptr(),
+                                       indices.data_ptr(), values.data_ptr(), indices.numel(),
+                                       selected.data_ptr(), selected.numel(),
+                                       _stream(residual.device), _flag_address(skip, residual))
+        return
+    unselected = ~mark_survivors(indices, selected)
+    restore_residual(residual, indices, values, unselected, skip)
 
 
 def restore_residual(residual: Any, indices: Any, values: Any, restore: Any,

@@ -20,6 +20,7 @@
 #   ddp_e2e        ResNet-50 under DDP at P = 1, every scheme x float32 / fp16+GradScaler /
 #                  bf16, host syncs per step, profiler traces of one float32 step of dense and
 #                  gTop-k 0.001 (trace_*.json.gz; scripts/gpu_e2e.py)
+#   ddp_e2e_baseline  the same on GPU_CHECK_BASELINE's Python, when it is set (e2e_baseline.json)
 #   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
 #                  memory, exact / sketch / granularity (scripts/gpu_step.py)
 #   profile        where the time goes: the top-k kernel's and each step's device kernels beside
@@ -44,6 +45,14 @@
 #                            stages run; Horovod in a call of its own:
 #                            "machine build horovod_build horovod_run")
 #   GPU_CHECK_FULL_TESTS=1   the tests stage includes the full-sort references at d = 2^24
+#   GPU_CHECK_TEST_FILES     the tests stage's files instead of its list (space-separated)
+#   GPU_CHECK_TEST_K         and a pytest -k expression choosing among their tests
+#   GPU_CHECK_E2E_ARGS       more arguments for scripts/gpu_e2e.py (e.g. "--schemes dense
+#                            gtopk-0.001 --precisions bfloat16-amp")
+#   GPU_CHECK_BASELINE       a folder holding another commit's gtopk_hvd/ (e.g. `git archive
+#                            <commit> gtopk_hvd | tar -x -C <folder>`): the ddp_e2e_baseline
+#                            stage then runs ddp_e2e's measurement on that Python with this
+#                            build's extension copied in, so before and after share one machine
 #   GPU_CHECK_WORK           the work folder (default: a new /tmp/gpu_check.XXXXXX)
 # docs/gpu.md has the device call.
 set -uo pipefail
@@ -56,7 +65,7 @@ BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 OUT_DIR="${OUT:-$REPO_ROOT/results/tmp/gpu_check}"
 BUNDLE="${GPU_CHECK_BUNDLE:-$REPO_ROOT/.gpu_bundle}"
 HOROVOD_JOBS="${GPU_CHECK_HOROVOD_JOBS:-8}"
-STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e step_memory profile bench_topk bench_select bench_memory}"
+STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e ddp_e2e_baseline step_memory profile bench_topk bench_select bench_memory}"
 JOBS="$(nproc)"
 BASE="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
 FIG="$BASE/figures"         # what the report reads (and gpu_logs.tar.gz carries back)
@@ -181,14 +190,38 @@ stage_build() {
     "$PY" scripts/gpu_machine.py build "$FIG/build.json"
 }
 
-stage_ddp_e2e() {
+e2e_arguments() {  # name of the JSON file: gpu_e2e.py's arguments for this device mode
+    local extra=()
+    read -r -a extra <<<"${GPU_CHECK_E2E_ARGS:-}"
     if [[ $DEVICE == cpu ]]; then
-        "$PY" scripts/gpu_e2e.py --device cpu --model tiny --batch 8 --steps 3 --warmup 1 \
-            --syncs --trace dense gtopk-0.001 --json "$FIG/e2e.json"
+        echo --device cpu --model tiny --batch 8 --steps 3 --warmup 1 --syncs "${extra[@]}" \
+            --json "$FIG/$1"
     else
-        "$PY" scripts/gpu_e2e.py --syncs --trace dense gtopk-0.001 --json "$FIG/e2e.json"
+        echo --syncs "${extra[@]}" --json "$FIG/$1"
     fi
+}
+
+stage_ddp_e2e() {
+    local arguments=()
+    read -r -a arguments <<<"$(e2e_arguments e2e.json)"
+    "$PY" scripts/gpu_e2e.py "${arguments[@]}" --trace dense gtopk-0.001
     ls -l "$FIG"/trace_*.json.gz 2>/dev/null  # one float32 step each, under 8 MB, carried back
+}
+
+stage_ddp_e2e_baseline() {
+    local baseline=${GPU_CHECK_BASELINE:-} arguments=() built
+    if [[ -z $baseline || ! -d $baseline/gtopk_hvd ]]; then
+        echo "no GPU_CHECK_BASELINE folder with a gtopk_hvd/ in it: nothing to compare with"
+        return 99
+    fi
+    built=$("$PY" -c "import gtopk_hvd._C as c; print(c.__file__)") || return
+    cp "$built" "$baseline/gtopk_hvd/" || return
+    read -r -a arguments <<<"$(e2e_arguments e2e_baseline.json)"
+    cd "$baseline" || return  # so that neither the working directory nor an editable install
+    export PYTHONPATH="$baseline"  # of this tree comes before the baseline's package
+    "$PY" -c "import gtopk_hvd, sys; print('baseline package:', gtopk_hvd.__file__)
+sys.exit(not gtopk_hvd.__file__.startswith('$baseline'))" || return
+    "$PY" "$REPO_ROOT/scripts/gpu_e2e.py" "${arguments[@]}"
 }
 
 stage_step_memory() {
@@ -275,11 +308,18 @@ stage_tests() {
     "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 170)
     # the full-sort references at d = 2^24 (25-47 s each on an H100) passed on the first GPU run
     # and their kernel is unchanged: GPU_CHECK_FULL_TESTS=1 runs them too
-    [[ ${GPU_CHECK_FULL_TESTS:-0} == 1 ]] || args+=(-k "not 16777216")
+    local filter="not 16777216"
+    [[ ${GPU_CHECK_FULL_TESTS:-0} == 1 ]] && filter=""
+    if [[ -n ${GPU_CHECK_TEST_K:-} ]]; then
+        filter="${filter:+($filter) and }(${GPU_CHECK_TEST_K})"
+    fi
+    [[ -n $filter ]] && args+=(-k "$filter")
+    [[ -n ${GPU_CHECK_TEST_FILES:-} ]] && read -r -a files <<<"$GPU_CHECK_TEST_FILES"
     "$PY" -m pytest "${args[@]}" "${files[@]}"
 }
 
-export -f stage_machine nccl_home stage_horovod_build stage_build stage_ddp_e2e \
+export -f stage_machine nccl_home stage_horovod_build stage_build e2e_arguments stage_ddp_e2e \
+    stage_ddp_e2e_baseline \
     stage_step_memory stage_profile stage_bench_memory stage_bench_topk stage_bench_select stage_horovod_run \
     stage_tests
 
@@ -326,6 +366,7 @@ start_horovod_build
 run_stage build 240 bash -c stage_build
 run_stage tests 180 --signal INT bash -c stage_tests
 run_stage ddp_e2e 150 bash -c stage_ddp_e2e
+run_stage ddp_e2e_baseline 150 bash -c stage_ddp_e2e_baseline
 run_stage step_memory 100 bash -c stage_step_memory
 run_stage profile 60 bash -c stage_profile
 run_stage bench_topk 40 bash -c stage_bench_topk

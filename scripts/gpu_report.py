@@ -25,6 +25,8 @@ STAGES = [
     ("horovod_build", "build Horovod 0.28.1 with NCCL from the bundled sdist (background)"),
     ("ddp_e2e", "DDP hook end to end: ResNet-50, every scheme, float32 / bf16 / fp16+scaler, "
                 "host syncs (scripts/gpu_e2e.py)"),
+    ("ddp_e2e_baseline", "the same end to end on GPU_CHECK_BASELINE's Python (another "
+                         "commit), this build's extension: before and after on one machine"),
     ("step_memory", "SparseStep per scheme at P = 1: time vs the fused kernel, peak memory, "
                     "granularity (scripts/gpu_step.py)"),
     ("profile", "where the time goes: the top-k kernel's and each step's device kernels beside "
@@ -108,13 +110,30 @@ def tests_summary(work: Path) -> dict | None:
     return counts
 
 
+def baseline_comparison(e2e: dict, baseline: dict | None) -> list[str]:
+    """Markdown rows: each configuration's median step on the baseline's Python and on this
+    tree's, measured in one call (the ddp_e2e_baseline stage), and the change."""
+    if not baseline or not baseline.get("runs"):
+        return []
+    before = {(r["precision"], r["scheme"]): r.get("median_s") for r in baseline["runs"]}
+    out = ["### DDP end to end against the baseline's Python, same machine and call", "",
+           "| precision | scheme | baseline ms | this tree ms | change |",
+           "| --- | --- | --- | --- | --- |"]
+    for run in e2e.get("runs", []):
+        old, new = before.get((run["precision"], run["scheme"])), run.get("median_s")
+        change = f"{(new / old - 1) * 100:+.1f}%" if old and new else ""
+        out.append(f"| {run['precision']} | {run['scheme']} | {_msv(old)} | {_msv(new)} | "
+                   f"{change} |")
+    return out + [""]
+
+
 class Report:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.stages = read_stages(work)
         self.figures = {name: load_json(work / f"{name}.json") for name in
-                        ("machine", "build", "e2e", "step", "topk", "select", "horovod",
-                         "profile")}
+                        ("machine", "build", "e2e", "e2e_baseline", "step", "topk", "select",
+                         "horovod", "profile")}
         self.figures["tests"] = tests_summary(work)
         self.targets: list[dict] = []
 
@@ -372,6 +391,7 @@ class Report:
                 out += ["", "CUDA runtime copy and synchronisation calls per step (float32):", ""]
                 out += [f"- {scheme}: {_cell(json.dumps(c))}" for scheme, c in calls.items()]
             out.append("")
+            out += baseline_comparison(e2e, self.figures["e2e_baseline"])
         step = self.figures["step"]
         if step:
             out += [f"### SparseStep at P = 1 ({step.get('device')}, density "

@@ -607,3 +607,67 @@ def test_cuda_kernels_read_the_skip_flag_on_the_device(kind: str, d: int, k: int
     ops.momentum_update(flagged, gradient, 0.9, 4.0, clear_flag)
     ops.momentum_update(plain, gradient, 0.9, 4.0)
     assert torch.equal(flagged.view(torch.int32), plain.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("d,n", [(10, 0), (10, 10), (1_000_003, 1000), (3 << 20, 1 << 12)])
+@pytest.mark.parametrize("flag", [None, 0, 1])
+@pytest.mark.parametrize("zeroed", [False, True])
+def test_cuda_write_sparse_with_and_without_the_skip_flag(dtype: str, index_dtype: torch.dtype,
+                                                          d: int, n: int, flag: int | None,
+                                                          zeroed: bool) -> None:
+    """`ops.write_sparse` on the device (one fill and one scatter, or the scatter alone over a
+    zeroed dest): numpy's dense vector bit for bit, all NaN when the flag is set, every entry
+    written (the dest is poisoned first unless it is declared zeroed)."""
+    rng = np.random.default_rng([d, n])
+    indices = np.sort(rng.choice(d, n, replace=False))
+    values = rng.standard_normal(n)
+    dest = (torch.zeros(d, dtype=TORCH_DTYPES[dtype], device="cuda") if zeroed else
+            torch.full((d,), 7.0, dtype=TORCH_DTYPES[dtype], device="cuda"))
+    skip = None if flag is None else torch.full((1,), flag, dtype=torch.int32, device="cuda")
+    ops.write_sparse(dest, torch.from_numpy(indices).to(index_dtype).cuda(),
+                     on_gpu(values, dtype), skip, zeroed=zeroed)
+    if flag:
+        assert torch.isnan(dest).all()
+        return
+    expected = np.zeros(d, dtype)
+    expected[indices] = values.astype(dtype)
+    assert dest.cpu().numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n,share", [(0, 0.5), (1, 0.0), (1, 1.0), (1000, 0.5), (1 << 16, 0.9)])
+@pytest.mark.parametrize("flag", [None, 0, 1])
+def test_cuda_restore_unselected_equals_the_mask_path_and_reads_the_skip_flag(
+        dtype: str, index_dtype: torch.dtype, n: int, share: float, flag: int | None) -> None:
+    """`ops.restore_unselected` (one launch, a binary search per entry) against the host's
+    mask and restore (`mark_survivors`, `restore_residual`) bit for bit; nothing restored when
+    the flag is set; a global set holding indices this worker did not send, and an empty one."""
+    d = 1 << 20
+    rng = np.random.default_rng([n, int(share * 10)])
+    indices = np.sort(rng.choice(d, n, replace=False))
+    values = rng.standard_normal(n)
+    kept = rng.choice(indices, int(share * n), replace=False) if n else indices
+    others = rng.choice(np.setdiff1d(np.arange(0, d, 97), indices), 300, replace=False)
+    selected = np.union1d(kept, others)
+    residual = rng.standard_normal(d)
+    host_residual = residual.astype(dtype)
+    if not flag:
+        ops.restore_residual(host_residual, indices.astype(np.int64), values.astype(dtype),
+                             ~ops.mark_survivors(indices.astype(np.int64),
+                                                 selected.astype(np.int64)))
+    device_residual = on_gpu(residual, dtype)
+    skip = None if flag is None else torch.full((1,), flag, dtype=torch.int32, device="cuda")
+    ops.restore_unselected(device_residual, torch.from_numpy(indices).to(index_dtype).cuda(),
+                           on_gpu(values, dtype), torch.from_numpy(selected).to(index_dtype).cuda(),
+                           skip)
+    assert device_residual.cpu().numpy().tobytes() == host_residual.tobytes()
+    empty = torch.empty(0, dtype=index_dtype, device="cuda")
+    everything = on_gpu(residual, dtype)
+    ops.restore_unselected(everything, torch.from_numpy(indices).to(index_dtype).cuda(),
+                           on_gpu(values, dtype), empty)
+    expected = residual.astype(dtype)
+    np.add.at(expected, indices, values.astype(dtype))
+    assert everything.cpu().numpy().tobytes() == expected.tobytes()

@@ -287,16 +287,17 @@ class SparseStep:
                skip: bool | DeviceSkip | None = None) -> Any:
         """One `step`, its global set written into `out` as the dense update: out = zeros(d),
         out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the backend's
-        type (it may be the gradient itself, with clear_gradient). Times the write as
-        last_stats.write_seconds. skip: as `step`'s; a `DeviceSkip` is honoured on the device
-        without a host read where `skips_on_device()` (gtopk_hvd.core.device_skip), and read on
-        the host first otherwise."""
+        type (it may be the gradient itself, with clear_gradient: then, every scheme having
+        cleared it, the write is the scatter of the set alone, `ops.write_sparse`'s `zeroed`).
+        Times the write as last_stats.write_seconds. skip: as `step`'s; a `DeviceSkip` is
+        honoured on the device without a host read where `skips_on_device()`
+        (gtopk_hvd.core.device_skip), and read on the host first otherwise."""
         result = self._step(gradient, clear_gradient, skip)
         start = time.perf_counter()
         if result is None:
             out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars
-        else:
-            ops.write_sparse(out, *result)
+        else:  # a gradient the step cleared needs no second zero fill
+            ops.write_sparse(out, *result, zeroed=clear_gradient and out is gradient)
         self._last_stats.write_seconds = time.perf_counter() - start
         return out
 

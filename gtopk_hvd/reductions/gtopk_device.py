@@ -3,9 +3,10 @@
 The rounds, partners and merges of `GTopkReducer` (`gtopk_hvd.reductions.gtopk`), over
 `Transport.sendrecv_tensors` instead of byte buffers: each message is two tensors on the device,
 the sender's k indices and its k values in the wire dtype; each merge is `ops.merge_topk` on the
-device (the CUDA merge kernel on a GPU); what survived is marked there too. The result is the
-host reducer's bit for bit: the same merges in the same order, the same rounding to the wire
-dtype (round to nearest even, in torch as in `gtopk_hvd.wire`).
+device (the CUDA merge kernel on a GPU). What survived is not marked (`survived` is None): the
+caller restores the rest with `ops.restore_unselected`, one launch. The result is the host
+reducer's bit for bit: the same merges in the same order, the same rounding to the wire dtype
+(round to nearest even, in torch as in `gtopk_hvd.wire`).
 
 It needs every set to have exactly k entries, so that both sides of every message know its size
 without a length message (a length read back would be a host synchronisation): top-k and
@@ -60,8 +61,7 @@ class DeviceGTopkReducer(GTopkReducer):
         if self.transport.size > 1:
             current = self._schedule(current, stats)
         global_indices, global_values = current
-        survived = ops.mark_survivors(indices, global_indices)
-        return SparseResult(global_indices, global_values, survived, stats)
+        return SparseResult(global_indices, global_values, None, stats)
 
     # -- the schedule's steps on the device ------------------------------------------------
 

@@ -42,5 +42,7 @@ class SparseResult:
 
     indices: np.ndarray
     values: np.ndarray  # float32 sums over workers
-    survived: np.ndarray  # bool, one per local entry: its index is in `indices`
+    # bool, one per local entry: its index is in `indices`; None where not marked (the device
+    # reduction: the caller restores with `ops.restore_unselected`, a search per entry, instead)
+    survived: np.ndarray | None
     stats: ReductionStats = field(default_factory=ReductionStats)

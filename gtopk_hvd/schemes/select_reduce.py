@@ -92,13 +92,12 @@ class SelectReduce(Scheme):
         if self._reduce_on_device(local_values, budget.k):
             result = self.reduction.reduce(local_indices, local_values, budget.k)
             if not self.config.exact:
-                ops.restore_residual(residual, local_indices, local_values, ~result.survived,
-                                     skip)
+                _restore_dropped(residual, local_indices, local_values, result, skip)
                 return Exchange(result.indices, result.values, local_indices, result.stats,
                                 select_seconds)
             values = sum_at_tensors(self.transport, residual, result.indices, result.stats,
                                     taken=(local_indices, local_values), skip=skip)
-            ops.restore_residual(residual, local_indices, local_values, ~result.survived, skip)
+            _restore_dropped(residual, local_indices, local_values, result, skip)
             # Both sets, not their union: the step only zeroes the velocity there, and a
             # union's length would wait for the device.
             taken = self.backend.concatenate([local_indices, result.indices])
@@ -140,3 +139,13 @@ class SelectReduce(Scheme):
             return backend.as_index_dtype(indices, self.index_dtype), values
         return self.sparsifier.select_parts(gradient, residual, budget.parts, clear_gradient,
                                             step, self.index_dtype, **on_device)
+
+
+def _restore_dropped(residual: Any, local_indices: Any, local_values: Any, result: Any,
+                     skip: Any) -> None:
+    """r[j] += V_p[j] for j in I_p not in I (module docstring): by the reduction's mask where it
+    marked one, else by a search of each local index in I (`ops.restore_unselected`)."""
+    if result.survived is None:
+        ops.restore_unselected(residual, local_indices, local_values, result.indices, skip)
+    else:
+        ops.restore_residual(residual, local_indices, local_values, ~result.survived, skip)

@@ -88,6 +88,24 @@ void restore_residual(ValueType value_type, IndexType index_type, void* residual
                       const void* index, const void* value, const uint8_t* restore, int64_t n,
                       void* stream);
 
+// residual[index[j]] += value[j] for each j < n whose index[j] is not in selected[0, n_selected)
+// (sorted ascending; a binary search per entry): restore_residual with the mask "not selected",
+// bit for bit, in one launch. Nothing when the skip flag (as accumulate_select's) is set.
+// float32 / float64 values, int32 / int64 indices (both sets of one index type). No scratch,
+// no host wait.
+void restore_unselected(ValueType value_type, IndexType index_type, void* residual,
+                        const void* index, const void* value, int64_t n, const void* selected,
+                        int64_t n_selected, void* stream, const int32_t* skip = nullptr);
+
+// dest[0, d) = 0 except dest[index[j]] = value[j] for j < n (indices distinct): a fill and a
+// scatter, at most two launches. zeroed: dest already holds zeros, so the fill is left out. When
+// the skip flag (as accumulate_select's) is set, dest is all NaN instead (read on the device:
+// with zeroed, a small launch that returns at once unless it is set). float32 / float64 values,
+// int32 / int64 indices. No scratch, no host wait.
+void write_sparse(ValueType value_type, IndexType index_type, void* dest, int64_t d,
+                  const void* index, const void* value, int64_t n, bool zeroed, void* stream,
+                  const int32_t* skip = nullptr);
+
 // Threshold selection (MiCRO, ExDyna), the first of two calls: one pass over d that
 //   residual += gradient over [0, d)                  (gradient = 0 there too if clear_gradient)
 //   histogram[b] = #{ i in [begin, end) : key(residual[i]) >= histogram_base, bin(key) = b }

@@ -1,0 +1,155 @@
+// write_sparse and restore_unselected (gtopk/cuda_ops.h): a sparse set written into a dense
+// vector on the device, each in one call of at most two launches, reading the skip flag there.
+//
+//   write_sparse:        dest = 0 except dest[index[j]] = value[j]     (all NaN when skipped)
+//   restore_unselected:  residual[index[j]] += value[j] for each j whose index is not in the
+//                        sorted set `selected`                         (nothing when skipped)
+//
+// Both replace sequences of framework operations (a fill, a where, an index cast, an index
+// put; a search, a clamp, a gather, a compare, a mask, a cast, a restore) whose launches, not
+// their bytes, were the cost at the sizes of a step's set.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.cuh"
+#include "device.cuh"
+#include "gtopk/cuda_ops.h"
+
+namespace gtopk::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxFillBlocks = int64_t{1} << 14;
+
+__device__ __forceinline__ bool flag_set(const int32_t* skip) {
+    return skip != nullptr && *skip != 0;
+}
+
+// zeroed: dest already holds zeros, so only a set flag's NaN fill is left to do.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fill_kernel(T* dest, int64_t d, bool zeroed, T nan,
+                                                        const int32_t* skip) {
+    const bool skipping = flag_set(skip);
+    if (zeroed && !skipping) return;
+    const T fill = skipping ? nan : T(0);
+    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < d;
+         i += int64_t{gridDim.x} * kThreads) {
+        dest[i] = fill;
+    }
+}
+
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(T* dest, const Index* index,
+                                                           const T* value, int64_t n,
+                                                           const int32_t* skip) {
+    if (flag_set(skip)) return;  // the fill has written NaN everywhere
+    const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+    if (j < n) dest[index[j]] = value[j];
+}
+
+// Whether `x` is in selected[0, n) (sorted ascending): a lower-bound binary search.
+template <typename Index>
+__device__ __forceinline__ bool contains(const Index* selected, int64_t n, Index x) {
+    int64_t low = 0, high = n;
+    while (low < high) {
+        const int64_t middle = low + (high - low) / 2;
+        if (selected[middle] < x) {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    return low < n && selected[low] == x;
+}
+
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) restore_unselected_kernel(
+    T* residual, const Index* index, const T* value, int64_t n, const Index* selected,
+    int64_t n_selected, const int32_t* skip) {
+    if (flag_set(skip)) return;
+    const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+    if (j < n && !contains(selected, n_selected, index[j])) residual[index[j]] += value[j];
+}
+
+int blocks_for(int64_t n, int64_t most) {
+    return static_cast<int>(std::min(most, (n + kThreads - 1) / kThreads));
+}
+
+template <typename T, typename Index>
+void write_sparse_typed(void* dest, int64_t d, const void* index, const void* value, int64_t n,
+                        bool zeroed, cudaStream_t stream, const int32_t* skip) {
+    T* out = static_cast<T*>(dest);
+    if (d > 0 && !(zeroed && skip == nullptr)) {
+        // Zeroed with a flag: two blocks per multiprocessor, each returning after one read of
+        // the flag unless it is set (a skipped step's NaN fill, rare, need not be fast).
+        const int blocks = zeroed ? blocks_for(d, 2 * detail::sm_count(detail::current_device()))
+                                  : blocks_for(d, kMaxFillBlocks);
+        fill_kernel<T><<<blocks, kThreads, 0, stream>>>(out, d, zeroed,
+                                                        std::numeric_limits<T>::quiet_NaN(), skip);
+        GTOPK_CUDA_CHECK_LAUNCH("fill_kernel");
+    }
+    if (n > 0) {
+        scatter_kernel<T, Index><<<blocks_for(n, std::numeric_limits<int>::max()), kThreads, 0,
+                                   stream>>>(out, static_cast<const Index*>(index),
+                                             static_cast<const T*>(value), n, skip);
+        GTOPK_CUDA_CHECK_LAUNCH("scatter_kernel");
+    }
+}
+
+template <typename T, typename Index>
+void restore_unselected_typed(void* residual, const void* index, const void* value, int64_t n,
+                              const void* selected, int64_t n_selected, cudaStream_t stream,
+                              const int32_t* skip) {
+    restore_unselected_kernel<T, Index><<<blocks_for(n, std::numeric_limits<int>::max()),
+                                          kThreads, 0, stream>>>(
+        static_cast<T*>(residual), static_cast<const Index*>(index),
+        static_cast<const T*>(value), n, static_cast<const Index*>(selected), n_selected, skip);
+    GTOPK_CUDA_CHECK_LAUNCH("restore_unselected_kernel");
+}
+
+// f(T{}, Index{}) for the float32 / float64 values and int32 / int64 indices these take.
+template <typename F>
+void with_value_and_index(ValueType value_type, IndexType index_type, const char* what, F f) {
+    const bool float32 = value_type == ValueType::kFloat32;
+    if (!float32 && value_type != ValueType::kFloat64) {
+        throw std::invalid_argument(std::string("gtopk::cuda::") + what +
+                                    ": only float32 and float64 values are supported");
+    }
+    switch (index_type) {
+        case IndexType::kInt32:
+            return float32 ? f(float{}, int32_t{}) : f(double{}, int32_t{});
+        case IndexType::kInt64:
+            return float32 ? f(float{}, int64_t{}) : f(double{}, int64_t{});
+    }
+    throw std::invalid_argument(std::string("gtopk::cuda::") + what +
+                                ": unsupported index type");
+}
+
+}  // namespace
+
+void write_sparse(ValueType value_type, IndexType index_type, void* dest, int64_t d,
+                  const void* index, const void* value, int64_t n, bool zeroed, void* stream,
+                  const int32_t* skip) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    with_value_and_index(value_type, index_type, "write_sparse", [&](auto v, auto i) {
+        write_sparse_typed<decltype(v), decltype(i)>(dest, d, index, value, n, zeroed, s, skip);
+    });
+}
+
+void restore_unselected(ValueType value_type, IndexType index_type, void* residual,
+                        const void* index, const void* value, int64_t n, const void* selected,
+                        int64_t n_selected, void* stream, const int32_t* skip) {
+    if (n <= 0) return;
+    const auto s = static_cast<cudaStream_t>(stream);
+    with_value_and_index(value_type, index_type, "restore_unselected", [&](auto v, auto i) {
+        restore_unselected_typed<decltype(v), decltype(i)>(residual, index, value, n, selected,
+                                                           n_selected, s, skip);
+    });
+}
+
+}  // namespace gtopk::cuda
