@@ -20,7 +20,8 @@
 #   ddp_e2e        ResNet-50 under DDP at P = 1, every scheme x float32 / fp16+GradScaler /
 #                  bf16, host syncs per step, profiler traces of one float32 step of dense and
 #                  gTop-k 0.001 (trace_*.json.gz; scripts/gpu_e2e.py)
-#   ddp_e2e_baseline  the same on GPU_CHECK_BASELINE's Python, when it is set (e2e_baseline.json)
+#   baseline       ddp_e2e and step_memory (d = 25.6M) on GPU_CHECK_BASELINE's Python, when it is
+#                  set (e2e_baseline.json, step_baseline.json)
 #   step_memory    SparseStep per scheme at d = 25.6M and 1e9: time vs the fused kernel, peak
 #                  memory, exact / sketch / granularity (scripts/gpu_step.py)
 #   profile        where the time goes: the top-k kernel's and each step's device kernels beside
@@ -50,9 +51,10 @@
 #   GPU_CHECK_E2E_ARGS       more arguments for scripts/gpu_e2e.py (e.g. "--schemes dense
 #                            gtopk-0.001 --precisions bfloat16-amp")
 #   GPU_CHECK_BASELINE       a folder holding another commit's gtopk_hvd/ (e.g. `git archive
-#                            <commit> gtopk_hvd | tar -x -C <folder>`): the ddp_e2e_baseline
-#                            stage then runs ddp_e2e's measurement on that Python with this
-#                            build's extension copied in, so before and after share one machine
+#                            <commit> gtopk_hvd | tar -x -C <folder>`): the baseline stage then
+#                            runs ddp_e2e's and step_memory's measurements (the latter at
+#                            d = 25.6M) on that Python with this build's extension copied in, so
+#                            before and after share one machine and one call
 #   GPU_CHECK_WORK           the work folder (default: a new /tmp/gpu_check.XXXXXX)
 # docs/gpu.md has the device call.
 set -uo pipefail
@@ -65,7 +67,8 @@ BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 OUT_DIR="${OUT:-$REPO_ROOT/results/tmp/gpu_check}"
 BUNDLE="${GPU_CHECK_BUNDLE:-$REPO_ROOT/.gpu_bundle}"
 HOROVOD_JOBS="${GPU_CHECK_HOROVOD_JOBS:-8}"
-STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e ddp_e2e_baseline step_memory profile bench_topk bench_select bench_memory}"
+STEP_REPEATS=15  # timed steps of each SparseStep figure (step_memory and the baseline)
+STAGES="${GPU_CHECK_STAGES:-machine build tests ddp_e2e step_memory baseline profile bench_topk bench_select bench_memory}"
 JOBS="$(nproc)"
 BASE="${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}"
 FIG="$BASE/figures"         # what the report reads (and gpu_logs.tar.gz carries back)
@@ -74,7 +77,7 @@ REPORT_RESERVE=15           # seconds kept for the last report
 START=$SECONDS
 mkdir -p "$OUT_DIR" "$FIG/logs" "$HVD_DIR"
 exec > >(tee -a "$OUT_DIR/gpu_check.log") 2>&1
-export DEVICE PY FIG HVD_DIR BUNDLE JOBS HOROVOD_JOBS REPO_ROOT
+export DEVICE PY FIG HVD_DIR BUNDLE JOBS HOROVOD_JOBS REPO_ROOT STEP_REPEATS
 export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 case "$DEVICE" in cuda|cpu) ;; *) echo "GPU_CHECK_DEVICE must be cuda or cpu" >&2; exit 2;; esac
 
@@ -205,10 +208,10 @@ stage_ddp_e2e() {
     local arguments=()
     read -r -a arguments <<<"$(e2e_arguments e2e.json)"
     "$PY" scripts/gpu_e2e.py "${arguments[@]}" --trace dense gtopk-0.001
-    ls -l "$FIG"/trace_*.json.gz 2>/dev/null  # one float32 step each, under 8 MB, carried back
+    ls -l "$FIG"/trace_*.json.gz 2>/dev/null || true  # one float32 step each, under 8 MB
 }
 
-stage_ddp_e2e_baseline() {
+stage_baseline() {
     local baseline=${GPU_CHECK_BASELINE:-} arguments=() built
     if [[ -z $baseline || ! -d $baseline/gtopk_hvd ]]; then
         echo "no GPU_CHECK_BASELINE folder with a gtopk_hvd/ in it: nothing to compare with"
@@ -221,15 +224,23 @@ stage_ddp_e2e_baseline() {
     export PYTHONPATH="$baseline"  # of this tree comes before the baseline's package
     "$PY" -c "import gtopk_hvd, sys; print('baseline package:', gtopk_hvd.__file__)
 sys.exit(not gtopk_hvd.__file__.startswith('$baseline'))" || return
-    "$PY" "$REPO_ROOT/scripts/gpu_e2e.py" "${arguments[@]}"
+    "$PY" "$REPO_ROOT/scripts/gpu_e2e.py" "${arguments[@]}" || return
+    local sizes=(--sizes 25.6e6)
+    [[ $DEVICE == cpu ]] && sizes=()
+    "$PY" "$REPO_ROOT/scripts/gpu_step.py" $(step_arguments step_baseline.json) "${sizes[@]}" \
+        --no-granularity
+}
+
+step_arguments() {  # name of the JSON file: gpu_step.py's arguments for this device mode
+    if [[ $DEVICE == cpu ]]; then
+        echo --device cpu --sizes 2e5 --steps 2 --json "$FIG/$1"
+    else
+        echo --steps "$STEP_REPEATS" --json "$FIG/$1"
+    fi
 }
 
 stage_step_memory() {
-    if [[ $DEVICE == cpu ]]; then
-        "$PY" scripts/gpu_step.py --device cpu --sizes 2e5 --steps 2 --json "$FIG/step.json"
-    else
-        "$PY" scripts/gpu_step.py --json "$FIG/step.json"
-    fi
+    "$PY" scripts/gpu_step.py $(step_arguments step.json)
 }
 
 stage_profile() {
@@ -305,7 +316,11 @@ stage_tests() {
     # worksteal (xdist >= 3.2) rebalances the long full-sort references between workers
     "$PY" -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" \
         2>/dev/null && args+=(--dist worksteal)
-    "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 170)
+    # A test blocked in native code (a CUDA or collective call) never returns to Python, where
+    # pytest-timeout's default signal would act: its thread method, and faulthandler's watchdog
+    # before it, print every thread's stack and end that worker, so the stage names the test.
+    args+=(-o faulthandler_timeout=60)
+    "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 90 --timeout-method thread)
     # the full-sort references at d = 2^24 (25-47 s each on an H100) passed on the first GPU run
     # and their kernel is unchanged: GPU_CHECK_FULL_TESTS=1 runs them too
     local filter="not 16777216"
@@ -319,7 +334,7 @@ stage_tests() {
 }
 
 export -f stage_machine nccl_home stage_horovod_build stage_build e2e_arguments stage_ddp_e2e \
-    stage_ddp_e2e_baseline \
+    stage_baseline step_arguments \
     stage_step_memory stage_profile stage_bench_memory stage_bench_topk stage_bench_select stage_horovod_run \
     stage_tests
 
@@ -366,8 +381,8 @@ start_horovod_build
 run_stage build 240 bash -c stage_build
 run_stage tests 180 --signal INT bash -c stage_tests
 run_stage ddp_e2e 150 bash -c stage_ddp_e2e
-run_stage ddp_e2e_baseline 150 bash -c stage_ddp_e2e_baseline
 run_stage step_memory 100 bash -c stage_step_memory
+run_stage baseline 170 bash -c stage_baseline
 run_stage profile 60 bash -c stage_profile
 run_stage bench_topk 40 bash -c stage_bench_topk
 run_stage bench_select 30 bash -c stage_bench_select

@@ -25,10 +25,10 @@ STAGES = [
     ("horovod_build", "build Horovod 0.28.1 with NCCL from the bundled sdist (background)"),
     ("ddp_e2e", "DDP hook end to end: ResNet-50, every scheme, float32 / bf16 / fp16+scaler, "
                 "host syncs (scripts/gpu_e2e.py)"),
-    ("ddp_e2e_baseline", "the same end to end on GPU_CHECK_BASELINE's Python (another "
-                         "commit), this build's extension: before and after on one machine"),
     ("step_memory", "SparseStep per scheme at P = 1: time vs the fused kernel, peak memory, "
                     "granularity (scripts/gpu_step.py)"),
+    ("baseline", "ddp_e2e and step_memory (d = 25.6M) on GPU_CHECK_BASELINE's Python (another "
+                 "commit) with this build's extension: before and after on one machine"),
     ("profile", "where the time goes: the top-k kernel's and each step's device kernels beside "
                 "its wall time (scripts/gpu_profile.py)"),
     ("bench_memory", "python -m gtopk_hvd.bench memory (when the command exists)"),
@@ -127,13 +127,32 @@ def baseline_comparison(e2e: dict, baseline: dict | None) -> list[str]:
     return out + [""]
 
 
+def step_baseline_comparison(step: dict, baseline: dict | None) -> list[str]:
+    """Markdown rows: each scheme's step() and update() medians on the baseline's Python and on
+    this tree's, at the sizes both measured in one call (the baseline stage), and the change."""
+    if not baseline or not baseline.get("sizes"):
+        return []
+    out = ["### SparseStep against the baseline's Python, same machine and call", "",
+           "| d | scheme | call | baseline ms | this tree ms | change |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for d, entry in baseline["sizes"].items():
+        ours = step.get("sizes", {}).get(d, {}).get("schemes", {})
+        for name, before in entry.get("schemes", {}).items():
+            for call, key in (("step()", "median_s"), ("update()", "update_median_s")):
+                old, new = before.get(key), ours.get(name, {}).get(key)
+                change = f"{(new / old - 1) * 100:+.1f}%" if old and new else ""
+                out.append(f"| {int(d):,} | {name} | {call} | {_msv(old)} | {_msv(new)} | "
+                           f"{change} |")
+    return out + [""]
+
+
 class Report:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.stages = read_stages(work)
         self.figures = {name: load_json(work / f"{name}.json") for name in
-                        ("machine", "build", "e2e", "e2e_baseline", "step", "topk", "select",
-                         "horovod", "profile")}
+                        ("machine", "build", "e2e", "e2e_baseline", "step", "step_baseline",
+                         "topk", "select", "horovod", "profile")}
         self.figures["tests"] = tests_summary(work)
         self.targets: list[dict] = []
 
@@ -413,6 +432,7 @@ class Report:
                         f"{_fmt(r.get('memory_target_x_gradient'), '')} | "
                         f"{_cell(r.get('error') or r.get('skipped') or r.get('note', ''))} |")
             out.append("")
+            out += step_baseline_comparison(step, self.figures["step_baseline"])
         for name, title in (("topk", "bench topk"), ("select", "bench select")):
             rows = self.figures[name]
             if rows:

@@ -154,3 +154,32 @@ def test_the_check_runs_dry_on_the_cpu(tmp_path: Path) -> None:
     assert stages["horovod_build"]["status"] == "failed"  # no bundle: recorded, not fatal
     assert "gpu_bundle.sh" in stages["horovod_build"]["note"]
     assert stages["tests"]["status"] == "not run"
+
+
+def test_the_baseline_stage_measures_another_tree_on_the_same_machine(tmp_path: Path) -> None:
+    """GPU_CHECK_BASELINE: ddp_e2e's and step_memory's measurements run again on another tree's
+    Python (here a copy of this one's, without its extension: the stage copies the build in),
+    and the report sets each configuration's two figures side by side."""
+    baseline = tmp_path / "baseline"
+    shutil.copytree(REPO_ROOT / "gtopk_hvd", baseline / "gtopk_hvd",
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_PYTHON": sys.executable,
+           "OUT": str(out), "GPU_CHECK_WORK": str(tmp_path / "work"),
+           "GPU_CHECK_STAGES": "ddp_e2e step_memory baseline",
+           "GPU_CHECK_BASELINE": str(baseline), "OMP_NUM_THREADS": "1",
+           "GPU_CHECK_E2E_ARGS": "--schemes dense gtopk-0.001 --precisions float32"}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    report = json.loads((out / "gpu_report.json").read_text())
+    stages = {s["stage"]: s for s in report["stages"]}
+    assert stages["baseline"]["status"] == "ok", stages["baseline"]
+    assert list(baseline.glob("gtopk_hvd/_C*.so")), "the build was not copied in"
+    assert [(r["precision"], r["scheme"]) for r in report["figures"]["e2e_baseline"]["runs"]] == [
+        ("float32", "dense"), ("float32", "gtopk-0.001")]
+    markdown = (out / "gpu_report.md").read_text()
+    for row in ("| float32 | dense |", "| float32 | gtopk-0.001 |"):
+        line = markdown[markdown.index("against the baseline"):].split(row)[1].split("\n")[0]
+        assert line.rstrip().endswith("% |"), line  # both medians, and the change
+    assert "| 200,000 | gtopk | update() |" in markdown
