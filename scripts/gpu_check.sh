@@ -225,10 +225,9 @@ stage_baseline() {
     "$PY" -c "import gtopk_hvd, sys; print('baseline package:', gtopk_hvd.__file__)
 sys.exit(not gtopk_hvd.__file__.startswith('$baseline'))" || return
     "$PY" "$REPO_ROOT/scripts/gpu_e2e.py" "${arguments[@]}" || return
-    local sizes=(--sizes 25.6e6)
-    [[ $DEVICE == cpu ]] && sizes=()
-    "$PY" "$REPO_ROOT/scripts/gpu_step.py" $(step_arguments step_baseline.json) "${sizes[@]}" \
-        --no-granularity
+    read -r -a arguments <<<"$(step_arguments step_baseline.json)"
+    [[ $DEVICE == cuda ]] && arguments+=(--sizes 25.6e6)
+    "$PY" "$REPO_ROOT/scripts/gpu_step.py" "${arguments[@]}" --no-granularity
 }
 
 step_arguments() {  # name of the JSON file: gpu_step.py's arguments for this device mode
@@ -240,7 +239,9 @@ step_arguments() {  # name of the JSON file: gpu_step.py's arguments for this de
 }
 
 stage_step_memory() {
-    "$PY" scripts/gpu_step.py $(step_arguments step.json)
+    local arguments=()
+    read -r -a arguments <<<"$(step_arguments step.json)"
+    "$PY" scripts/gpu_step.py "${arguments[@]}"
 }
 
 stage_profile() {
@@ -317,8 +318,9 @@ stage_tests() {
     "$PY" -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" \
         2>/dev/null && args+=(--dist worksteal)
     # A test blocked in native code (a CUDA or collective call) never returns to Python, where
-    # pytest-timeout's default signal would act: its thread method, and faulthandler's watchdog
-    # before it, print every thread's stack and end that worker, so the stage names the test.
+    # pytest-timeout's default signal would act: faulthandler's watchdog prints every thread's
+    # stack at 60 s, and pytest-timeout's thread method ends that worker at 90 s (the test then
+    # fails, named), so the stage goes on.
     args+=(-o faulthandler_timeout=60)
     "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout 90 --timeout-method thread)
     # the full-sort references at d = 2^24 (25-47 s each on an H100) passed on the first GPU run
