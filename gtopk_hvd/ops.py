@@ -573,12 +573,7 @@ def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
                              _FAST_VALUE_TYPES.get(value_a.dtype.char, "unsupported"),
                              *(out or (None, None)))
     if is_cuda(value_a):
-        indices, values = _cuda_merge_topk(index_a, value_a, index_b, value_b, k)
-        if out is None:
-            return indices, values
-        out[0][:indices.numel()].copy_(indices)
-        out[1][:values.numel()].copy_(values)
-        return out[0][:indices.numel()], out[1][:values.numel()]
+        return _cuda_merge_topk(index_a, value_a, index_b, value_b, k, out)
     ia, va = as_numpy(index_a, "index_a", values=False), as_numpy(value_a, "value_a")
     ib, vb = as_numpy(index_b, "index_b", values=False), as_numpy(value_b, "value_b")
     out_index = out_value = None
@@ -1208,8 +1203,12 @@ def _check_range(begin: int, end: int, d: int) -> None:
         raise ValueError(f"need 0 <= begin <= end <= d, got begin={begin}, end={end}, d={d}")
 
 
-def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
-                     k: int) -> tuple[Any, Any]:
+def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
+                     out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """The CUDA merge, written into `out` (copied there unless its tensors can take the
+    kernel's output: contiguous, the inputs' dtypes, on their device, room for the result), else
+    into new tensors. With a set of k entries on either side, nothing waits for the device
+    (cuda_ops.h)."""
     _require_cuda_build()
     device = value_a.device
     for tensor, what in ((index_a, "index_a"), (value_a, "value_a"), (index_b, "index_b"),
@@ -1220,8 +1219,14 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
     if index_a.dtype != index_b.dtype or value_a.dtype != value_b.dtype:
         raise TypeError("sets a and b must have the same index dtype and value dtype")
     n_a, n_b = index_a.numel(), index_b.numel()
-    indices, values, value_type, index_type = _cuda_outputs(value_a, min(k, n_a + n_b), n_a + n_b,
-                                                            index_a.dtype)
+    size = min(k, n_a + n_b)
+    direct = out is not None and _takes_merge(out, index_a, value_a, size)
+    if direct:  # the kernels read both sets before they write the result: out may be either
+        indices, values = out
+        value_type, index_type = _cuda_value_type(values.dtype), _cuda_index_type(indices.dtype)
+    else:
+        indices, values, value_type, index_type = _cuda_outputs(value_a, size, n_a + n_b,
+                                                                index_a.dtype)
     with _on_device(device):
         workspace = _workspace(
             _C.cuda_merge_topk_workspace_bytes(value_type, index_type, n_a, n_b, k), device)
@@ -1230,7 +1235,18 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any,
                                value_b.data_ptr(), n_b, k, indices.data_ptr(),
                                values.data_ptr(), _stream(device), workspace.data_ptr(),
                                workspace.numel())
+    if out is not None and not direct:
+        out[0][:n].copy_(indices[:n])
+        out[1][:n].copy_(values[:n])
+        indices, values = out
     return indices[:n], values[:n]
+
+
+def _takes_merge(out: tuple[Any, Any], index_like: Any, value_like: Any, size: int) -> bool:
+    """Whether the merge kernel can write into out = (indices, values) directly."""
+    return all(is_cuda(t) and t.device == value_like.device and t.is_contiguous()
+               and t.numel() >= size for t in out) and (
+        out[0].dtype == index_like.dtype and out[1].dtype == value_like.dtype)
 
 
 def _cuda_mark_survivors(local_indices: Any, global_indices: Any) -> Any:

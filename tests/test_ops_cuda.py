@@ -221,6 +221,58 @@ def test_cuda_merge_matches_reference_and_is_symmetric(n: int, d: int, k: int) -
     assert torch.equal(swapped[0], indices) and torch.equal(swapped[1], values)
 
 
+@pytest.mark.parametrize("n_a,n_b,k,overlap", [
+    (100, 0, 100, 0.0), (300, 0, 100, 0.0), (0, 300, 100, 0.0), (100, 40, 100, 0.5),
+    (100, 100, 100, 1.0), (1000, 1000, 1000, 0.9), (1000, 999, 1000, 0.0), (5, 7000, 6000, 0.0)])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_cuda_merge_with_a_full_set_waits_for_nothing_and_matches_the_reference(
+        n_a: int, n_b: int, k: int, overlap: float, index_dtype: type) -> None:
+    """A set of k entries on either side (gTop-k's rounds): the union holds at least k, so the
+    merge selects over the whole merged length with the places past the union zeroed, enqueued
+    without a host wait (checked with the stream kept busy), equal to numpy's reference bit
+    for bit, ties and zeros included (values drawn from a few integers), written into `out`."""
+    rng = np.random.default_rng([n_a, n_b, k])
+    d = 4 * (n_a + n_b) + 10
+    index_a = np.sort(rng.choice(d, size=n_a, replace=False))
+    shared = rng.choice(index_a, size=min(int(overlap * n_b), n_a), replace=False)
+    rest = rng.choice(np.setdiff1d(np.arange(d), index_a), size=n_b - shared.size, replace=False)
+    index_b = np.sort(np.concatenate([shared, rest]))
+    value_a = rng.integers(-3, 4, n_a).astype(np.float32)
+    value_b = rng.integers(-3, 4, n_b).astype(np.float32)
+    gpu = [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in (
+        index_a.astype(index_dtype), value_a, index_b.astype(index_dtype), value_b)]
+    out = (torch.full((k,), -1, dtype=gpu[0].dtype, device="cuda"),
+           torch.full((k,), 99.0, device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # keeps the stream busy for tens of ms
+    indices, values = ops.merge_topk(*gpu, k, out=out)
+    assert not torch.cuda.current_stream().query(), "the merge waited for the device"
+    assert indices.data_ptr() == out[0].data_ptr() and values.data_ptr() == out[1].data_ptr()
+    expected_index, expected_value = merge_reference(index_a.astype(index_dtype), value_a,
+                                                     index_b.astype(index_dtype), value_b, k)
+    assert len(expected_index) == k
+    np.testing.assert_array_equal(indices.cpu().numpy(), expected_index)
+    assert values.cpu().numpy().tobytes() == expected_value.tobytes()
+    swapped = ops.merge_topk(gpu[2], gpu[3], gpu[0], gpu[1], k)
+    assert torch.equal(swapped[0], indices) and torch.equal(swapped[1], values)
+
+
+def test_cuda_merge_into_an_out_it_cannot_write_directly_copies_there() -> None:
+    """`out` of another index dtype than the sets': the merge's result is copied into it."""
+    rng = np.random.default_rng(9)
+    sets = [np.sort(rng.choice(5000, size=800, replace=False)).astype(np.int32)
+            for _ in range(2)]
+    gpu = [torch.from_numpy(a).cuda() for a in (
+        sets[0], rng.standard_normal(800).astype(np.float32),
+        sets[1], rng.standard_normal(800).astype(np.float32))]
+    expected = ops.merge_topk(*gpu, 500)
+    out = (torch.zeros(600, dtype=torch.int64, device="cuda"),
+           torch.zeros(600, device="cuda"))
+    indices, values = ops.merge_topk(*gpu, 500, out=out)
+    assert indices.data_ptr() == out[0].data_ptr()
+    assert torch.equal(indices, expected[0].long()) and torch.equal(values, expected[1])
+
+
 def test_cuda_workspace_from_torch_or_from_the_cache() -> None:
     d, k = 1 << 20, 1000
     x = on_gpu(make_input("normal", d, np.float64), "float32")

@@ -6,10 +6,14 @@
 //      index (NaN sums canonicalised to one quiet NaN, so merge(a, b) == merge(b, a) bit for
 //      bit), and the matching b entry is dropped.
 //   2. cub::DeviceScan::InclusiveSum over the kept flags gives each kept entry its position in
-//      the union, which stays index-sorted; the union size comes back to the host (the one
-//      synchronisation point besides the final one).
+//      the union, which stays index-sorted.
 //   3. Top-min(k, union) of the union by the engine of select_engine.cuh (positions in the
 //      union order ties exactly as indices do), then positions are mapped back to indices.
+//      When one set alone holds k entries (gTop-k's rounds: k and k), the union holds at least
+//      k and the result exactly k: the selection runs over the whole merged length, the places
+//      past the union set to zero on the device (the smallest key, at later positions than any
+//      union entry: never chosen), and nothing waits for the host. Otherwise the union's size
+//      comes back to the host first, and the stream is synchronised before returning.
 // restore_residual: one elementwise scatter-add over the n entries (indices are unique).
 #include <cuda_runtime.h>
 
@@ -111,6 +115,14 @@ __global__ void restore_kernel(T* residual, const Index* index, const T* value,
     if (j < n && restore[j]) residual[index[j]] += value[j];
 }
 
+// union_value[p] = 0 past the union (p >= its size, the inclusive sum's last entry).
+template <typename T>
+__global__ void zero_past_union_kernel(const int64_t* position, int64_t n_merged,
+                                       T* union_value) {
+    const int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+    if (p < n_merged && p >= position[n_merged - 1]) union_value[p] = T(0);
+}
+
 int grid_for(int64_t n) { return static_cast<int>(detail::blocks_for(n, kThreads)); }
 
 // Where merge_topk's scratch lies in the workspace. The engine's share comes last, sized for the
@@ -170,6 +182,27 @@ int64_t merge_in_workspace(const MergeLayout<T, Index>& layout, const Index* ind
     compact_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
         merged_index, merged_value, keep, position, n_merged, union_index, union_value);
     GTOPK_CUDA_CHECK_LAUNCH("compact_kernel");
+    const Workspace engine_scratch{detail::piece<char>(scratch, layout.at_select),
+                                   layout.bytes - layout.at_select};
+    if (std::max(n_a, n_b) >= k) {  // exactly k out, no host wait (step 3)
+        if (k >= n_merged) {  // one set empty: the union is the other, whole
+            GTOPK_CUDA_CHECK(cudaMemcpyAsync(index_out, union_index, k * sizeof(Index),
+                                             cudaMemcpyDeviceToDevice, stream));
+            GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, k * sizeof(T),
+                                             cudaMemcpyDeviceToDevice, stream));
+            return k;
+        }
+        zero_past_union_kernel<T><<<grid_for(n_merged), kThreads, 0, stream>>>(
+            position, n_merged, union_value);
+        GTOPK_CUDA_CHECK_LAUNCH("zero_past_union_kernel");
+        detail::select_topk<T, Index>(detail::plan_select<T, Index>(n_merged, k),
+                                      detail::ReadValues<T>{union_value}, union_value, selected,
+                                      value_out, nullptr, engine_scratch, stream);
+        gather_index_kernel<Index><<<grid_for(k), kThreads, 0, stream>>>(union_index, selected, k,
+                                                                         index_out);
+        GTOPK_CUDA_CHECK_LAUNCH("gather_index_kernel");
+        return k;
+    }
     int64_t n_union = 0;
     GTOPK_CUDA_CHECK(cudaMemcpyAsync(&n_union, position + (n_merged - 1), sizeof(int64_t),
                                      cudaMemcpyDeviceToHost, stream));
@@ -182,8 +215,6 @@ int64_t merge_in_workspace(const MergeLayout<T, Index>& layout, const Index* ind
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, n * sizeof(T),
                                          cudaMemcpyDeviceToDevice, stream));
     } else {
-        const Workspace engine_scratch{detail::piece<char>(scratch, layout.at_select),
-                                       layout.bytes - layout.at_select};
         detail::select_topk<T, Index>(detail::plan_select<T, Index>(n_union, n),
                                       detail::ReadValues<T>{union_value}, union_value, selected,
                                       value_out, nullptr, engine_scratch, stream);

@@ -2,10 +2,10 @@
 //
 // All pointers are device pointers of the current device (but accumulate_count's histogram, in
 // host memory). `stream` is a cudaStream_t passed as void* (nullptr: the legacy default
-// stream); work is enqueued on it. Functions whose result count is data-dependent (merge_topk,
-// accumulate_count, threshold_indices) synchronise the stream to return it; the others return
-// min(k, d) without synchronising. Errors (CUDA failures) are thrown as std::runtime_error
-// naming the CUDA call; bad arguments as std::invalid_argument.
+// stream); work is enqueued on it. Functions whose result count is data-dependent (merge_topk
+// unless one set holds k entries, accumulate_count, threshold_indices) synchronise the stream to
+// return it; the others return min(k, d) without synchronising. Errors (CUDA failures) are
+// thrown as std::runtime_error naming the CUDA call; bad arguments as std::invalid_argument.
 //
 // Scratch memory: `workspace` is device memory of at least the bytes that the matching
 // *_workspace_bytes function returns for the same arguments, 256-byte aligned, left to the
@@ -67,7 +67,9 @@ size_t merge_topk_workspace_bytes(ValueType value_type, IndexType index_type, in
                                   int64_t n_b, int64_t k);
 
 // union of two index-sorted sets with values summed, then top-k, index-sorted.
-// float32 / float64 only. Symmetric in (a, b) bit for bit. Synchronises `stream`.
+// float32 / float64 only. Symmetric in (a, b) bit for bit. When one set holds at least k entries
+// (so the result holds k), enqueues only and returns k; otherwise synchronises `stream` to
+// return min(k, union).
 int64_t merge_topk(ValueType value_type, IndexType index_type, const void* index_a,
                    const void* value_a, int64_t n_a, const void* index_b, const void* value_b,
                    int64_t n_b, int64_t k, void* out_index, void* out_value, void* stream,
