@@ -112,7 +112,7 @@ def tests_summary(work: Path) -> dict | None:
 
 def baseline_comparison(e2e: dict, baseline: dict | None) -> list[str]:
     """Markdown rows: each configuration's median step on the baseline's Python and on this
-    tree's, measured in one call (the ddp_e2e_baseline stage), and the change."""
+    tree's, measured in one call (the baseline stage), and the change."""
     if not baseline or not baseline.get("runs"):
         return []
     before = {(r["precision"], r["scheme"]): r.get("median_s") for r in baseline["runs"]}
@@ -121,9 +121,8 @@ def baseline_comparison(e2e: dict, baseline: dict | None) -> list[str]:
            "| --- | --- | --- | --- | --- |"]
     for run in e2e.get("runs", []):
         old, new = before.get((run["precision"], run["scheme"])), run.get("median_s")
-        change = f"{(new / old - 1) * 100:+.1f}%" if old and new else ""
         out.append(f"| {run['precision']} | {run['scheme']} | {_msv(old)} | {_msv(new)} | "
-                   f"{change} |")
+                   f"{_change(old, new)} |")
     return out + [""]
 
 
@@ -140,9 +139,8 @@ def step_baseline_comparison(step: dict, baseline: dict | None) -> list[str]:
         for name, before in entry.get("schemes", {}).items():
             for call, key in (("step()", "median_s"), ("update()", "update_median_s")):
                 old, new = before.get(key), ours.get(name, {}).get(key)
-                change = f"{(new / old - 1) * 100:+.1f}%" if old and new else ""
                 out.append(f"| {int(d):,} | {name} | {call} | {_msv(old)} | {_msv(new)} | "
-                           f"{change} |")
+                           f"{_change(old, new)} |")
     return out + [""]
 
 
@@ -489,6 +487,11 @@ def _fmt(value: Any, unit: str) -> str:
 
 def _ms(seconds: Any) -> str:
     return "" if seconds is None else f" ({seconds * 1e3:.3f} ms)"
+
+
+def _change(old: float | None, new: float | None) -> str:
+    """new against old in percent, signed; empty unless both were measured."""
+    return f"{(new / old - 1) * 100:+.1f}%" if old and new else ""
 
 
 def _msv(seconds: Any) -> str:
