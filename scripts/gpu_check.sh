@@ -200,7 +200,7 @@ e2e_arguments() {  # name of the JSON file: gpu_e2e.py's arguments for this devi
         echo --device cpu --model tiny --batch 8 --steps 3 --warmup 1 --syncs "${extra[@]}" \
             --json "$FIG/$1"
     else
-        echo --syncs "${extra[@]}" --json "$FIG/$1"
+        echo --syncs --rounds 5 --steps 6 "${extra[@]}" --json "$FIG/$1"
     fi
 }
 

@@ -15,6 +15,12 @@ zero_grad to the optimizer's step, the device synchronised before and after. The
 the timed steps that were not skipped is the figure; its ratio to the dense baseline of the same
 precision is the target's (<= 1.03: within +3%).
 
+--rounds R (> 1): a machine whose step times drift by more than the difference sought (runs 7
+and 8 on an H200: 20-40% between a configuration's steps) would rank configurations measured one
+after another by when they ran. With rounds, a precision's configurations are made together,
+warmed up, and then take --steps timed steps each in turn, R times, so a slow phase falls on
+all alike; the figure is the median over every round's steps (each round's median recorded).
+
 float16: GradScaler starts at --init-scale (2^24: the first steps overflow, so the skip path
 runs); a step counts as skipped when the scale drops. An exception in a configuration (e.g. the
 sparse path's TypeError at the first overflow) is recorded with its traceback and the next
@@ -97,6 +103,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
                         choices=list(PRECISIONS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="> 1: a precision's configurations side by side, --steps timed "
+                             "steps each per round, in turn (module docstring)")
     parser.add_argument("--config-budget-s", type=float, default=20.0,
                         help="seconds one configuration may take: a slow scheme gets fewer "
                              "warm-up and timed steps (at least one timed)")
@@ -199,12 +208,59 @@ def measure(run: Run, args: argparse.Namespace, record: dict) -> None:
             skipped_flags.append(skipped)
         if len(times) >= args.steps or (times and time.perf_counter() - began > budget):
             break
+    summarise(record, times, skipped_flags, losses, began)
+
+
+def summarise(record: dict, times: list[float], skipped_flags: list[bool], losses: list[float],
+              began: float) -> None:
+    """The configuration's figure: the median of its timed steps that were not skipped."""
     kept = [t for t, s in zip(times, skipped_flags) if not s] or times
     record.update(median_s=statistics.median(kept), timed_steps=len(times),
                   timed_skipped=sum(skipped_flags), min_s=min(kept), max_s=max(kept),
                   first_loss=losses[0], last_loss=losses[-1],
                   finite_loss=all(map(_finite, losses[-3:])),
                   seconds=time.perf_counter() - began)
+
+
+def measure_in_rounds(runs: dict[str, Run], records: dict[str, dict],
+                      args: argparse.Namespace) -> None:
+    """--rounds R > 1 (module docstring): the configurations of one precision warmed up, then R
+    rounds in which each takes --steps timed steps in turn; a configuration that raises is
+    recorded and leaves the rounds."""
+    began = time.perf_counter()
+    times: dict[str, list[float]] = {scheme: [] for scheme in runs}
+    flags: dict[str, list[bool]] = {scheme: [] for scheme in runs}
+    losses: dict[str, list[float]] = {scheme: [] for scheme in runs}
+
+    def steps(scheme: str, count: int, timed: bool) -> None:
+        record = records[scheme]
+        for _ in range(count):
+            seconds, loss, skipped = runs[scheme].timed_step()
+            record["steps_done"] = record.get("steps_done", 0) + 1
+            record["skipped_steps"] = record.get("skipped_steps", 0) + int(skipped)
+            losses[scheme].append(loss)
+            if timed:
+                times[scheme].append(seconds)
+                flags[scheme].append(skipped)
+
+    for round_ in range(args.rounds + 1):  # round 0: DDP's dense iterations and the warm-up
+        for scheme in list(runs):
+            try:
+                if round_ == 0:
+                    steps(scheme, START_ITER + args.warmup, timed=False)
+                else:
+                    steps(scheme, args.steps, timed=True)
+                    kept = [t for t, s in zip(times[scheme][-args.steps:],
+                                              flags[scheme][-args.steps:]) if not s]
+                    records[scheme].setdefault("round_medians_s", []).append(
+                        statistics.median(kept) if kept else None)
+            except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
+                records[scheme].update(error_record(error))
+                print(f"   {scheme} FAILED: {records[scheme]['error']}", flush=True)
+                del runs[scheme]
+    for scheme in runs:
+        if times[scheme]:
+            summarise(records[scheme], times[scheme], flags[scheme], losses[scheme], began)
 
 
 def warm_up(args: argparse.Namespace, precision: str, device: torch.device) -> None:
@@ -305,6 +361,76 @@ def init_group(device: torch.device) -> None:
                             world_size=1)
 
 
+def measure_precision(args: argparse.Namespace, precision: str, device: torch.device,
+                      out: JsonRecord, trace_dir: str) -> None:
+    """Every scheme's configuration in one precision: one after another (each a fresh model,
+    made, measured, let go), or side by side in rounds (--rounds > 1); then, in float32, the
+    host synchronisations and traces asked for; ratios to dense's figure."""
+    records: dict[str, dict[str, Any]] = {}
+    for scheme in args.schemes:
+        records[scheme] = {"precision": precision, "scheme": scheme}
+        out.data["runs"].append(records[scheme])
+    runs: dict[str, Run] = {}
+    for scheme in args.schemes:
+        if args.rounds == 1:
+            print(f"== {precision} {scheme}", flush=True)
+        try:
+            runs[scheme] = Run(args, precision, scheme, device)
+            if args.rounds == 1:
+                measure(runs[scheme], args, records[scheme])
+                finish(runs.pop(scheme), records[scheme], args, trace_dir)
+        except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
+            records[scheme].update(error_record(error))
+            print(f"   FAILED: {records[scheme]['error']}", flush=True)
+            runs.pop(scheme, None)
+        release(device)
+        if args.rounds == 1:
+            report(records, scheme, out)
+    if args.rounds > 1:
+        print(f"== {precision}: {', '.join(runs)} in {args.rounds} rounds of {args.steps} "
+              "steps", flush=True)
+        measure_in_rounds(runs, records, args)
+        for scheme in list(runs):
+            try:
+                finish(runs.pop(scheme), records[scheme], args, trace_dir)
+            except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
+                records[scheme].update(error_record(error))
+            release(device)
+        for scheme in args.schemes:
+            report(records, scheme, out)
+
+
+def finish(run: Run, record: dict, args: argparse.Namespace, trace_dir: str) -> None:
+    """After the timed steps, float32 only: host synchronisations and a trace, if asked."""
+    if "median_s" not in record or run.precision != "float32":
+        return
+    if args.syncs:
+        record["syncs"] = count_syncs(run, record["median_s"] > 1.0)
+    if record["scheme"] in args.trace:
+        record["trace"] = write_trace(run, record["scheme"], trace_dir)
+
+
+def release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def report(records: dict[str, dict], scheme: str, out: JsonRecord) -> None:
+    """The configuration's ratio to dense's figure, printed; the JSON saved."""
+    record, dense = records[scheme], records.get("dense", {}).get("median_s")
+    if dense and "median_s" in record:
+        record["ratio_to_dense"] = record["median_s"] / dense
+    if "median_s" in record:
+        rounds = record.get("round_medians_s")
+        print(f"   {scheme}: median {record['median_s'] * 1e3:.2f} ms over "
+              f"{record['timed_steps']} steps, ratio to dense "
+              f"{record.get('ratio_to_dense', float('nan')):.3f}, skipped "
+              f"{record['skipped_steps']}"
+              + (f", rounds {[round(r * 1e3, 2) for r in rounds if r]} ms" if rounds else "")
+              + (f", syncs {record['syncs']}" if "syncs" in record else ""), flush=True)
+    out.save()
+
+
 def main() -> None:
     args = parse_arguments()
     dump_stacks_on_term()
@@ -328,38 +454,7 @@ def main() -> None:
     try:
         for precision in args.precisions:
             warm_up(args, precision, device)
-            dense = None
-            for scheme in args.schemes:
-                record: dict[str, Any] = {"precision": precision, "scheme": scheme}
-                out.data["runs"].append(record)
-                print(f"== {precision} {scheme}", flush=True)
-                run = None
-                try:
-                    run = Run(args, precision, scheme, device)
-                    measure(run, args, record)
-                    if args.syncs and precision == "float32":
-                        record["syncs"] = count_syncs(run, record["median_s"] > 1.0)
-                    if scheme in args.trace and precision == "float32":
-                        record["trace"] = write_trace(run, scheme, trace_dir)
-                except Exception as error:  # noqa: BLE001 - a failed configuration is a figure
-                    record.update(error_record(error))
-                    print(f"   FAILED: {record['error']}", flush=True)
-                finally:
-                    del run
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                if scheme == "dense" and "median_s" in record:
-                    dense = record["median_s"]
-                if dense and "median_s" in record:
-                    record["ratio_to_dense"] = record["median_s"] / dense
-                if "median_s" in record:
-                    print(f"   median {record['median_s'] * 1e3:.2f} ms over "
-                          f"{record['timed_steps']} steps, ratio to dense "
-                          f"{record.get('ratio_to_dense', float('nan')):.3f}, skipped "
-                          f"{record['skipped_steps']}"
-                          + (f", syncs {record['syncs']}" if "syncs" in record else ""),
-                          flush=True)
-                out.save()
+            measure_precision(args, precision, device, out, trace_dir)
     finally:
         out.save()
         dist.destroy_process_group()

@@ -183,3 +183,27 @@ def test_the_baseline_stage_measures_another_tree_on_the_same_machine(tmp_path: 
         line = markdown[markdown.index("against the baseline"):].split(row)[1].split("\n")[0]
         assert line.rstrip().endswith("% |"), line  # both medians, and the change
     assert "| 200,000 | gtopk | update() |" in markdown
+
+
+def test_the_end_to_end_in_rounds_times_every_configuration_in_each_round(
+        tmp_path: Path) -> None:
+    """gpu_e2e.py --rounds: a precision's configurations side by side, --steps timed steps each
+    per round; the figure the median over all rounds' steps, each round's median recorded, and
+    the float32 counts and traces taken after the rounds as without them."""
+    out = tmp_path / "e2e.json"
+    run_script(str(SCRIPTS / "gpu_e2e.py"), "--device", "cpu", "--model", "tiny", "--batch", "4",
+               "--steps", "2", "--warmup", "1", "--rounds", "3", "--schemes", "dense",
+               "gtopk-0.001", "--precisions", "float32", "float16-amp", "--syncs", "--trace",
+               "gtopk-0.001", "--json", str(out))
+    runs = {(r["precision"], r["scheme"]): r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {(p, s) for p in ("float32", "float16-amp")
+                         for s in ("dense", "gtopk-0.001")}
+    for run in runs.values():
+        assert "error" not in run, run
+        assert run["timed_steps"] == 6 and len(run["round_medians_s"]) == 3
+        assert run["steps_done"] == 6 + 2 + 1  # DDP's 2 dense iterations and 1 warm-up step
+        assert run["ratio_to_dense"] > 0
+    assert runs["float32", "dense"]["ratio_to_dense"] == 1.0
+    assert "runtime_blocking_calls_per_step" in runs["float32", "gtopk-0.001"]["syncs"]
+    assert (tmp_path / runs["float32", "gtopk-0.001"]["trace"]["path"]).exists()
+    assert runs["float16-amp", "dense"]["skipped_steps"] >= 1
