@@ -665,7 +665,7 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
 
         values = torch.as_tensor(values, device=dest.device)
         indices = torch.as_tensor(indices, device=dest.device)
-        if _cuda_kernels_take(dest, values, indices):
+        if _sparse_write_kernels_take(dest, values, indices):
             _cuda_check(indices, "indices", dest.device)
             with _on_device(dest.device):
                 _C.cuda_write_sparse(_cuda_value_type(dest.dtype),
@@ -692,7 +692,7 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
     _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
 
 
-def _cuda_kernels_take(values_like: Any, values: Any, indices: Any) -> bool:
+def _sparse_write_kernels_take(values_like: Any, values: Any, indices: Any) -> bool:
     """Whether the CUDA sparse-write kernels take these tensors: built kernels, contiguous
     float32 / float64 values of one dtype, contiguous int32 / int64 indices."""
     return (cuda_built and dtype_name(values_like.dtype) in ("float32", "float64")
@@ -711,7 +711,7 @@ def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
     float64, built kernels): `_C.cuda_restore_unselected`, one launch (a binary search per
     entry), no host wait; elsewhere the mask, then the restore."""
     if (is_cuda(residual) and is_cuda(indices) and is_cuda(selected)
-            and _cuda_kernels_take(residual, values, indices)
+            and _sparse_write_kernels_take(residual, values, indices)
             and selected.dtype == indices.dtype and selected.is_contiguous()):
         for tensor, what in ((indices, "indices"), (values, "values"), (selected, "selected")):
             _cuda_check(tensor, what, residual.device)
