@@ -6,10 +6,12 @@ group (default: the default group, as `init_process_group` made it), e.g. for th
 process-wide instance over the default group.
 
 The reductions pass host numpy arrays; they are wrapped as tensors without a copy
-(`torch.from_numpy`). With the NCCL backend, whose tensors must be on the current CUDA device,
-each buffer is copied to that device and the result back. `sendrecv_tensors` sends tensors that
-are already on the group's device (`tensor_device`: the current GPU under NCCL, the CPU under
-Gloo) as they are: gTop-k's rounds on a GPU's state, with no host copy; `allgather_tensors` and
+(`torch.from_numpy`). With NCCL alone, whose tensors must be on the current CUDA device, each
+buffer is copied to that device and the result back; a group with a CPU backend beside NCCL
+(`init_process_group()` without a backend on a GPU machine: Gloo for CPU tensors, NCCL for CUDA
+ones) sends them from the host. `sendrecv_tensors` sends tensors that are already on the group's
+device (`tensor_device`: the current GPU where NCCL serves CUDA tensors, else the CPU) as they
+are: gTop-k's rounds on a GPU's state, with no host copy; `allgather_tensors` and
 `allreduce_sum_tensors` gather and sum such tensors there (Top-k's sets, the union schemes'
 indices and sums).
 
@@ -62,9 +64,7 @@ class TorchDistributedTransport(Transport):
         self.size = dist.get_world_size(process_group)
         if self.rank < 0:
             raise ValueError("this process is not a member of the process group given")
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if dist.get_backend(process_group) == "nccl" else torch.device("cpu"))
-        self.tensor_device = self.device
+        self.device, self.tensor_device = group_devices(backend_config(process_group))
         self._length_out = np.zeros(1, dtype=np.int64)
         self._length_in = np.zeros(1, dtype=np.int64)
         self._bound = WaitBound(self.abort, wait_timeout_s)
@@ -232,6 +232,30 @@ def default_transport() -> TorchDistributedTransport:
     if _default is None:
         _default = TorchDistributedTransport()
     return _default
+
+
+def backend_config(group: Any = None) -> dict[str, str]:
+    """The group's backend for each device type, e.g. {"cuda": "nccl"} for NCCL, {"cpu": "gloo",
+    "cuda": "gloo"} for Gloo, {"cpu": "gloo", "cuda": "nccl"} for `init_process_group()` without
+    a backend on a GPU machine (torch's `get_backend_config`; a plain backend name where it is
+    missing)."""
+    get = getattr(dist, "get_backend_config", None)
+    text = str(get(group) if get is not None else dist.get_backend(group))
+    if ":" not in text:
+        return {"cuda": text} if text == "nccl" else {"cpu": text}
+    return dict(part.split(":", 1) for part in text.split(","))
+
+
+def group_devices(config: dict[str, str]) -> tuple[torch.device, torch.device]:
+    """(where host messages travel, where the tensor operations take tensors) for a group of
+    this backend config: tensors stay on the current GPU where NCCL serves CUDA tensors (the
+    device reduction then needs no host copy); host bytes travel as CPU tensors where the group
+    has a CPU backend, else through that GPU (NCCL alone takes no CPU tensor)."""
+    cpu = torch.device("cpu")
+    if config.get("cuda") != "nccl":
+        return cpu, cpu
+    gpu = torch.device("cuda", torch.cuda.current_device())
+    return (cpu if "cpu" in config else gpu), gpu
 
 
 def end_process_group() -> None:
