@@ -182,47 +182,35 @@ int64_t merge_in_workspace(const MergeLayout<T, Index>& layout, const Index* ind
     compact_kernel<T, Index><<<grid_for(n_merged), kThreads, 0, stream>>>(
         merged_index, merged_value, keep, position, n_merged, union_index, union_value);
     GTOPK_CUDA_CHECK_LAUNCH("compact_kernel");
-    const Workspace engine_scratch{detail::piece<char>(scratch, layout.at_select),
-                                   layout.bytes - layout.at_select};
-    if (std::max(n_a, n_b) >= k) {  // exactly k out, no host wait (step 3)
-        if (k >= n_merged) {  // one set empty: the union is the other, whole
-            GTOPK_CUDA_CHECK(cudaMemcpyAsync(index_out, union_index, k * sizeof(Index),
-                                             cudaMemcpyDeviceToDevice, stream));
-            GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, k * sizeof(T),
-                                             cudaMemcpyDeviceToDevice, stream));
-            return k;
-        }
+    // Select n of the first `count` entries of the union arrays (step 3).
+    int64_t count = n_merged, n = k;
+    const bool waits = std::max(n_a, n_b) < k;
+    if (waits) {
+        GTOPK_CUDA_CHECK(cudaMemcpyAsync(&count, position + (n_merged - 1), sizeof(int64_t),
+                                         cudaMemcpyDeviceToHost, stream));
+        GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+        n = std::min(k, count);
+    } else if (k < n_merged) {
         zero_past_union_kernel<T><<<grid_for(n_merged), kThreads, 0, stream>>>(
             position, n_merged, union_value);
         GTOPK_CUDA_CHECK_LAUNCH("zero_past_union_kernel");
-        detail::select_topk<T, Index>(detail::plan_select<T, Index>(n_merged, k),
-                                      detail::ReadValues<T>{union_value}, union_value, selected,
-                                      value_out, nullptr, engine_scratch, stream);
-        gather_index_kernel<Index><<<grid_for(k), kThreads, 0, stream>>>(union_index, selected, k,
-                                                                         index_out);
-        GTOPK_CUDA_CHECK_LAUNCH("gather_index_kernel");
-        return k;
-    }
-    int64_t n_union = 0;
-    GTOPK_CUDA_CHECK(cudaMemcpyAsync(&n_union, position + (n_merged - 1), sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, stream));
-    GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
-
-    const int64_t n = std::min(k, n_union);
-    if (n == n_union) {
+    }  // else one set is empty and the other holds exactly k: the union is all of it
+    if (n == count) {
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(index_out, union_index, n * sizeof(Index),
                                          cudaMemcpyDeviceToDevice, stream));
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(value_out, union_value, n * sizeof(T),
                                          cudaMemcpyDeviceToDevice, stream));
     } else {
-        detail::select_topk<T, Index>(detail::plan_select<T, Index>(n_union, n),
+        const Workspace engine_scratch{detail::piece<char>(scratch, layout.at_select),
+                                       layout.bytes - layout.at_select};
+        detail::select_topk<T, Index>(detail::plan_select<T, Index>(count, n),
                                       detail::ReadValues<T>{union_value}, union_value, selected,
                                       value_out, nullptr, engine_scratch, stream);
         gather_index_kernel<Index><<<grid_for(n), kThreads, 0, stream>>>(union_index, selected, n,
                                                                          index_out);
         GTOPK_CUDA_CHECK_LAUNCH("gather_index_kernel");
     }
-    GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (waits) GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
     return n;
 }
 
