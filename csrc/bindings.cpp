@@ -478,13 +478,19 @@ void require_float32(const py::array& a, const char* name) {
     }
 }
 
-py::array_t<float> sketch_table(const py::array& gradient, py::array& residual,
+py::array_t<float> sketch_table(const std::optional<py::array>& gradient, py::array& residual,
                                 const py::array& keys, int64_t columns, bool clear_gradient) {
-    require_accumulation(gradient, residual, clear_gradient);
+    if (gradient) {
+        require_accumulation(*gradient, residual, clear_gradient);
+    } else {
+        require_contiguous_1d(residual, "residual");
+        if (!residual.writeable()) throw py::value_error("residual must be writeable");
+        clear_gradient = false;
+    }
     require_float32(residual, "residual");
     const int rows = sketch_rows(keys, columns);
     py::array_t<float> table({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(columns)});
-    float* g = static_cast<float*>(const_cast<void*>(gradient.data()));
+    float* g = gradient ? static_cast<float*>(const_cast<void*>(gradient->data())) : nullptr;
     float* r = static_cast<float*>(residual.mutable_data());
     const auto* k = static_cast<const uint32_t*>(keys.data());
     float* out = table.mutable_data();
@@ -496,7 +502,7 @@ py::array_t<float> sketch_table(const py::array& gradient, py::array& residual,
 }
 
 py::tuple sketch_select(const py::array& table, const py::array& keys, int64_t columns,
-                        py::array& estimate, int64_t k) {
+                        std::optional<py::array> estimate, int64_t k, int64_t d) {
     const int rows = sketch_rows(keys, columns);
     require_contiguous_1d(table, "table");
     require_float32(table, "table");
@@ -504,15 +510,22 @@ py::tuple sketch_select(const py::array& table, const py::array& keys, int64_t c
         throw py::value_error("the table holds " + std::to_string(table.shape(0)) +
                               " values, rows x columns = " + std::to_string(rows * columns));
     }
-    require_contiguous_1d(estimate, "estimate");
-    require_float32(estimate, "estimate");
-    if (!estimate.writeable()) throw py::value_error("estimate must be writeable");
     require_nonnegative(k);
-    const int64_t d = estimate.shape(0);
+    if (d < 0) throw py::value_error("d must be >= 0, got " + std::to_string(d));
+    float* est = nullptr;
+    if (estimate) {
+        require_contiguous_1d(*estimate, "estimate");
+        require_float32(*estimate, "estimate");
+        if (!estimate->writeable()) throw py::value_error("estimate must be writeable");
+        if (estimate->shape(0) != d) {
+            throw py::value_error("d = " + std::to_string(d) + " but the estimate buffer holds " +
+                                  std::to_string(estimate->shape(0)) + " values");
+        }
+        est = static_cast<float*>(estimate->mutable_data());
+    }
     const int64_t n = std::min(k, d);
     const auto* t = static_cast<const float*>(table.data());
     const auto* key_words = static_cast<const uint32_t*>(keys.data());
-    float* est = static_cast<float*>(estimate.mutable_data());
     py::array_t<float> values(n);
     auto run = [&](auto index_tag) -> py::tuple {
         using Index = decltype(index_tag);
@@ -851,8 +864,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("keys"), py::arg("columns"), py::arg("clear_gradient") = false,
           "residual += gradient; the count sketch of the residual (rows x columns float32).");
     m.def("sketch_select", &sketch_select, py::arg("table"), py::arg("keys"), py::arg("columns"),
-          py::arg("estimate"), py::arg("k"),
-          "estimate = the sketch's estimates; the top-k of |estimate| (indices, values).");
+          py::arg("estimate"), py::arg("k"), py::arg("d"),
+          "The top-k of the sketch's estimates of d entries (indices, values); estimate: a "
+          "buffer of d float32 filled with them, or None (none are stored).");
     m.def("read_pass", &read_pass, py::arg("x"),
           "Benchmark floor: one multi-threaded read of x (returns its largest magnitude key).");
     m.def("mark_survivors", &mark_survivors, py::arg("local_index"), py::arg("global_index"));

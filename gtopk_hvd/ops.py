@@ -483,15 +483,20 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     write), rows scattered adds per entry. CUDA: one pass over d, then the table in tiles of at
     most tile_columns columns of one row (0: as many as half the L2 cache holds as int64 sums),
     one read of d and one tile's sums of workspace each; tile_columns never changes the result
-    (the CPU ignores it).
+    (the CPU ignores it). gradient None: the sketch of the residual as it is (a read instead of
+    the accumulation; clear_gradient ignored).
     """
     columns = int(columns)
-    if is_cuda(gradient) or is_cuda(residual):
+    if gradient is None:
+        clear_gradient = False
+    if is_cuda(residual) or (gradient is not None and is_cuda(gradient)):
         return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient,
                                   int(tile_columns))
-    gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
+    gradient_array = None
+    if gradient is not None:
+        gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
     residual_view = as_numpy(residual, "residual", writeable=True)
-    table = _C.sketch_table(gradient_view.array, residual_view.array, _host_keys(keys), columns,
+    table = _C.sketch_table(gradient_array, residual_view.array, _host_keys(keys), columns,
                             bool(clear_gradient))
     return like(table, residual_view)
 
@@ -507,12 +512,14 @@ def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
     above: (indices, values = est there), sorted by index. table: (rows, columns) float32 (the
     all-reduced S of `sketch_table`), keys as there.
 
-    estimate: a writeable float32 buffer of d values on the table's device, or None; d: the
-    entries (default: estimate's size). CPU: the estimates are computed block by block inside
-    the selection's first pass and kept in estimate (a temporary buffer when None) for the
-    selection's later passes. CUDA (a CUDA table): the selection's passes compute est(i) from
-    the table as they read entry i, and nothing of d entries is stored; a given estimate is
-    filled besides (one more pass, for checks).
+    estimate: a writeable float32 buffer of d values on the table's device, filled with est (for
+    checks and tools), or None; d: the entries (default: estimate's size). With None nothing
+    of d entries is stored. CPU: a threshold sampled from the estimates, then one pass that reads
+    a bit per row for every entry (|S[j, h_j(i)]| at or above it) and computes est(i) only where
+    half the rows have their bit set (no other entry can reach the threshold); if the guess
+    misses, or the table holds a non-finite value, the estimates go to a temporary buffer and
+    the selection runs over it. CUDA (a CUDA table): the selection's passes compute est(i) from
+    the table as they read entry i; a given estimate is filled besides (one more pass).
     """
     k = check_count(k)
     columns = _table_columns(table)
@@ -528,13 +535,12 @@ def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
         if estimate is not None:
             _cuda_sketch_estimate(table, keys, columns, estimate)
         return _cuda_sketch_select(table, keys, columns, k, d, estimate)
-    if estimate is None:
-        estimate = np.empty(d, np.float32)
     table_view = as_numpy(table, "table")
-    estimate_view = as_numpy(estimate, "estimate", writeable=True)
+    estimate_view = None if estimate is None else as_numpy(estimate, "estimate", writeable=True)
     indices, values = _C.sketch_select(table_view.array, _host_keys(keys), columns,
-                                       estimate_view.array, k)
-    return like(indices, estimate_view), like(values, estimate_view)
+                                       None if estimate_view is None else estimate_view.array, k, d)
+    like_view = table_view if estimate_view is None else estimate_view
+    return like(indices, like_view), like(values, like_view)
 
 
 def sketch_estimate(table: Any, keys: np.ndarray, estimate: Any) -> Any:
@@ -1293,7 +1299,10 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
     import torch
 
     _require_cuda_build()
-    _cuda_check_pair(gradient, residual)
+    if gradient is None:
+        _cuda_check(residual, "residual", residual.device)
+    else:
+        _cuda_check_pair(gradient, residual)
     if residual.dtype != torch.float32:
         raise TypeError(f"residual must be float32 (the sketch sums float32), got "
                         f"{residual.dtype}")
@@ -1303,7 +1312,8 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
         workspace = _workspace(
             _C.cuda_sketch_table_workspace_bytes(keys, columns, tile_columns), device)
         table = torch.empty((len(keys), columns), dtype=torch.float32, device=device)
-        _C.cuda_sketch_table(gradient.data_ptr(), residual.data_ptr(), residual.numel(), keys,
+        gradient_pointer = 0 if gradient is None else gradient.data_ptr()
+        _C.cuda_sketch_table(gradient_pointer, residual.data_ptr(), residual.numel(), keys,
                              columns, bool(clear_gradient), table.data_ptr(), _stream(device),
                              workspace.data_ptr(), workspace.numel(), tile_columns)
     return table

@@ -103,6 +103,19 @@ def test_table_of_nonfinite_entries() -> None:
     assert_bits(table[np.isfinite(want)], clean[np.isfinite(want)])
 
 
+@pytest.mark.parametrize("kind", ["normal", "heavy_tailed", "huge"])
+def test_table_of_the_residual_as_it_is(kind: str) -> None:
+    """gradient None: the sketch of the residual already accumulated (a predivided step's),
+    the bits of accumulating it into zeros; the residual is read, not changed."""
+    d, keys, columns = 100_003, sketch_keys(5, 11), 900
+    residual = vector(kind, d)
+    residual[[3, 77]] = [np.inf, np.nan]
+    kept = residual.copy()
+    table = ops.sketch_table(None, residual, keys, columns, clear_gradient=True)
+    assert_bits(residual, kept)
+    assert_bits(table, table_of(kept, keys, columns))
+
+
 def random_table(rows: int, columns: int) -> np.ndarray:
     """Ties, signed zeros, infinities and a NaN among normal values."""
     table = RNG.integers(-3, 4, (rows, columns)).astype(np.float32)
@@ -303,6 +316,78 @@ def test_select_without_a_buffer_is_the_select_with_one() -> None:
         ops.sketch_select(table, keys, 3)
 
 
+def reference_select(table: np.ndarray, keys: np.ndarray, k: int, d: int) -> tuple:
+    want = estimate_reference(table, keys, d)
+    expected = topk_reference(want, k)
+    return expected, want[expected]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("kind", ["normal", "heavy_tailed", "mixed_scales", "zeros"])
+def test_select_without_a_buffer_is_the_reference_top_k(rows: int, kind: str) -> None:
+    """The buffer-free selection (a sampled threshold, a bit per row and cell, est only where
+    half the rows' bits are set) keeps exactly the reference's top-k of all d estimates, for
+    odd and even rows (the median of even rows is the mean of the middle two), at densities
+    where the threshold is guessed (k <= d / 16) and where it is not."""
+    d = 200_003
+    keys = sketch_keys(rows, 40 + rows)
+    table = table_of(vector(kind, d), keys, 2_000)
+    for k in (1, 200, 2_000, d // 16, d // 5):
+        indices, values = ops.sketch_select(table, keys, k, d=d)
+        want_indices, want_values = reference_select(table, keys, k, d)
+        np.testing.assert_array_equal(indices, want_indices)
+        assert_bits(values, want_values)
+
+
+@pytest.mark.parametrize("case", ["inf", "nan", "huge", "ties"])
+def test_select_without_a_buffer_where_the_bitmaps_cannot_stand_in(case: str) -> None:
+    """Tables the bitmap filter does not take (a non-finite cell: NaN estimates; cells at or
+    above 2^126, where (lo + hi) * 0.5 could overflow) and a threshold guess that keeps too
+    many (every estimate equal): the estimates into a temporary buffer, the same top-k."""
+    d, rows, columns = 150_001, 4, 1_500
+    keys = sketch_keys(rows, 9)
+    table = table_of(vector("normal", d), keys, columns).reshape(rows, columns)
+    if case == "inf":
+        table[1, 17] = np.inf
+        table[2, 40] = -np.inf
+    elif case == "nan":
+        table[0, 3] = np.nan
+    elif case == "huge":
+        table[3, 5] = 2.0**127
+        table[2, 6] = 2.0**126
+    else:
+        table[:] = 1.0
+    for k in (1, 150, 1_500):
+        indices, values = ops.sketch_select(table, keys, k, d=d)
+        want_indices, want_values = reference_select(table, keys, k, d)
+        np.testing.assert_array_equal(indices, want_indices)
+        assert_bits(values, want_values)
+
+
+def test_the_scheme_keeps_nothing_of_d_entries_but_its_residual() -> None:
+    """What a sketch step keeps between steps, in units of the gradient's bytes: the residual
+    (1x) and the table (rows x 10 k), not the CPU's estimate buffer of the previous kernels
+    (another 1x)."""
+    import tracemalloc
+
+    from gtopk_hvd.compression import Compression
+    from gtopk_hvd.core import SparseStep
+    from gtopk_hvd.transports.local import LocalGroup
+
+    d = 400_000
+    gradient = vector("normal", d)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        step = SparseStep(Compression.sketch(0.001), [d], LocalGroup(1).transports[0])
+        for _ in range(2):
+            step.step(gradient.copy())
+        kept = (tracemalloc.get_traced_memory()[0] - before) / gradient.nbytes
+    finally:
+        tracemalloc.stop()
+    assert 1.0 <= kept < 1.2, kept
+
+
 def cuda_select(table: np.ndarray, keys: np.ndarray, k: int, d: int) -> tuple:
     """The CUDA selection with no estimate buffer (estimates computed inside it), on the host."""
     import torch
@@ -331,6 +416,20 @@ def test_cuda_tiles_do_not_change_the_table(tile_columns: int) -> None:
     gpu = ops.sketch_table(torch.zeros(d, device="cuda"), torch.from_numpy(acc).cuda(), keys,
                            columns, tile_columns=tile_columns)
     assert_bits(gpu.cpu().numpy(), want)
+
+
+@cuda
+def test_cuda_table_of_the_residual_as_it_is() -> None:
+    """gradient None on the GPU: the residual read, not changed, and the CPU's table bits."""
+    import torch
+
+    d, keys, columns = 300_007, sketch_keys(5, 12), 2999
+    acc = vector("mixed_scales", d)
+    acc[[3, 9]] = [np.inf, np.nan]
+    residual = torch.from_numpy(acc).cuda()
+    gpu = ops.sketch_table(None, residual, keys, columns, clear_gradient=True)
+    assert_bits(residual.cpu().numpy(), acc)
+    assert_bits(gpu.cpu().numpy(), table_of(acc, keys, columns))
 
 
 @cuda

@@ -19,6 +19,8 @@ using sketch::kFloatInfKey;
 
 constexpr int64_t kStep = 256;  // entries hashed per row at a time (vectorised loops)
 constexpr int64_t kEstimateStep = 32;  // entries per gather of every row in the estimate pass
+constexpr int64_t kRowChunk = int64_t{1} << 18;  // entries the table's adds take row by row
+constexpr int64_t kAddPrefetch = 32;  // how far ahead the adds prefetch their cells
 
 struct SketchShape {
     const uint32_t* keys;  // rows x (key0, key1)
@@ -26,11 +28,13 @@ struct SketchShape {
     int64_t columns;
 };
 
-inline uint32_t key_of(float value) {
+inline uint32_t float_bits(float value) {
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
-    return bits & 0x7FFFFFFFu;
+    return bits;
 }
+
+inline uint32_t key_of(float value) { return float_bits(value) & 0x7FFFFFFFu; }
 
 // The largest finite magnitude key and whether some entry is NaN or +-Inf.
 struct Extremes {
@@ -40,6 +44,7 @@ struct Extremes {
 
 // residual += gradient over [0, d) (gradient = 0 too if clear), block by block so that the
 // clearing finds the gradient still in cache; returns the extremes of the accumulated values.
+// gradient == nullptr: the residual as it is (a read).
 Extremes accumulate(float* gradient, float* residual, int64_t d, bool clear) {
     const int n_threads = detail::threads_for(d);
     std::vector<Extremes> per_thread(n_threads);
@@ -51,14 +56,16 @@ Extremes accumulate(float* gradient, float* residual, int64_t d, bool clear) {
         for (int64_t b = begin; b < end; b += kStep) {
             const int64_t n = std::min(kStep, end - b);
             float* r = residual + b;
-            float* g = gradient + b;
+            if (gradient != nullptr) {
+                float* g = gradient + b;
+                for (int64_t e = 0; e < n; ++e) r[e] += g[e];
+                if (clear) std::fill(g, g + n, 0.0f);
+            }
             for (int64_t e = 0; e < n; ++e) {
-                r[e] += g[e];
                 const uint32_t key = key_of(r[e]);
                 max_key = std::max(max_key, key);
                 max_finite = std::max(max_finite, key < kFloatInfKey ? key : 0u);
             }
-            if (clear) std::fill(g, g + n, 0.0f);
         }
         per_thread[thread] = {max_finite, max_key >= kFloatInfKey};
     }
@@ -70,10 +77,6 @@ Extremes accumulate(float* gradient, float* residual, int64_t d, bool clear) {
     return all;
 }
 
-// Adds s_j(i) q(i) for i in [begin, end) into sums (rows x columns, int64 as two's-complement
-// uint64, so that wrapping is defined and the adds commute), and the flags of non-finite terms
-// into flags (only read when the caller saw a non-finite entry). Atomic: relaxed atomic adds
-// into a table that other threads share.
 // Hashes of row (key0, key1) for the n entries from `first`, which lie in one 2^32 span (the
 // blocks start at multiples of 32): buckets, and sign masks (all ones where s_j(i) = -1).
 void hash_row(uint64_t first, int64_t n, uint32_t key0, uint32_t key1, uint32_t columns,
@@ -87,44 +90,66 @@ void hash_row(uint64_t first, int64_t n, uint32_t key0, uint32_t key1, uint32_t 
     }
 }
 
+// q(i) = rint(acc[i] 2^s) as int64 bits, 0 for a non-finite entry (masked to +0 first, without
+// a branch, so that the loop vectorises).
+inline uint64_t quantised(float value, double scale) {
+    const uint32_t bits = key_of(value) < kFloatInfKey ? ~0u : 0u;
+    const float finite = sketch::float_of_bits(float_bits(value) & bits);
+    return static_cast<uint64_t>(
+        static_cast<int64_t>(std::rint(static_cast<double>(finite) * scale)));
+}
+
+// Buckets of row key0 for the n entries from `first` (as hash_row, without the signs).
+void hash_buckets(uint64_t first, int64_t n, uint32_t key0, uint32_t columns, uint32_t* bucket) {
+    const uint32_t span0 = sketch::span_key(first, key0);
+    const uint32_t low = static_cast<uint32_t>(first);
+    for (int64_t e = 0; e < n; ++e) {
+        bucket[e] = sketch::bucket_of_word(sketch::mix32((low + static_cast<uint32_t>(e)) ^ span0),
+                                           columns);
+    }
+}
+
 // Adds s_j(i) q(i) for i in [begin, end) into sums (rows x columns, int64 as two's-complement
 // uint64, so that wrapping is defined and the adds commute), and the flags of non-finite terms
 // into flags (only when the caller saw a non-finite entry). Atomic: relaxed atomic adds into a
-// table that other threads share.
+// table that other threads share. Row by row over chunks of kRowChunk entries, so that the adds
+// land in one row's sums (which a core's L2 cache holds at the default shape up to d ~ 2^25)
+// rather than in all rows' at once; q(i) is computed again for each row (cheaper than storing).
 template <bool Atomic>
 void add_terms(const float* acc, int64_t begin, int64_t end, const SketchShape& shape,
                double scale, bool nonfinite, uint64_t* sums, uint32_t* flags) {
     uint64_t q[kStep], sign_mask[kStep];
     uint32_t bucket[kStep];
     const uint32_t columns = static_cast<uint32_t>(shape.columns);
-    for (int64_t b = begin; b < end; b += kStep) {
-        const int64_t n = std::min(kStep, end - b);
-        for (int64_t e = 0; e < n; ++e) {
-            const float value = acc[b + e];
-            const bool finite = key_of(value) < kFloatInfKey;
-            q[e] = finite ? static_cast<uint64_t>(static_cast<int64_t>(
-                                std::rint(static_cast<double>(value) * scale)))
-                          : 0;
-        }
+    for (int64_t chunk = begin; chunk < end; chunk += kRowChunk) {
+        const int64_t chunk_end = std::min(end, chunk + kRowChunk);
         for (int j = 0; j < shape.rows; ++j) {
-            hash_row(static_cast<uint64_t>(b), n, shape.keys[2 * j], shape.keys[2 * j + 1],
-                     columns, bucket, sign_mask);
             uint64_t* row = sums + j * shape.columns;
-            for (int64_t e = 0; e < n; ++e) {
-                const uint64_t term = (q[e] ^ sign_mask[e]) - sign_mask[e];  // -q where masked
-                if constexpr (Atomic) {
-                    __atomic_fetch_add(&row[bucket[e]], term, __ATOMIC_RELAXED);
-                } else {
-                    row[bucket[e]] += term;
+            for (int64_t b = chunk; b < chunk_end; b += kStep) {
+                const int64_t n = std::min(kStep, chunk_end - b);
+                for (int64_t e = 0; e < n; ++e) q[e] = quantised(acc[b + e], scale);
+                hash_row(static_cast<uint64_t>(b), n, shape.keys[2 * j], shape.keys[2 * j + 1],
+                         columns, bucket, sign_mask);
+                for (int64_t e = 0; e < std::min(n, kAddPrefetch); ++e) {
+                    __builtin_prefetch(&row[bucket[e]], 1);
                 }
-            }
-            if (!nonfinite) continue;
-            for (int64_t e = 0; e < n; ++e) {
-                const float value = acc[b + e];
-                if (key_of(value) < kFloatInfKey) continue;
-                __atomic_fetch_or(&flags[j * shape.columns + bucket[e]],
-                                  sketch::nonfinite_flag(value, sign_mask[e] != 0),
-                                  __ATOMIC_RELAXED);
+                for (int64_t e = 0; e < n; ++e) {
+                    if (e + kAddPrefetch < n) __builtin_prefetch(&row[bucket[e + kAddPrefetch]], 1);
+                    const uint64_t term = (q[e] ^ sign_mask[e]) - sign_mask[e];  // -q if masked
+                    if constexpr (Atomic) {
+                        __atomic_fetch_add(&row[bucket[e]], term, __ATOMIC_RELAXED);
+                    } else {
+                        row[bucket[e]] += term;
+                    }
+                }
+                if (!nonfinite) continue;
+                for (int64_t e = 0; e < n; ++e) {
+                    const float value = acc[b + e];
+                    if (key_of(value) < kFloatInfKey) continue;
+                    __atomic_fetch_or(&flags[j * shape.columns + bucket[e]],
+                                      sketch::nonfinite_flag(value, sign_mask[e] != 0),
+                                      __ATOMIC_RELAXED);
+                }
             }
         }
     }
@@ -247,6 +272,78 @@ struct EstimateSource {
     const float* values() const { return estimate; }
 };
 
+// Whether the filter below may stand for the estimates: every cell finite and below 2^126 in
+// magnitude, so that no median is NaN and (lo + hi) * 0.5 cannot overflow.
+bool table_is_plain(const float* table, int64_t cells) {
+    constexpr uint32_t kHugeKey = uint32_t{126 + 127} << 23;
+    uint32_t max_key = 0;
+    for (int64_t c = 0; c < cells; ++c) max_key = std::max(max_key, key_of(table[c]));
+    return max_key < kHugeKey;
+}
+
+// Candidates of the sampled threshold without the estimates of every entry. If |est(i)| >= t
+// then at least need = ceil(rows / 2) of the row values have |s_j(i) S[j, h_j(i)]| >= t (odd
+// rows: est is the middle value, and the values ranked above it are at least it; even rows:
+// (lo + hi) * 0.5 >= t needs hi >= t, as rounding is monotone, and rows / 2 values rank at or
+// above hi; likewise below -t). So a bit per cell, |S[j, c]| >= t, and one hashed bit read per
+// row an entry find every candidate; est(i) is computed for the entries with `need` bits set,
+// and those with |est(i)| >= t are kept, in index order: the candidates of the engine's
+// filter pass (select_engine.h) over the estimates, without them. The bitmaps take
+// rows x columns bits (a 32nd of the table), read instead of the table's floats.
+template <typename Index>
+bool filter_without_estimates(const EstimateSource& source, int64_t d, uint32_t threshold,
+                              int64_t cap, std::vector<detail::Candidate<float, Index>>& out) {
+    const SketchShape& shape = source.shape;
+    const int64_t words_per_row = (shape.columns + 63) / 64;
+    std::vector<uint64_t> bits(static_cast<size_t>(shape.rows * words_per_row), 0);
+    for (int j = 0; j < shape.rows; ++j) {
+        const float* row = source.table + j * shape.columns;
+        uint64_t* row_bits = bits.data() + j * words_per_row;
+        for (int64_t c = 0; c < shape.columns; ++c) {
+            row_bits[c / 64] |= uint64_t{key_of(row[c]) >= threshold} << (c % 64);
+        }
+    }
+    const int need = (shape.rows + 1) / 2;
+    const uint32_t columns = static_cast<uint32_t>(shape.columns);
+    const int n_threads = detail::threads_for(d);
+    std::vector<detail::ThreadCandidates<float, Index>> per_thread(n_threads);
+#pragma omp parallel num_threads(n_threads)
+    {
+        auto& mine = per_thread[omp_get_thread_num()];
+        const auto [begin, end] = detail::chunk_of(d, omp_get_thread_num(), n_threads);
+        uint32_t bucket[kStep];
+        uint8_t above[kStep];
+        for (int64_t b = begin; b < end && !mine.overflow; b += kStep) {
+            const int64_t n = std::min(kStep, end - b);
+            std::fill(above, above + n, uint8_t{0});
+            for (int j = 0; j < shape.rows; ++j) {
+                hash_buckets(static_cast<uint64_t>(b), n, shape.keys[2 * j], columns, bucket);
+                const uint64_t* row_bits = bits.data() + j * words_per_row;
+                for (int64_t e = 0; e < n; ++e) {
+                    above[e] += static_cast<uint8_t>((row_bits[bucket[e] / 64] >> (bucket[e] % 64)) & 1);
+                }
+            }
+            for (int64_t e = 0; e < n; ++e) {
+                if (above[e] < need) continue;
+                const float value = source.at(b + e);
+                const uint32_t key = magnitude_key(value);
+                if (key >= threshold) mine.items.push_back({key, static_cast<Index>(b + e), value});
+            }
+            mine.overflow = static_cast<int64_t>(mine.items.size()) > cap;
+        }
+    }
+    size_t total = 0;
+    for (const auto& mine : per_thread) {
+        if (mine.overflow) return false;
+        total += mine.items.size();
+    }
+    if (static_cast<int64_t>(total) > cap) return false;
+    out.clear();
+    out.reserve(total);
+    for (const auto& mine : per_thread) out.insert(out.end(), mine.items.begin(), mine.items.end());
+    return true;
+}
+
 }  // namespace
 
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
@@ -271,7 +368,24 @@ void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* k
 template <typename Index>
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
                       int64_t d, int64_t k, float* estimate, Index* out_index, float* out_value) {
-    EstimateSource source{table, SketchShape{keys, rows, columns}, estimate};
+    const SketchShape shape{keys, rows, columns};
+    const int64_t n = std::clamp<int64_t>(k, 0, d);
+    if (estimate == nullptr && n > 0 && n * detail::kGuessMaxFraction <= d &&
+        d > detail::kGuessMinInput && table_is_plain(table, rows * columns)) {
+        // The engine's first two steps (select_engine.h), its filter over the row bitmaps.
+        EstimateSource sampled{table, shape, nullptr};
+        uint32_t threshold;
+        int64_t cap;
+        std::vector<detail::Candidate<float, Index>> candidates;
+        if (detail::sampled_threshold<float>(sampled, d, n, threshold, cap) &&
+            filter_without_estimates<Index>(sampled, d, threshold, cap, candidates) &&
+            static_cast<int64_t>(candidates.size()) >= n) {
+            detail::finish_exact(candidates, n, out_index, out_value);
+            return n;
+        }
+    }
+    std::vector<float> buffer(estimate == nullptr ? static_cast<size_t>(d) : 0);
+    EstimateSource source{table, shape, estimate == nullptr ? buffer.data() : estimate};
     return detail::select_topk<float, Index>(source, d, k, nullptr, out_index, out_value);
 }
 

@@ -3,8 +3,8 @@
 // and the estimates equal the CPU kernels' bit for bit.
 //
 // sketch_table, no synchronisation:
-//   1. one pass over d: residual += gradient (gradient = 0 when clearing), and the largest
-//      finite magnitude key (a warp max, then one atomicMax per warp);
+//   1. one pass over d: residual += gradient (gradient = 0 when clearing; no gradient: a read of
+//      the residual), and the largest finite magnitude key (a warp max, then one atomicMax per warp);
 //   2. the table in tiles, each a range of at most T columns of one row (T: half the L2 cache in
 //      int64 sums, at most the row): a read of d that adds q(i) of every entry whose bucket falls
 //      in the tile to the tile's int64 sums with 64-bit integer atomics (integer adds commute:
@@ -130,16 +130,19 @@ int grid_for(int64_t count) {
     return static_cast<int>(std::min(resident, detail::blocks_for(count, kThreads)));
 }
 
-// extremes[0] = largest finite magnitude key.
+// extremes[0] = largest finite magnitude key (gradient == nullptr: of the residual as it is).
 __global__ void __launch_bounds__(kThreads)
 accumulate_extremes_kernel(float* gradient, float* residual, int64_t d, bool clear_gradient,
                            unsigned int* extremes) {
     unsigned int max_finite = 0;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
          i += int64_t{gridDim.x} * blockDim.x) {
-        const float value = residual[i] + gradient[i];
-        residual[i] = value;
-        if (clear_gradient) gradient[i] = 0.0f;
+        float value = residual[i];
+        if (gradient != nullptr) {
+            value += gradient[i];
+            residual[i] = value;
+            if (clear_gradient) gradient[i] = 0.0f;
+        }
         const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
         max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
     }

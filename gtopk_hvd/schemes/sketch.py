@@ -28,23 +28,26 @@ NaN's own index among them while they number at most k). The median of an even n
 Cost per step on every worker (`ops.sketch_table`, `ops.sketch_select`), in passes over d:
     1   the accumulation r += g (read g and r, write r; g = 0 in it when clearing), with the
         largest finite |acc| for the scale: the pass every error-feedback scheme makes
-    1   CPU: the table, a read of acc with `rows` scattered integer adds an entry. CUDA: one
+    1   CPU: the table, row by row over chunks of acc (its reads from cache after the first
+        row), `rows` scattered integer adds an entry into one row's sums at a time. CUDA: one
         read of acc per tile of the table (a tile: at most one row, and at most half the L2
         cache of int64 sums: `rows` reads while a row fits), each adding the entries that fall
         in the tile, so that the integer atomics stay in the L2 cache
-    1   the estimates (`rows` hashed reads of the table an entry) inside the top-k's first pass:
-        on the CPU written to a d-entry float32 buffer kept between steps; on a GPU computed as
-        the selection reads them and never stored
-    0-1 the top-k's second pass over the estimates (a wrong sampled guess; on a GPU computed
-        again)
+    1   the selection. CPU: a threshold t sampled from the estimates, then one pass reading one
+        bit per row an entry (|S[j, b]| >= t, a 32nd of the table) and computing est(i) only
+        where half the rows' bits are set: an entry with fewer cannot reach t (the median of
+        rows); a missed guess or a non-finite table computes every estimate into a temporary
+        buffer and selects over it. CUDA: the estimates (`rows` hashed reads of the table an
+        entry) computed as the selection's passes read them, never stored; 0-1 more passes
+        when the sampled guess misses
 and O(rows columns + k) besides. Memory: the table; the int64 sums (CPU: of the whole table,
 plus one per thread where they fit in 4d bytes; CUDA: of one tile, and the non-finite flags in
-the table's own memory); the CPU's estimate buffer. The scattered adds and hashed reads, not
-the reads of d, set the time: once the table outgrows the L2 cache they are random cache misses
-(docs/results.md: 1.2-2.1 s a step at d = 25.6M on two shared EPYC cores, 250-380 times a read
-pass, 4-5x faster than the numpy version it replaced). At P = 1 the table never leaves the
-device; at P > 1 on a transport of host arrays it goes to the host for the sum and back into
-the same memory.
+the table's own memory); the CPU's bitmaps. Nothing of d entries is kept. The scattered adds,
+not the reads of d, set the time (`rows` random read-modify-writes an entry: each costs
+several read passes' worth per entry, from any cache), so the step stays tens of read passes
+however the passes are arranged; docs/results.md measures it. At P = 1 the table never leaves
+the device; at P > 1 on a transport of host arrays it goes to the host for the sum and back
+into the same memory.
 
 Bytes per worker per step: 8 rows columns (P-1)/P, plus 8k (P-1)/P for the second round. The
 table must be much larger than k for the heavy hitters to stand out (the authors: 5 x 10k),
@@ -56,7 +59,7 @@ so it pays where d is much larger than 10 rows k. Options:
     second_round  True (default) or False
 
 Needs granularity "model" and float32 on the wire and in the residual; keeps no state between
-steps but the CPU's estimate buffer (the hashes follow from the seed).
+steps (the hashes follow from the seed).
 
 With the state in torch tensors and one worker, or a transport that sends tensors from their
 device (`union.on_device`), the table's all-reduce, the selection and the second round stay in
@@ -72,7 +75,6 @@ from typing import Any
 import numpy as np
 
 from gtopk_hvd import _C, ops
-from gtopk_hvd._arrays import is_cuda
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
@@ -103,20 +105,20 @@ class CountSketch:
         self.keys = sketch_keys(rows, seed)
 
     def table(self, gradient: Any, residual: Any, clear_gradient: bool = False) -> Any:
-        """residual += gradient (gradient = 0 if clear_gradient); returns S_p of the residual,
-        (rows, columns) float32 where the residual lives."""
+        """residual += gradient (gradient = 0 if clear_gradient; None: the residual holds r + g
+        already); returns S_p of the residual, (rows, columns) float32 where it lives."""
         return ops.sketch_table(gradient, residual, self.keys, self.columns, clear_gradient)
 
-    def select(self, table: Any, k: int, d: int, estimate: Any = None) -> tuple[Any, Any]:
-        """The top-k of |est| of the (summed) table over d entries (indices, values); estimate:
-        the CPU kernel's buffer of d values (None on a GPU: none is needed)."""
-        return ops.sketch_select(table, self.keys, k, estimate, d)
+    def select(self, table: Any, k: int, d: int) -> tuple[Any, Any]:
+        """The top-k of |est| of the (summed) table over d entries (indices, values)."""
+        return ops.sketch_select(table, self.keys, k, None, d)
 
 
 @SCHEMES.register("sketch")
 class Sketch(Scheme):
 
     option_names = ("rows", "columns", "second_round")
+    takes_accumulated = True  # ops.sketch_table(None, ...) sketches the residual as it is
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -142,7 +144,6 @@ class Sketch(Scheme):
         columns = options.get("columns") or 10 * k
         self.second_round = bool(options.get("second_round", True))
         self.sketch = CountSketch(int(options.get("rows", 5)), int(columns), self.config.seed)
-        self._estimate: Any = None
 
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool) -> Exchange:
@@ -158,8 +159,7 @@ class Sketch(Scheme):
             summed = sum_counted(self.transport, backend.to_host(table), stats)
             backend.assign(table, summed)
         merge_start = time.perf_counter()
-        indices, estimated = self.sketch.select(table, min(budget.k, self.d), self.d,
-                                                self._buffer(residual))
+        indices, estimated = self.sketch.select(table, min(budget.k, self.d), self.d)
         if on_tensors:
             union = taken = backend.as_index_dtype(indices, self.index_dtype)
         else:
@@ -176,12 +176,3 @@ class Sketch(Scheme):
         else:
             values = sum_at(self.transport, backend, residual, union, stats)
         return Exchange(union, values, taken, stats, select_seconds)
-
-    def _buffer(self, residual: Any) -> Any:
-        """The estimate buffer of the CPU kernel (kept between steps), or None on a GPU, whose
-        selection computes the estimates as it reads them."""
-        if is_cuda(residual):
-            return None
-        if self._estimate is None:
-            self._estimate = self.backend.zeros(self.d)
-        return self._estimate

@@ -96,19 +96,27 @@ void mark_survivors(const Index* local_index, int64_t n_local, const Index* glob
 // Count sketch of sketched SGD (hashes, fixed-point sums, median: gtopk/count_sketch.h).
 // keys: rows x 2 uint32 (key0_j, key1_j), 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32.
 //
-// sketch_table: residual += gradient over [0, d) (gradient = 0 too if clear_gradient), and
-// table[j * columns + b] = S[j, b], the count sketch of the accumulated residual, float32.
+// sketch_table: residual += gradient over [0, d) (gradient = 0 too if clear_gradient; gradient
+// == nullptr: the residual as it is), and table[j * columns + b] = S[j, b], the count sketch of
+// the accumulated residual, float32.
 // Two passes over d: the accumulation (with the largest finite magnitude, for the scale), then
-// the table's integer sums (per-thread tables where they fit, else relaxed atomic adds: integer
-// sums, so the result does not depend on the threads).
+// the table's integer sums, row by row over chunks of entries (per-thread tables where they
+// fit, else relaxed atomic adds: integer sums, so the result does not depend on the threads).
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table);
 
-// sketch_select: estimate[i] = est(i) for all i < d from the (summed) table, and the top-min(k,
-// d) entries of estimate by magnitude (magnitude_order.h) into (out_index, out_value), sorted
-// by index: the estimates are computed block by block inside the selection's first pass
-// (k = 0: the estimates only). One pass over d (rows table reads per entry), plus a second
-// read of estimate when the sampled threshold misses.
+// sketch_select: the top-min(k, d) of est(i), i < d, by magnitude (magnitude_order.h) into
+// (out_index, out_value), sorted by index, from the (summed) table.
+// estimate == nullptr: nothing of d entries is stored. A threshold t sampled from est, a bitmap
+// of |S[j, c]| >= t per row (rows x columns bits), then one pass over d that reads a bit per row
+// an entry and computes est(i) only where ceil(rows / 2) bits are set (no other entry has
+// |est(i)| >= t); when the guess misses (fewer than k, or too many, at or above t) or the table
+// holds a non-finite or huge (>= 2^126) value, the estimates go to a temporary buffer of d and
+// the selection runs over it.
+// estimate != nullptr: estimate[i] = est(i) for all i < d, computed block by block inside the
+// selection's first pass (k = 0: the estimates only), plus a second read of estimate when the
+// sampled threshold misses.
+// Either way the same entries and values (the one selection order).
 template <typename Index>
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
                       int64_t d, int64_t k, float* estimate, Index* out_index, float* out_value);

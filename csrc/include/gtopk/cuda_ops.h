@@ -142,8 +142,9 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // matter); the accumulated residual too but for NaN payloads. keys: host memory, rows x 2
 // uint32, 1 <= rows <= sketch::kMaxRows; 1 <= columns < 2^32. No call synchronises `stream`.
 //
-// sketch_table: residual += gradient (gradient = 0 if clear_gradient), table (rows x columns
-// float32, device) = S of the accumulated residual: one pass over d, then the table in tiles of
+// sketch_table: residual += gradient (gradient = 0 if clear_gradient; gradient == nullptr: the
+// residual as it is), table (rows x columns float32, device) = S of the accumulated residual:
+// one pass over d, then the table in tiles of
 // at most tile_columns columns of one row (0: half the L2 cache's worth of int64 sums), one read
 // of d per tile; the workspace holds one tile's sums.
 // sketch_select: the top-min(k, d) of |est(i)|, i < d, as topk_abs orders them (index-sorted
