@@ -1341,7 +1341,8 @@ def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int,
     table = _cuda_sketch_device_table(table, keys, columns, device)
     indices, values, _, index_type = _cuda_outputs(table, min(k, d), d)
     with _on_device(device):
-        workspace = _workspace(_C.cuda_sketch_select_workspace_bytes(index_type, d, k), device)
+        workspace = _workspace(
+            _C.cuda_sketch_select_workspace_bytes(index_type, d, k, keys, columns), device)
         _C.cuda_sketch_select(table.data_ptr(), keys, columns, d, k, index_type,
                               indices.data_ptr(), values.data_ptr(), _stream(device),
                               workspace.data_ptr(), workspace.numel())

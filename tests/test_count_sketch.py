@@ -450,6 +450,30 @@ def test_cuda_fused_select_equals_the_cpu_selection(rows: int, d: int) -> None:
 
 
 @cuda
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("kind", ["normal", "heavy_tailed", "mixed_scales", "zeros", "huge",
+                                  "ties"])
+def test_cuda_select_with_row_bitmaps_equals_the_cpu_selection(rows: int, kind: str) -> None:
+    """Where the engine guesses (k <= d / 16), pass 1 reads the row bitmaps and computes est
+    only where half the rows' bits reach the guessed bin: the CPU's indices and values, bit
+    for bit, for finite tables (the filter on), tables with cells >= 2^126 (off) and all-equal
+    cells (the guess's bin holds every entry)."""
+    d, columns = 1_000_003, 5_003
+    keys = sketch_keys(rows, 50 + rows)
+    if kind == "ties":
+        table = np.ones((rows, columns), np.float32)
+    else:
+        table = table_of(vector(kind, d), keys, columns).reshape(rows, columns)
+    if kind == "huge":
+        table[-1, 7] = 2.0**126
+    for k in (1, 100, 1_000, 10_000, d // 16, d // 15):
+        cpu_indices, cpu_values = ops.sketch_select(table, keys, k, d=d)
+        indices, values = cuda_select(table, keys, k, d)
+        np.testing.assert_array_equal(indices, cpu_indices)
+        assert_bits(values, cpu_values)
+
+
+@cuda
 @pytest.mark.parametrize("kind", ["zeros", "two_values", "heavy_tailed"])
 def test_cuda_fused_select_when_ties_need_more_passes(kind: str) -> None:
     """All-equal and two-valued estimates make the selection pass over d again (the index

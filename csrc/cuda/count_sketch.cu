@@ -124,6 +124,90 @@ auto with_estimates(const float* table, const uint32_t* keys, int rows, int64_t 
     return body(estimates);
 }
 
+// The row bitmaps of the selection's pass 1: bit (j, c) set when S[j, c]'s first digit (the
+// engine's 12 top key bits) is at or above the guessed bin g > 0; `off` set when some cell is
+// non-finite or >= 2^126 in magnitude (a NaN median, or (lo + hi) * 0.5 overflowing, would
+// break the rule below). If est(i)'s first digit is >= g, then |est(i)| >= the bin's least
+// value, so at least ceil(rows / 2) of the row values are too (odd rows: the median and the
+// values ranked above it; even rows: (lo + hi) * 0.5 is at most hi, rounding being monotone,
+// and hi and the values above it), and the row bits of i say so. Pass 1 then computes est(i)
+// only where ceil(rows / 2) of i's bits are set, and reads 0 (below g: not looked at) elsewhere.
+struct RowBitmaps {
+    uint32_t* words;        // rows x words_per_row, bit c % 32 of word c / 32 for column c
+    int64_t words_per_row;  // ceil(columns / 32)
+    unsigned int* off;      // nonzero: every entry's estimate is computed
+
+    static int64_t words_for(int64_t columns) { return (columns + 31) / 32; }
+    static size_t bytes_for(int rows, int64_t columns) {
+        return (static_cast<size_t>(rows) * words_for(columns) + 1) * sizeof(uint32_t);
+    }
+};
+
+constexpr uint32_t kHugeKey = uint32_t{126 + 127} << 23;  // magnitude key of 2^126
+
+// One warp per word: lane b reads column 32 w + b of the row, the ballot is the word.
+__global__ void __launch_bounds__(kThreads)
+row_bitmaps_kernel(const float* table, int rows, int64_t columns, RowBitmaps bitmaps,
+                   detail::Level first, const detail::SelectState* state) {
+    const int guess = state->guess_bin;
+    const int64_t slots = rows * bitmaps.words_per_row * 32;
+    const int lane = threadIdx.x % 32;
+    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+    for (int64_t base = blockIdx.x * int64_t{blockDim.x} + threadIdx.x - lane; base < slots;
+         base += stride) {
+        const int64_t word = base / 32;
+        const int64_t j = word / bitmaps.words_per_row;
+        const int64_t c = (word % bitmaps.words_per_row) * 32 + lane;
+        bool bit = false, bad = false;
+        if (c < columns) {
+            const uint32_t key = __float_as_uint(table[j * columns + c]) & 0x7FFFFFFFu;
+            bad = key >= kHugeKey;
+            bit = guess > 0 && static_cast<int>(detail::digit_of(first, key, 0)) >= guess;
+        }
+        const unsigned bits = __ballot_sync(0xFFFFFFFFu, bit);
+        const bool any_bad = __any_sync(0xFFFFFFFFu, bad);
+        if (lane == 0) {
+            bitmaps.words[word] = bits;
+            if (any_bad) atomicOr(bitmaps.off, 1u);
+        }
+    }
+}
+
+// Pass 1's value source: est(i) where i's row bits allow it to reach the guessed bin, else 0
+// (RowBitmaps); the sample and the later passes read the estimates themselves (peek).
+template <int Bound> struct FilteredEstimates {
+    SketchEstimates<Bound> exact;
+    const uint32_t* words;
+    int64_t words_per_row;
+    const unsigned int* off;
+    const detail::SelectState* state;
+    bool filtering = false;  // read on the device, once per kernel (on_device)
+
+    __device__ float load(int64_t i) const {
+        return filtering && !may_reach(static_cast<uint64_t>(i)) ? 0.0f : exact.peek(i);
+    }
+    __device__ float peek(int64_t i) const { return exact.peek(i); }
+    __device__ bool may_reach(uint64_t index) const {
+        const auto columns = static_cast<uint32_t>(exact.columns);
+        int set = 0;
+#pragma unroll
+        for (int j = 0; j < Bound; ++j) {
+            if (j < exact.rows) {
+                const uint32_t b =
+                    sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]), columns);
+                set += (__ldg(words + j * words_per_row + b / 32) >> (b % 32)) & 1u;
+            }
+        }
+        return 2 * set >= exact.rows;  // set >= ceil(rows / 2)
+    }
+};
+
+template <int Bound>
+__device__ __forceinline__ FilteredEstimates<Bound> on_device(FilteredEstimates<Bound> values) {
+    values.filtering = values.state->guess_bin > 0 && *values.off == 0;
+    return values;
+}
+
 int grid_for(int64_t count) {
     const int device = detail::current_device();
     const int64_t resident = int64_t{std::max(detail::sm_count(device), 1)} * 8;
@@ -244,9 +328,22 @@ struct TableLayout {
     }
 };
 
-template <typename Index, typename Estimates>
-int64_t select_typed(const Estimates& estimates, int64_t d, int64_t k, void* out_index,
-                     float* out_value, cudaStream_t stream, const Workspace& workspace) {
+// Workspace of sketch_select: the engine's (at most `engine` bytes), then the row bitmaps.
+struct SelectLayout {
+    size_t words, bytes;
+    SelectLayout(size_t engine, int rows, int64_t columns) {
+        detail::Layout layout;
+        layout.add<char>(static_cast<int64_t>(engine));
+        words = layout.add<char>(static_cast<int64_t>(RowBitmaps::bytes_for(rows, columns)));
+        bytes = layout.bytes();
+    }
+};
+
+template <typename Index, int Bound>
+int64_t select_typed(const SketchEstimates<Bound>& estimates, int64_t d, int64_t k,
+                     void* out_index, float* out_value, cudaStream_t stream,
+                     const Workspace& workspace) {
+    using Estimates = SketchEstimates<Bound>;
     const int64_t n = std::clamp<int64_t>(k, 0, d);
     if (n == 0) return 0;
     auto* index_out = static_cast<Index*>(out_index);
@@ -257,9 +354,33 @@ int64_t select_typed(const Estimates& estimates, int64_t d, int64_t k, void* out
         return n;
     }
     const auto plan = detail::plan_select<float, Index>(d, n);
-    detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
-        detail::select_topk_from<float, Index>(plan, estimates, estimates, index_out, out_value,
-                                               nullptr, scratch, stream);
+    if (!plan.guess) {
+        detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
+            detail::select_topk_from<float, Index>(plan, estimates, estimates, index_out,
+                                                   out_value, nullptr, scratch, stream);
+        });
+        return n;
+    }
+    const SelectLayout layout(plan.bytes, estimates.rows, estimates.columns);
+    detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
+        const RowBitmaps bitmaps{detail::piece<uint32_t>(scratch, layout.words),
+                                 RowBitmaps::words_for(estimates.columns),
+                                 detail::piece<unsigned int>(scratch, layout.words) +
+                                     estimates.rows * RowBitmaps::words_for(estimates.columns)};
+        FilteredEstimates<Bound> filtered{estimates, bitmaps.words, bitmaps.words_per_row,
+                                          bitmaps.off, nullptr};
+        auto build_bitmaps = [&](const detail::SelectState* state, const detail::Level& first,
+                                 cudaStream_t s) {
+            GTOPK_CUDA_CHECK(cudaMemsetAsync(bitmaps.off, 0, sizeof(unsigned int), s));
+            const int64_t slots = estimates.rows * bitmaps.words_per_row * 32;
+            row_bitmaps_kernel<<<grid_for(slots), kThreads, 0, s>>>(
+                estimates.table, estimates.rows, estimates.columns, bitmaps, first, state);
+            GTOPK_CUDA_CHECK_LAUNCH("row_bitmaps_kernel");
+        };
+        // The engine's state lies at the plan's place: pass 1's source reads the guess there.
+        filtered.state = detail::piece<detail::SelectState>(scratch, plan.at_state);
+        detail::select_topk_from<float, Index>(plan, filtered, estimates, index_out, out_value,
+                                               nullptr, scratch, stream, nullptr, build_bitmaps);
     });
     return n;
 }
@@ -309,8 +430,12 @@ void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* k
     });
 }
 
-size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k) {
-    return select_workspace_bytes(ValueType::kFloat32, index_type, d, k);
+size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k, int rows,
+                                     int64_t columns) {
+    check_shape(rows, columns, "sketch_select_workspace_bytes");
+    return SelectLayout(select_workspace_bytes(ValueType::kFloat32, index_type, d, k), rows,
+                        columns)
+        .bytes;
 }
 
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
@@ -321,14 +446,11 @@ int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_
     detail::require_index_fits(index_type, d);
     const auto s = static_cast<cudaStream_t>(stream);
     return with_estimates(table, keys, rows, columns, [&](const auto& estimates) {
-        using Estimates = std::decay_t<decltype(estimates)>;
         switch (index_type) {
             case IndexType::kInt32:
-                return select_typed<int32_t, Estimates>(estimates, d, k, out_index, out_value, s,
-                                                        workspace);
+                return select_typed<int32_t>(estimates, d, k, out_index, out_value, s, workspace);
             case IndexType::kInt64:
-                return select_typed<int64_t, Estimates>(estimates, d, k, out_index, out_value, s,
-                                                        workspace);
+                return select_typed<int64_t>(estimates, d, k, out_index, out_value, s, workspace);
         }
         throw std::invalid_argument("gtopk::cuda::sketch_select: unsupported index type");
     });

@@ -849,6 +849,11 @@ template <typename T, typename Index> size_t select_bytes_bound(int64_t d, int64
     return plan.bytes;
 }
 
+// Nothing enqueued between the sample and pass 1.
+struct NoHook {
+    void operator()(const SelectState*, const Level&, cudaStream_t) const {}
+};
+
 // Top-n of the d values into (out_index, out_value), sorted by index, as planned by
 // plan_select(d, n), in a workspace of at least plan.bytes.
 // The sample and pass 1 read through `values` (which may update the input as it reads: load
@@ -856,11 +861,16 @@ template <typename T, typename Index> size_t select_bytes_bound(int64_t d, int64
 // value source without side effects (ReadValues of an array, or values computed on the fly,
 // e.g. the count sketch's estimates). If residual_to_zero is set, residual_to_zero[selected] = 0
 // afterwards, unless the device flag `skip` (null: none) is set.
-template <typename T, typename Index, typename Values, typename Later>
+// after_sample(state, first level, stream) enqueues work between the sample (state->guess_bin
+// set on the device) and pass 1. With a guess g > 0, pass 1 looks only at entries whose first
+// digit is >= g: `values.load` may return 0 for any entry it knows to lie below that bin (the
+// count sketch's row bitmaps), and the selection is unchanged.
+template <typename T, typename Index, typename Values, typename Later,
+          typename AfterSample = NoHook>
 void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later input,
                       Index* out_index, T* out_value, T* residual_to_zero,
                       const Workspace& workspace, cudaStream_t stream,
-                      const int32_t* skip = nullptr) {
+                      const int32_t* skip = nullptr, AfterSample after_sample = {}) {
     if (workspace.bytes < plan.bytes) {
         throw std::logic_error("gtopk: select_topk was given a workspace of " +
                                std::to_string(workspace.bytes) + " bytes, it needs " +
@@ -895,6 +905,7 @@ void select_topk_from(const SelectPlan<T, Index>& plan, Values values, Later inp
             static_cast<u64>(capacity), state);
         GTOPK_CUDA_CHECK_LAUNCH("sample_guess_kernel");
     }
+    after_sample(state, first, stream);
 
     const u64 all_key_bits = (u64{1} << KeyLayout<T>::kKeyBits) - 1;
     const auto first_kernel = first_pass_kernel<T, Index, Values>;

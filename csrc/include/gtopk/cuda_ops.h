@@ -149,12 +149,16 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // of d per tile; the workspace holds one tile's sums.
 // sketch_select: the top-min(k, d) of |est(i)|, i < d, as topk_abs orders them (index-sorted
 // (indices, values = est)), est computed from the table inside the selection's passes (no
-// d-entry buffer): returns the count. sketch_estimate: estimate[i] = est(i) for i < d, one pass.
+// d-entry buffer): returns the count. Where the engine guesses from a sample (k <= d / 16),
+// pass 1 first reads one bit per row an entry from bitmaps of the table's cells at or above
+// the guessed bin (rows x columns bits in the workspace) and computes est(i) only where half
+// the rows' bits are set: no other entry can reach the bin. sketch_estimate: estimate[i] = est(i) for i < d, one pass.
 size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_columns = 0);
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
                   Workspace workspace = {}, int64_t tile_columns = 0);
-size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k);
+size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k, int rows,
+                                     int64_t columns);
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
                       int64_t d, int64_t k, IndexType index_type, void* out_index,
                       float* out_value, void* stream, Workspace workspace = {});
