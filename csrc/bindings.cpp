@@ -750,10 +750,18 @@ void bind_cuda(py::module_& m) {
        py::arg("columns"), py::arg("clear_gradient"), py::arg("table"), py::arg("stream"),
        py::arg("workspace"), py::arg("workspace_bytes"), py::arg("tile_columns") = 0);
     m.def("cuda_sketch_select_workspace_bytes", [](IndexType index_type, int64_t d, int64_t k,
-                                                   const py::array& keys, int64_t columns) {
+                                                   std::optional<py::array> keys,
+                                                   int64_t columns) {
+        if (!keys) {  // the selection without the row bitmaps (what callers before them asked)
+            return gtopk::cuda::select_workspace_bytes(gtopk::ValueType::kFloat32,
+                                                       index_type, d, k);
+        }
         return gtopk::cuda::sketch_select_workspace_bytes(index_type, d, k,
-                                                          sketch_rows(keys, columns), columns);
-    }, py::arg("index_type"), py::arg("d"), py::arg("k"), py::arg("keys"), py::arg("columns"));
+                                                          sketch_rows(*keys, columns), columns);
+    }, py::arg("index_type"), py::arg("d"), py::arg("k"), py::arg("keys") = py::none(),
+       py::arg("columns") = 0,
+       "Workspace bytes of cuda_sketch_select: with the keys and columns, room for the row "
+       "bitmaps of its pass 1; without, the selection reads every estimate.");
     m.def("cuda_sketch_select", [](uintptr_t table, const py::array& keys, int64_t columns,
                                    int64_t d, int64_t k, IndexType index_type,
                                    uintptr_t out_index, uintptr_t out_value, uintptr_t stream,

@@ -419,6 +419,33 @@ def test_cuda_tiles_do_not_change_the_table(tile_columns: int) -> None:
 
 
 @cuda
+def test_cuda_select_in_a_workspace_without_the_bitmaps() -> None:
+    """A workspace sized as before the row bitmaps (no keys given: an older caller's) runs the
+    selection unfiltered: the same indices and values as with room for them."""
+    import torch
+
+    from gtopk_hvd import _C
+
+    d, rows, columns, k = 1_000_003, 5, 5_003, 1_000
+    keys = sketch_keys(rows, 13)
+    table = table_of(vector("normal", d), keys, columns)
+    want_indices, want_values = cuda_select(table, keys, k, d)
+    small = _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k)
+    assert small < _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k, keys,
+                                                         columns)
+    gpu_table = torch.from_numpy(table).cuda()
+    indices = torch.empty(k, dtype=torch.int32, device="cuda")
+    values = torch.empty(k, dtype=torch.float32, device="cuda")
+    workspace = torch.empty(small, dtype=torch.uint8, device="cuda")
+    _C.cuda_sketch_select(gpu_table.data_ptr(), keys, columns, d, k, _C.IndexType.int32,
+                          indices.data_ptr(), values.data_ptr(),
+                          torch.cuda.current_stream().cuda_stream, workspace.data_ptr(),
+                          workspace.numel())
+    np.testing.assert_array_equal(indices.cpu().numpy(), want_indices)
+    assert_bits(values.cpu().numpy(), want_values)
+
+
+@cuda
 def test_cuda_table_of_the_residual_as_it_is() -> None:
     """gradient None on the GPU: the residual read, not changed, and the CPU's table bits."""
     import torch

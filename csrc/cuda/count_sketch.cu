@@ -354,14 +354,15 @@ int64_t select_typed(const SketchEstimates<Bound>& estimates, int64_t d, int64_t
         return n;
     }
     const auto plan = detail::plan_select<float, Index>(d, n);
-    if (!plan.guess) {
+    const SelectLayout layout(plan.bytes, estimates.rows, estimates.columns);
+    // A given workspace without room for the bitmaps (sized by an older caller): no filter.
+    if (!plan.guess || (workspace.data != nullptr && workspace.bytes < layout.bytes)) {
         detail::with_workspace(workspace, plan.bytes, stream, [&](const Workspace& scratch) {
             detail::select_topk_from<float, Index>(plan, estimates, estimates, index_out,
                                                    out_value, nullptr, scratch, stream);
         });
         return n;
     }
-    const SelectLayout layout(plan.bytes, estimates.rows, estimates.columns);
     detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
         const RowBitmaps bitmaps{detail::piece<uint32_t>(scratch, layout.words),
                                  RowBitmaps::words_for(estimates.columns),
