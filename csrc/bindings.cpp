@@ -195,9 +195,8 @@ py::tuple segmented_accumulate_select(const std::optional<py::array>& gradient,
                                       const std::string& value_type, bool clear_gradient) {
     if (gradient) {
         require_accumulation(*gradient, residual, clear_gradient);
-    } else {
+    } else {  // read only
         require_contiguous_1d(residual, "residual");
-        if (!residual.writeable()) throw py::value_error("residual must be writeable");
         clear_gradient = false;
     }
     const int64_t d = residual.shape(0);
@@ -478,20 +477,20 @@ void require_float32(const py::array& a, const char* name) {
     }
 }
 
-py::array_t<float> sketch_table(const std::optional<py::array>& gradient, py::array& residual,
-                                const py::array& keys, int64_t columns, bool clear_gradient) {
+py::array_t<float> sketch_table(const std::optional<py::array>& gradient,
+                                const py::array& residual, const py::array& keys, int64_t columns,
+                                bool clear_gradient) {
     if (gradient) {
         require_accumulation(*gradient, residual, clear_gradient);
-    } else {
+    } else {  // read only
         require_contiguous_1d(residual, "residual");
-        if (!residual.writeable()) throw py::value_error("residual must be writeable");
         clear_gradient = false;
     }
     require_float32(residual, "residual");
     const int rows = sketch_rows(keys, columns);
     py::array_t<float> table({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(columns)});
     float* g = gradient ? static_cast<float*>(const_cast<void*>(gradient->data())) : nullptr;
-    float* r = static_cast<float*>(residual.mutable_data());
+    float* r = static_cast<float*>(const_cast<void*>(residual.data()));  // written with a gradient
     const auto* k = static_cast<const uint32_t*>(keys.data());
     float* out = table.mutable_data();
     {
@@ -511,7 +510,8 @@ py::tuple sketch_select(const py::array& table, const py::array& keys, int64_t c
                               " values, rows x columns = " + std::to_string(rows * columns));
     }
     require_nonnegative(k);
-    if (d < 0) throw py::value_error("d must be >= 0, got " + std::to_string(d));
+    if (d < 0 && !estimate) throw py::value_error("d must be >= 0 without an estimate buffer");
+    if (d < 0) d = estimate->shape(0);  // d = -1: the buffer's size
     float* est = nullptr;
     if (estimate) {
         require_contiguous_1d(*estimate, "estimate");
@@ -875,7 +875,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("keys"), py::arg("columns"), py::arg("clear_gradient") = false,
           "residual += gradient; the count sketch of the residual (rows x columns float32).");
     m.def("sketch_select", &sketch_select, py::arg("table"), py::arg("keys"), py::arg("columns"),
-          py::arg("estimate"), py::arg("k"), py::arg("d"),
+          py::arg("estimate"), py::arg("k"), py::arg("d") = -1,
           "The top-k of the sketch's estimates of d entries (indices, values); estimate: a "
           "buffer of d float32 filled with them, or None (none are stored).");
     m.def("read_pass", &read_pass, py::arg("x"),

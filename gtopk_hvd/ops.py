@@ -495,7 +495,7 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     gradient_array = None
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
-    residual_view = as_numpy(residual, "residual", writeable=True)
+    residual_view = as_numpy(residual, "residual", writeable=gradient is not None)
     table = _C.sketch_table(gradient_array, residual_view.array, _host_keys(keys), columns,
                             bool(clear_gradient))
     return like(table, residual_view)

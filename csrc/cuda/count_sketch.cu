@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(kThreads)
 row_bitmaps_kernel(const float* table, int rows, int64_t columns, RowBitmaps bitmaps,
                    detail::Level first, const detail::SelectState* state) {
     const int guess = state->guess_bin;
+    if (guess <= 0) return;  // no guessed bin: pass 1 reads every estimate (the filter is off)
     const int64_t slots = rows * bitmaps.words_per_row * 32;
     const int lane = threadIdx.x % 32;
     const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -434,9 +435,10 @@ void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* k
 size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k, int rows,
                                      int64_t columns) {
     check_shape(rows, columns, "sketch_select_workspace_bytes");
-    return SelectLayout(select_workspace_bytes(ValueType::kFloat32, index_type, d, k), rows,
-                        columns)
-        .bytes;
+    const size_t engine = select_workspace_bytes(ValueType::kFloat32, index_type, d, k);
+    const int64_t n = std::clamp<int64_t>(k, 0, d);
+    if (n == 0 || n == d || !detail::plan_select<float, int64_t>(d, n).guess) return engine;
+    return SelectLayout(engine, rows, columns).bytes;
 }
 
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,

@@ -603,6 +603,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
     if (threadIdx.x == 0) shared_zeros = 0;
     clear_shared(shared_histogram, bins);
     const int guess_bin = state->guess_bin;
+    // With partial, an entry of first digit < guess_bin changes nothing here (not counted, not
+    // histogrammed, not buffered): select_topk_from's after_sample contract rests on it.
     const bool partial = guess_bin > 0;
     const InputEntries<T, Values> entries{values};
     WarpAppender<T, Index> appender(staging, &state->buffer_count, capacity, buffer_index,
