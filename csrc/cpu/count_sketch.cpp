@@ -104,8 +104,8 @@ void hash_buckets(uint64_t first, int64_t n, uint32_t key0, uint32_t columns, ui
     const uint32_t span0 = sketch::span_key(first, key0);
     const uint32_t low = static_cast<uint32_t>(first);
     for (int64_t e = 0; e < n; ++e) {
-        bucket[e] = sketch::bucket_of_word(sketch::mix32((low + static_cast<uint32_t>(e)) ^ span0),
-                                           columns);
+        const uint32_t lo = low + static_cast<uint32_t>(e);
+        bucket[e] = sketch::bucket_of_word(sketch::mix32(lo ^ span0), columns);
     }
 }
 
@@ -320,14 +320,17 @@ bool filter_without_estimates(const EstimateSource& source, int64_t d, uint32_t 
                 hash_buckets(static_cast<uint64_t>(b), n, shape.keys[2 * j], columns, bucket);
                 const uint64_t* row_bits = bits.data() + j * words_per_row;
                 for (int64_t e = 0; e < n; ++e) {
-                    above[e] += static_cast<uint8_t>((row_bits[bucket[e] / 64] >> (bucket[e] % 64)) & 1);
+                    const uint64_t word = row_bits[bucket[e] / 64];
+                    above[e] += static_cast<uint8_t>((word >> (bucket[e] % 64)) & 1);
                 }
             }
             for (int64_t e = 0; e < n; ++e) {
                 if (above[e] < need) continue;
                 const float value = source.at(b + e);
                 const uint32_t key = magnitude_key(value);
-                if (key >= threshold) mine.items.push_back({key, static_cast<Index>(b + e), value});
+                if (key >= threshold) {
+                    mine.items.push_back({key, static_cast<Index>(b + e), value});
+                }
             }
             mine.overflow = static_cast<int64_t>(mine.items.size()) > cap;
         }
@@ -340,7 +343,9 @@ bool filter_without_estimates(const EstimateSource& source, int64_t d, uint32_t 
     if (static_cast<int64_t>(total) > cap) return false;
     out.clear();
     out.reserve(total);
-    for (const auto& mine : per_thread) out.insert(out.end(), mine.items.begin(), mine.items.end());
+    for (const auto& mine : per_thread) {
+        out.insert(out.end(), mine.items.begin(), mine.items.end());
+    }
     return true;
 }
 
@@ -370,7 +375,8 @@ int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_
                       int64_t d, int64_t k, float* estimate, Index* out_index, float* out_value) {
     const SketchShape shape{keys, rows, columns};
     const int64_t n = std::clamp<int64_t>(k, 0, d);
-    if (estimate == nullptr && n > 0 && n * detail::kGuessMaxFraction <= d &&
+    if (estimate == nullptr && n == 0) return 0;
+    if (estimate == nullptr && n * detail::kGuessMaxFraction <= d &&
         d > detail::kGuessMinInput && table_is_plain(table, rows * columns)) {
         // The engine's first two steps (select_engine.h), its filter over the row bitmaps.
         EstimateSource sampled{table, shape, nullptr};

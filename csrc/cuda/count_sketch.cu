@@ -4,7 +4,8 @@
 //
 // sketch_table, no synchronisation:
 //   1. one pass over d: residual += gradient (gradient = 0 when clearing; no gradient: a read of
-//      the residual), and the largest finite magnitude key (a warp max, then one atomicMax per warp);
+//      the residual), and the largest finite magnitude key (a warp max, then one atomicMax per
+//      warp);
 //   2. the table in tiles, each a range of at most T columns of one row (T: half the L2 cache in
 //      int64 sums, at most the row): a read of d that adds q(i) of every entry whose bucket falls
 //      in the tile to the tile's int64 sums with 64-bit integer atomics (integer adds commute:
@@ -18,7 +19,10 @@
 // sketch_select: the top-k of |est| by the selection engine (select_engine.cuh) whose passes
 // compute est(i) from the table as they read entry i (rows gathers from the table and the median
 // of rows, in registers for rows <= kUnrolledRows): no d-entry estimate buffer, and typically
-// one pass over the entries.
+// one pass over the entries. Where the engine guesses a first-digit bin from its sample, its
+// pass 1 reads one bit per row an entry from bitmaps of the cells at or above that bin, built
+// between the sample and pass 1 (RowBitmaps), and gathers and takes the median only where
+// half the rows' bits are set: the table's floats are read for a small share of d.
 // sketch_estimate: est(i) for every i written to a d-entry buffer (one pass; tests and tools).
 #include <cuda_runtime.h>
 

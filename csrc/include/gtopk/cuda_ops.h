@@ -153,7 +153,8 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // pass 1 first reads one bit per row an entry from bitmaps of the table's cells at or above
 // the guessed bin (rows x columns bits in the workspace) and computes est(i) only where half
 // the rows' bits are set: no other entry can reach the bin. A given workspace smaller than
-// sketch_select_workspace_bytes but at least select_workspace_bytes' runs without them. sketch_estimate: estimate[i] = est(i) for i < d, one pass.
+// sketch_select_workspace_bytes but at least select_workspace_bytes' runs without them.
+// sketch_estimate: estimate[i] = est(i) for i < d, one pass.
 size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_columns = 0);
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
