@@ -100,6 +100,32 @@ def test_topk_allgather_on_tensors_equals_the_host_one_bit_for_bit(
         assert d_sent == [(4 + 4) * k * (workers - 1)] * 4
 
 
+@pytest.mark.parametrize("order", ["sorted", "unsorted", "duplicates"])
+def test_topk_allgather_of_one_worker_is_the_sum_from_zero(order: str) -> None:
+    """One worker: an index-sorted set is returned without a collective, each value + 0.0 (a
+    lone -0.0 becomes +0.0, NaN stays NaN) as np.add.at into zeros gives; a set out of order
+    or with a repeated index goes the general way (np.unique sorts it and sums repeats)."""
+    from gtopk_hvd.reductions.allgather import allgather_sets
+    from gtopk_hvd.transports.local import LocalGroup
+
+    rng = np.random.default_rng(3)
+    indices = np.sort(rng.choice(10_000, 300, replace=False)).astype(np.int32)
+    values = rng.standard_normal(300).astype(np.float32)
+    values[[0, 7]] = [-0.0, np.nan]
+    if order == "unsorted":
+        indices = indices[::-1].copy()
+    elif order == "duplicates":
+        indices[5] = indices[4]
+    want_indices, position = np.unique(indices, return_inverse=True)
+    want_values = np.zeros(want_indices.size, np.float32)
+    np.add.at(want_values, position, values)
+    result = allgather_sets(LocalGroup(1).transports[0], indices, values)
+    np.testing.assert_array_equal(result.indices, want_indices)
+    assert result.values.tobytes() == want_values.tobytes()
+    assert result.survived.all() and result.stats.bytes_sent == 0
+    assert result.stats.messages_sent == 0 and result.stats.bytes_received == 0
+
+
 @pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("workers", [1, 2, 3, 5])
 def test_exact_gtopk_on_tensors_equals_the_host_one_bit_for_bit(workers: int,

@@ -2,8 +2,9 @@
 
 In this process (Horovod of size 1): the transport wraps a one-worker thread group and records
 its calls (tests/helpers/counting_transport.py); with density 1.0 and one worker the update equals
-the local gradient, computed independently by plain autograd. At P = 1 gTop-k has no partner (no
-message), while Top-k's step still all-gathers its set through the transport.
+the local gradient, computed independently by plain autograd. At P = 1 neither reduction sends
+its set (gTop-k has no partner; Top-k's all-gather of one worker's set is the set itself), and
+the step's agreement check still goes through the transport given.
 
 Under mpirun (P = 3, tests/mpi/mpi_transport_seam.py): the torch optimizer and the TensorFlow
 tape, given a recording wrapper around MPI's or Horovod's transport, send every step's
@@ -25,12 +26,13 @@ def one_worker() -> CountingTransport:
     return CountingTransport(ThreadGroup(1).run(lambda t: t)[0])
 
 
-def check_step_calls(transport: CountingTransport, scheme: str, d: int) -> None:
-    """One worker, density 1.0: Top-k all-gathers its d indices and d values (int32, float32),
-    nothing coming back; gTop-k sends nothing."""
+def check_step_calls(transport: CountingTransport) -> None:
+    """One worker, density 1.0: no reduction sent a set through the transport (gTop-k has no
+    partner; Top-k's one-worker all-gather returns the set it holds, whose d entries reach the
+    update the caller compares); the callers check that the first step's agreement check went
+    through it."""
     calls = transport.take()
-    gathers = [(c.sent, c.received) for c in calls if c.operation == "allgatherv"]
-    assert gathers == ([(4 * d, 0)] * 2 if scheme == "topk" else []), calls
+    assert not [c for c in calls if c.operation == "allgatherv"], calls
     assert not data_messages(calls), calls
 
 
@@ -60,7 +62,7 @@ def test_torch_optimizer_uses_the_transport_it_is_given(scheme: str) -> None:
             if opt is optimizer:
                 if step == 0:  # the agreement check at the first step
                     assert [c.operation for c in transport.calls][0] == "allgather"
-                check_step_calls(transport, scheme, 18)
+                check_step_calls(transport)
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
@@ -82,7 +84,7 @@ def test_tensorflow_tape_uses_the_transport_it_is_given(scheme: str) -> None:
     (gradient,) = tape.gradient(loss, [variable])
     np.testing.assert_allclose(gradient.numpy(), 2 * np.arange(6, dtype=np.float32))
     assert [c.operation for c in transport.calls][0] == "allgather"  # the agreement check
-    check_step_calls(transport, scheme, 6)
+    check_step_calls(transport)
 
 
 def test_a_transport_without_horovods_workers_is_refused() -> None:

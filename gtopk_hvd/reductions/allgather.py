@@ -30,10 +30,15 @@ def topk_allgather(indices: np.ndarray, values: np.ndarray,
 
 def allgather_sets(transport: Transport, indices: np.ndarray, values: np.ndarray
                    ) -> SparseResult:
-    """`topk_allgather` over a resolved transport."""
+    """`topk_allgather` over a resolved transport. One worker holding an index-sorted set (a
+    sparsifier's) gathers nothing: the set is the union, each value summed from +0.0 as the
+    general path sums it."""
     indices = np.ascontiguousarray(indices)
     values = np.ascontiguousarray(values, dtype=np.float32)
     stats = ReductionStats(rounds=transport.size - 1)
+    if transport.size == 1 and bool(np.all(indices[1:] > indices[:-1])):
+        return SparseResult(indices, values + np.float32(0.0), np.ones(indices.size, bool),
+                            stats)
     start = time.perf_counter()
     counts = transport.allgather(np.array([indices.size], dtype=np.int64))[:, 0]
     ready = time.perf_counter()
