@@ -195,8 +195,9 @@ py::tuple segmented_accumulate_select(const std::optional<py::array>& gradient,
                                       const std::string& value_type, bool clear_gradient) {
     if (gradient) {
         require_accumulation(*gradient, residual, clear_gradient);
-    } else {  // read only
+    } else {
         require_contiguous_1d(residual, "residual");
+        if (!residual.writeable()) throw py::value_error("residual must be writeable");
         clear_gradient = false;
     }
     const int64_t d = residual.shape(0);
