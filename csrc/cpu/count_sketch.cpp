@@ -77,8 +77,20 @@ Extremes accumulate(float* gradient, float* residual, int64_t d, bool clear) {
     return all;
 }
 
-// Hashes of row (key0, key1) for the n entries from `first`, which lie in one 2^32 span (the
-// blocks start at multiples of 32): buckets, and sign masks (all ones where s_j(i) = -1).
+// Buckets of row key0 for the n entries from `first`, which lie in one 2^32 span (the blocks
+// start at multiples of 32).
+void hash_buckets(uint64_t first, int64_t n, uint32_t key0, uint32_t columns, uint32_t* bucket) {
+    const uint32_t span0 = sketch::span_key(first, key0);
+    const uint32_t low = static_cast<uint32_t>(first);
+    for (int64_t e = 0; e < n; ++e) {
+        const uint32_t lo = low + static_cast<uint32_t>(e);
+        bucket[e] = sketch::bucket_of_word(sketch::mix32(lo ^ span0), columns);
+    }
+}
+
+// Hashes of row (key0, key1) for the n entries from `first` (as hash_buckets): buckets, and
+// sign masks (all ones where s_j(i) = -1), in one loop (the table's hot loop: measurably
+// faster than hash_buckets and a second loop for the signs).
 void hash_row(uint64_t first, int64_t n, uint32_t key0, uint32_t key1, uint32_t columns,
               uint32_t* bucket, uint64_t* sign_mask) {
     const uint32_t span0 = sketch::span_key(first, key0), span1 = sketch::span_key(first, key1);
@@ -97,16 +109,6 @@ inline uint64_t quantised(float value, double scale) {
     const float finite = sketch::float_of_bits(float_bits(value) & bits);
     return static_cast<uint64_t>(
         static_cast<int64_t>(std::rint(static_cast<double>(finite) * scale)));
-}
-
-// Buckets of row key0 for the n entries from `first` (as hash_row, without the signs).
-void hash_buckets(uint64_t first, int64_t n, uint32_t key0, uint32_t columns, uint32_t* bucket) {
-    const uint32_t span0 = sketch::span_key(first, key0);
-    const uint32_t low = static_cast<uint32_t>(first);
-    for (int64_t e = 0; e < n; ++e) {
-        const uint32_t lo = low + static_cast<uint32_t>(e);
-        bucket[e] = sketch::bucket_of_word(sketch::mix32(lo ^ span0), columns);
-    }
 }
 
 // Adds s_j(i) q(i) for i in [begin, end) into sums (rows x columns, int64 as two's-complement
@@ -272,38 +274,29 @@ struct EstimateSource {
     const float* values() const { return estimate; }
 };
 
-// Whether the filter below may stand for the estimates: every cell finite and below 2^126 in
-// magnitude, so that no median is NaN and (lo + hi) * 0.5 cannot overflow.
-bool table_is_plain(const float* table, int64_t cells) {
-    constexpr uint32_t kHugeKey = uint32_t{126 + 127} << 23;
-    uint32_t max_key = 0;
-    for (int64_t c = 0; c < cells; ++c) max_key = std::max(max_key, key_of(table[c]));
-    return max_key < kHugeKey;
-}
-
-// Candidates of the sampled threshold without the estimates of every entry. If |est(i)| >= t
-// then at least need = ceil(rows / 2) of the row values have |s_j(i) S[j, h_j(i)]| >= t (odd
-// rows: est is the middle value, and the values ranked above it are at least it; even rows:
-// (lo + hi) * 0.5 >= t needs hi >= t, as rounding is monotone, and rows / 2 values rank at or
-// above hi; likewise below -t). So a bit per cell, |S[j, c]| >= t, and one hashed bit read per
-// row an entry find every candidate; est(i) is computed for the entries with `need` bits set,
-// and those with |est(i)| >= t are kept, in index order: the candidates of the engine's
-// filter pass (select_engine.h) over the estimates, without them. The bitmaps take
-// rows x columns bits (a 32nd of the table), read instead of the table's floats.
+// Candidates of the sampled threshold t without the estimates of every entry: a bit per cell,
+// |S[j, c]| >= t, then one hashed bit read per row an entry, est(i) computed only where
+// sketch::may_reach (gtopk/count_sketch.h) allows it, and kept if |est(i)| >= t, in index
+// order: the candidates of the engine's filter pass (select_engine.h) over the estimates,
+// without them. The bitmaps take rows x columns bits (a 32nd of the table). False, as for too
+// many candidates, when a cell is at or above sketch::kFilterMaxKey (the rule does not hold).
 template <typename Index>
 bool filter_without_estimates(const EstimateSource& source, int64_t d, uint32_t threshold,
                               int64_t cap, std::vector<detail::Candidate<float, Index>>& out) {
     const SketchShape& shape = source.shape;
     const int64_t words_per_row = (shape.columns + 63) / 64;
     std::vector<uint64_t> bits(static_cast<size_t>(shape.rows * words_per_row), 0);
+    uint32_t max_key = 0;
     for (int j = 0; j < shape.rows; ++j) {
         const float* row = source.table + j * shape.columns;
         uint64_t* row_bits = bits.data() + j * words_per_row;
         for (int64_t c = 0; c < shape.columns; ++c) {
-            row_bits[c / 64] |= uint64_t{key_of(row[c]) >= threshold} << (c % 64);
+            const uint32_t key = key_of(row[c]);
+            max_key = std::max(max_key, key);
+            row_bits[c / 64] |= uint64_t{key >= threshold} << (c % 64);
         }
     }
-    const int need = (shape.rows + 1) / 2;
+    if (max_key >= sketch::kFilterMaxKey) return false;
     const uint32_t columns = static_cast<uint32_t>(shape.columns);
     const int n_threads = detail::threads_for(d);
     std::vector<detail::ThreadCandidates<float, Index>> per_thread(n_threads);
@@ -325,7 +318,7 @@ bool filter_without_estimates(const EstimateSource& source, int64_t d, uint32_t 
                 }
             }
             for (int64_t e = 0; e < n; ++e) {
-                if (above[e] < need) continue;
+                if (!sketch::may_reach(above[e], shape.rows)) continue;
                 const float value = source.at(b + e);
                 const uint32_t key = magnitude_key(value);
                 if (key >= threshold) {
@@ -377,7 +370,7 @@ int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_
     const int64_t n = std::clamp<int64_t>(k, 0, d);
     if (estimate == nullptr && n == 0) return 0;
     if (estimate == nullptr && n * detail::kGuessMaxFraction <= d &&
-        d > detail::kGuessMinInput && table_is_plain(table, rows * columns)) {
+        d > detail::kGuessMinInput) {
         // The engine's first two steps (select_engine.h), its filter over the row bitmaps.
         EstimateSource sampled{table, shape, nullptr};
         uint32_t threshold;

@@ -128,14 +128,12 @@ auto with_estimates(const float* table, const uint32_t* keys, int rows, int64_t 
     return body(estimates);
 }
 
-// The row bitmaps of the selection's pass 1: bit (j, c) set when S[j, c]'s first digit (the
-// engine's 12 top key bits) is at or above the guessed bin g > 0; `off` set when some cell is
-// non-finite or >= 2^126 in magnitude (a NaN median, or (lo + hi) * 0.5 overflowing, would
-// break the rule below). If est(i)'s first digit is >= g, then |est(i)| >= the bin's least
-// value, so at least ceil(rows / 2) of the row values are too (odd rows: the median and the
-// values ranked above it; even rows: (lo + hi) * 0.5 is at most hi, rounding being monotone,
-// and hi and the values above it), and the row bits of i say so. Pass 1 then computes est(i)
-// only where ceil(rows / 2) of i's bits are set, and reads 0 (below g: not looked at) elsewhere.
+// The row bitmaps of the selection's pass 1 (the rule: sketch::may_reach, count_sketch.h): bit
+// (j, c) set when S[j, c]'s first digit (the engine's 12 top key bits) is at or above the
+// guessed bin g > 0, so that an entry whose first digit can reach g has its rows' bits set;
+// `off` set when a cell is at or above sketch::kFilterMaxKey (the rule does not hold). Pass 1
+// then computes est(i) only where the bits allow it, and reads 0 (below g: not looked at)
+// elsewhere.
 struct RowBitmaps {
     uint32_t* words;        // rows x words_per_row, bit c % 32 of word c / 32 for column c
     int64_t words_per_row;  // ceil(columns / 32)
@@ -146,8 +144,6 @@ struct RowBitmaps {
         return (static_cast<size_t>(rows) * words_for(columns) + 1) * sizeof(uint32_t);
     }
 };
-
-constexpr uint32_t kHugeKey = uint32_t{126 + 127} << 23;  // magnitude key of 2^126
 
 // One warp per word: lane b reads column 32 w + b of the row, the ballot is the word.
 __global__ void __launch_bounds__(kThreads)
@@ -166,8 +162,8 @@ row_bitmaps_kernel(const float* table, int rows, int64_t columns, RowBitmaps bit
         bool bit = false, bad = false;
         if (c < columns) {
             const uint32_t key = __float_as_uint(table[j * columns + c]) & 0x7FFFFFFFu;
-            bad = key >= kHugeKey;
-            bit = guess > 0 && static_cast<int>(detail::digit_of(first, key, 0)) >= guess;
+            bad = key >= sketch::kFilterMaxKey;
+            bit = static_cast<int>(detail::digit_of(first, key, 0)) >= guess;
         }
         const unsigned bits = __ballot_sync(0xFFFFFFFFu, bit);
         const bool any_bad = __any_sync(0xFFFFFFFFu, bad);
@@ -182,9 +178,7 @@ row_bitmaps_kernel(const float* table, int rows, int64_t columns, RowBitmaps bit
 // (RowBitmaps); the sample and the later passes read the estimates themselves (peek).
 template <int Bound> struct FilteredEstimates {
     SketchEstimates<Bound> exact;
-    const uint32_t* words;
-    int64_t words_per_row;
-    const unsigned int* off;
+    RowBitmaps bitmaps;
     const detail::SelectState* state;
     bool filtering = false;  // read on the device, once per kernel (on_device)
 
@@ -200,16 +194,17 @@ template <int Bound> struct FilteredEstimates {
             if (j < exact.rows) {
                 const uint32_t b =
                     sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]), columns);
-                set += (__ldg(words + j * words_per_row + b / 32) >> (b % 32)) & 1u;
+                set += (__ldg(bitmaps.words + j * bitmaps.words_per_row + b / 32) >> (b % 32)) &
+                       1u;
             }
         }
-        return 2 * set >= exact.rows;  // set >= ceil(rows / 2)
+        return sketch::may_reach(set, exact.rows);
     }
 };
 
 template <int Bound>
 __device__ __forceinline__ FilteredEstimates<Bound> on_device(FilteredEstimates<Bound> values) {
-    values.filtering = values.state->guess_bin > 0 && *values.off == 0;
+    values.filtering = values.state->guess_bin > 0 && *values.bitmaps.off == 0;
     return values;
 }
 
@@ -369,12 +364,12 @@ int64_t select_typed(const SketchEstimates<Bound>& estimates, int64_t d, int64_t
         return n;
     }
     detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
-        const RowBitmaps bitmaps{detail::piece<uint32_t>(scratch, layout.words),
-                                 RowBitmaps::words_for(estimates.columns),
-                                 detail::piece<unsigned int>(scratch, layout.words) +
-                                     estimates.rows * RowBitmaps::words_for(estimates.columns)};
-        FilteredEstimates<Bound> filtered{estimates, bitmaps.words, bitmaps.words_per_row,
-                                          bitmaps.off, nullptr};
+        const int64_t words_per_row = RowBitmaps::words_for(estimates.columns);
+        uint32_t* words = detail::piece<uint32_t>(scratch, layout.words);
+        const RowBitmaps bitmaps{words, words_per_row, words + estimates.rows * words_per_row};
+        // The engine's state lies at the plan's place: pass 1's source reads the guess there.
+        const FilteredEstimates<Bound> filtered{
+            estimates, bitmaps, detail::piece<detail::SelectState>(scratch, plan.at_state)};
         auto build_bitmaps = [&](const detail::SelectState* state, const detail::Level& first,
                                  cudaStream_t s) {
             GTOPK_CUDA_CHECK(cudaMemsetAsync(bitmaps.off, 0, sizeof(unsigned int), s));
@@ -383,8 +378,6 @@ int64_t select_typed(const SketchEstimates<Bound>& estimates, int64_t d, int64_t
                 estimates.table, estimates.rows, estimates.columns, bitmaps, first, state);
             GTOPK_CUDA_CHECK_LAUNCH("row_bitmaps_kernel");
         };
-        // The engine's state lies at the plan's place: pass 1's source reads the guess there.
-        filtered.state = detail::piece<detail::SelectState>(scratch, plan.at_state);
         detail::select_topk_from<float, Index>(plan, filtered, estimates, index_out, out_value,
                                                nullptr, scratch, stream, nullptr, build_bitmaps);
     });

@@ -131,6 +131,17 @@ GTOPK_HOST_DEVICE float median(const float* v, int rows) {
     return median_of_middle(lo, hi, rows, any_nan);
 }
 
+// The row-bitmap filter of both selections: if |est(i)| >= t, then at least ceil(rows / 2) of
+// the row values |s_j(i) S[j, h_j(i)]| are >= t (odd rows: the median and the values ranked
+// beyond it; even rows: (lo + hi) * 0.5 is at most hi, rounding being monotone, and hi and the
+// values beyond it; likewise below -t). So with a bit per cell, |S[j, c]| >= t, an entry whose
+// rows have fewer bits set cannot reach t. It needs every cell below kFilterMaxKey in
+// magnitude (finite and < 2^126): no NaN median, no (lo + hi) overflowing.
+constexpr uint32_t kFilterMaxKey = uint32_t{126 + 127} << 23;
+
+// Whether an entry with `set` of its rows' bits set may reach the threshold.
+GTOPK_HOST_DEVICE bool may_reach(int set, int rows) { return 2 * set >= rows; }
+
 // s_j(i) S[j, h_j(i)] for row j with keys (key0, key1).
 GTOPK_HOST_DEVICE float row_value(const float* table_row, uint64_t i, uint32_t key0,
                                   uint32_t key1, int64_t columns) {

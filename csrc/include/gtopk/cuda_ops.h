@@ -144,9 +144,9 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 //
 // sketch_table: residual += gradient (gradient = 0 if clear_gradient; gradient == nullptr: the
 // residual as it is), table (rows x columns float32, device) = S of the accumulated residual:
-// one pass over d, then the table in tiles of
-// at most tile_columns columns of one row (0: half the L2 cache's worth of int64 sums), one read
-// of d per tile; the workspace holds one tile's sums.
+// one pass over d, then the table in tiles of at most tile_columns columns of one row (0: half
+// the L2 cache's worth of int64 sums), one read of d per tile; the workspace holds one tile's
+// sums.
 // sketch_select: the top-min(k, d) of |est(i)|, i < d, as topk_abs orders them (index-sorted
 // (indices, values = est)), est computed from the table inside the selection's passes (no
 // d-entry buffer): returns the count. Where the engine guesses from a sample (k <= d / 16),
