@@ -30,8 +30,7 @@ def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     created = not dist.is_initialized()
     if created:
         store = dist.FileStore(str(tmp_path_factory.mktemp("ddp_cuda") / "store"), 1)
-        # CUDA tensors through NCCL, as DDP on GPUs: the first version, all Gloo, blocked in a
-        # native call on the H200 machine (docs/results.md, run 8)
+        # CUDA tensors through NCCL, as DDP on GPUs
         dist.init_process_group("cpu:gloo,cuda:nccl", store=store, rank=0, world_size=1)
     yield
     if created:
@@ -61,12 +60,14 @@ def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None,
                                last=i == len(SIZES) - 1) for i, v in enumerate(values)]
         cuda_buckets = [Bucket(i, cuda_parameters[i], torch.from_numpy(v).cuda(),
                                last=i == len(SIZES) - 1) for i, v in enumerate(values)]
-        host_got = [gtopk_hook(host_state, b).wait() for b in host_buckets]
+        # the hook holds every bucket until the last one: a future is waited for after all
+        host_futures = [gtopk_hook(host_state, b) for b in host_buckets]
+        host_got = [future.wait() for future in host_futures]
         futures = []
         for bucket in cuda_buckets:
             if step >= 4 and (on_device or not bucket.is_last()):
                 torch.cuda.synchronize()
-                torch.cuda._sleep(50_000_000)  # keeps the stream busy for tens of ms
+                torch.cuda._sleep(200_000_000)  # keeps the stream busy for about 0.1 s
                 futures.append(gtopk_hook(cuda_state, bucket))
                 assert not torch.cuda.current_stream().query(), "the hook waited"
             else:
