@@ -519,7 +519,9 @@ def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
     half the rows have their bit set (no other entry can reach the threshold); if the guess
     misses, or the table holds a non-finite value, the estimates go to a temporary buffer and
     the selection runs over it. CUDA (a CUDA table): the selection's passes compute est(i) from
-    the table as they read entry i; a given estimate is filled besides (one more pass).
+    the table as they read entry i; a given estimate is filled besides (one more pass). The
+    kernel's bitmap filter (cuda_ops.h) is not used: on the GPU it made pass 1 slower, not
+    faster (docs/results.md, run 9).
     """
     k = check_count(k)
     columns = _table_columns(table)
@@ -1333,16 +1335,19 @@ def _cuda_sketch_device_table(table: Any, keys: np.ndarray, columns: int, device
     return table
 
 
-def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int,
-                        estimate: Any) -> tuple[Any, Any]:
+def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int, estimate: Any,
+                        row_filter: bool = False) -> tuple[Any, Any]:
+    """row_filter: size the workspace for the kernel's row bitmaps, so that its pass 1 filters
+    (an A/B for scripts/gpu_profile.py; the same selection either way)."""
     _require_cuda_build()
     keys = _host_keys(keys)
     device = table.device if is_cuda(table) else estimate.device
     table = _cuda_sketch_device_table(table, keys, columns, device)
     indices, values, _, index_type = _cuda_outputs(table, min(k, d), d)
     with _on_device(device):
-        workspace = _workspace(
-            _C.cuda_sketch_select_workspace_bytes(index_type, d, k, keys, columns), device)
+        room = (_C.cuda_sketch_select_workspace_bytes(index_type, d, k, keys, columns)
+                if row_filter else _C.cuda_sketch_select_workspace_bytes(index_type, d, k))
+        workspace = _workspace(room, device)
         _C.cuda_sketch_select(table.data_ptr(), keys, columns, d, k, index_type,
                               indices.data_ptr(), values.data_ptr(), _stream(device),
                               workspace.data_ptr(), workspace.numel())

@@ -11,6 +11,10 @@ Cases (density 0.001, float32, Gaussian values):
                     for every --schemes entry
     <scheme>-update@D   the same SparseStep's update(gradient, out) into a device buffer (what
                     the adapters run) for every --update-schemes entry
+    sketch-select@D, sketch-select-filtered@D   the sketch's selection alone (5 rows, 10 k
+                    columns, the table of a Gaussian residual), without and with the kernel's
+                    row bitmaps in pass 1 (ops.sketch_select runs without: run 9 measured the
+                    filtered pass slower); D = --step-d, when "sketch" is in --schemes
 
 For each case: the median wall time of --repeats calls (synchronised around each), then one
 profiled call per repeat under torch.profiler: per kernel name its calls and device time per
@@ -33,6 +37,7 @@ from gpu_step import SCHEMES
 
 from gtopk_hvd import ops
 from gtopk_hvd.core import SparseStep
+from gtopk_hvd.schemes.sketch import sketch_keys
 from gtopk_hvd.transports.local import LocalGroup
 
 
@@ -109,6 +114,18 @@ def step_case(device: torch.device, d: int, density: float, scheme: str, update:
     return lambda: step.step(gradient)
 
 
+def sketch_select_case(device: torch.device, d: int, density: float, row_filter: bool
+                       ) -> Callable[[], object]:
+    residual = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(2))
+    k = max(1, int(density * d))
+    keys, columns = sketch_keys(5, 3), 10 * k
+    table = ops.sketch_table(None, residual, keys, columns)
+    if device.type != "cuda":  # the dry run: the CPU has one selection
+        return lambda: ops.sketch_select(table, keys, k, d=d)
+    return lambda: ops._cuda_sketch_select(table, keys, columns, k, d, None,
+                                           row_filter=row_filter)
+
+
 def print_case(name: str, record: dict[str, Any]) -> None:
     if "error" in record:
         print(f"{name}: error {record['error']}", flush=True)
@@ -136,6 +153,11 @@ def main() -> None:
         for scheme in args.schemes:
             cases.append((f"{scheme}@{int(size)}",
                           lambda d=int(size), s=scheme: step_case(device, d, args.density, s)))
+        if "sketch" in args.schemes:
+            for suffix, row_filter in (("", False), ("-filtered", True)):
+                cases.append((f"sketch-select{suffix}@{int(size)}",
+                              lambda d=int(size), f=row_filter: sketch_select_case(
+                                  device, d, args.density, f)))
         for scheme in args.update_schemes:
             cases.append((f"{scheme}-update@{int(size)}",
                           lambda d=int(size), s=scheme: step_case(device, d, args.density, s,

@@ -389,11 +389,18 @@ def test_the_scheme_keeps_nothing_of_d_entries_but_its_residual() -> None:
     assert 1.0 <= kept < 1.2, kept
 
 
-def cuda_select(table: np.ndarray, keys: np.ndarray, k: int, d: int) -> tuple:
-    """The CUDA selection with no estimate buffer (estimates computed inside it), on the host."""
+def cuda_select(table: np.ndarray, keys: np.ndarray, k: int, d: int,
+                row_filter: bool = False) -> tuple:
+    """The CUDA selection with no estimate buffer (estimates computed inside it), on the host;
+    row_filter: with the kernel's row bitmaps (the workspace sized for them)."""
     import torch
 
-    indices, values = ops.sketch_select(torch.from_numpy(table).cuda(), keys, k, d=d)
+    gpu_table = torch.from_numpy(table).cuda()
+    if row_filter:
+        indices, values = ops._cuda_sketch_select(gpu_table, keys, table.shape[1], k, d, None,
+                                                  row_filter=True)
+    else:
+        indices, values = ops.sketch_select(gpu_table, keys, k, d=d)
     assert indices.is_cuda and values.is_cuda
     return indices.cpu().numpy(), values.cpu().numpy()
 
@@ -421,8 +428,8 @@ def test_cuda_tiles_do_not_change_the_table(tile_columns: int) -> None:
 
 @cuda
 def test_cuda_select_in_a_workspace_without_the_bitmaps() -> None:
-    """A workspace sized as before the row bitmaps (no keys given: an older caller's) runs the
-    selection unfiltered: the same indices and values as with room for them."""
+    """A workspace sized without the row bitmaps (no keys given: what ops.sketch_select sizes)
+    runs the selection unfiltered: the same indices and values as with room for them."""
     import torch
 
     from gtopk_hvd import _C
@@ -430,7 +437,7 @@ def test_cuda_select_in_a_workspace_without_the_bitmaps() -> None:
     d, rows, columns, k = 1_000_003, 5, 5_003, 1_000
     keys = sketch_keys(rows, 13)
     table = table_of(vector("normal", d), keys, columns)
-    want_indices, want_values = cuda_select(table, keys, k, d)
+    want_indices, want_values = cuda_select(table, keys, k, d, row_filter=True)
     small = _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k)
     assert small < _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k, keys,
                                                          columns)
@@ -491,14 +498,18 @@ def test_cuda_select_with_row_bitmaps_equals_the_cpu_selection(rows: int, kind: 
     if kind == "ties":
         table = np.ones((rows, columns), np.float32)
     else:
-        table = table_of(vector(kind, d), keys, columns).reshape(rows, columns)
+        source = "normal" if kind == "nan" else kind
+        table = table_of(vector(source, d), keys, columns).reshape(rows, columns)
     if kind == "huge":
         table[-1, 7] = 2.0**126
     if kind == "nan":  # a NaN median with fewer than half the bits set: the filter must be off
         table[0, 3] = np.nan
     for k in (1, 100, 1_000, 10_000, d // 16, d // 15):
         cpu_indices, cpu_values = ops.sketch_select(table, keys, k, d=d)
-        indices, values = cuda_select(table, keys, k, d)
+        indices, values = cuda_select(table, keys, k, d, row_filter=True)
+        np.testing.assert_array_equal(indices, cpu_indices)
+        assert_bits(values, cpu_values)
+        indices, values = cuda_select(table, keys, k, d)  # what ops.sketch_select runs
         np.testing.assert_array_equal(indices, cpu_indices)
         assert_bits(values, cpu_values)
 
