@@ -45,6 +45,10 @@
 #                            Horovod ones, whose compile would load the CPUs while the timed
 #                            stages run; Horovod in a call of its own:
 #                            "machine build horovod_build horovod_run")
+#   GPU_CHECK_PREBUILT=1     use the extension carried in gtopk_hvd/ (built elsewhere for this
+#                            machine's Python, e.g. `GTOPK_NATIVE=0 CXXFLAGS=-march=x86-64-v4
+#                            CUDAARCHS=90-real python3.12 setup.py build_ext --inplace`) when it
+#                            imports with its CUDA kernels; otherwise build as usual
 #   GPU_CHECK_FULL_TESTS=1   the tests stage includes the full-sort references at d = 2^24
 #   GPU_CHECK_TEST_FILES     the tests stage's files instead of its list (space-separated)
 #   GPU_CHECK_TEST_K         and a pytest -k expression choosing among their tests
@@ -186,9 +190,20 @@ stage_horovod_build() {
 stage_build() {
     if [[ $DEVICE == cpu ]]; then
         echo "dry run: no build; the extension already built in gtopk_hvd/ is used"
-    elif ! GTOPK_BUILD_JOBS=$JOBS "$PY" -m pip install --no-build-isolation --no-deps -e .; then
-        echo "pip install -e . failed; trying setup.py build_ext --inplace"
-        GTOPK_BUILD_JOBS=$JOBS "$PY" setup.py build_ext --inplace || return
+    elif [[ ${GPU_CHECK_PREBUILT:-0} == 1 ]] &&
+            "$PY" -c "from gtopk_hvd import ops; assert ops.cuda_built" 2>&1; then
+        echo "GPU_CHECK_PREBUILT=1: the carried extension imports with its CUDA kernels; no build"
+    else
+        # this GPU's architecture only (CMake's default builds two: run 9's build took 226 s)
+        local arch
+        arch="$("$PY" -c "import torch; print('%d%d-real' % torch.cuda.get_device_capability())" \
+            2>/dev/null)" || arch=""
+        export CUDAARCHS="${CUDAARCHS:-$arch}"
+        echo "CUDAARCHS=${CUDAARCHS:-unset, the CMake default}"
+        if ! GTOPK_BUILD_JOBS=$JOBS "$PY" -m pip install --no-build-isolation --no-deps -e .; then
+            echo "pip install -e . failed; trying setup.py build_ext --inplace"
+            GTOPK_BUILD_JOBS=$JOBS "$PY" setup.py build_ext --inplace || return
+        fi
     fi
     "$PY" scripts/gpu_machine.py build "$FIG/build.json"
 }
