@@ -737,7 +737,7 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d,
                                   const py::array& keys, int64_t columns, bool clear_gradient,
                                   uintptr_t table, uintptr_t stream, uintptr_t workspace,
-                                  size_t workspace_bytes, int64_t tile_columns) {
+                                  size_t workspace_bytes, int64_t tile_columns, uintptr_t skip) {
         const int rows = sketch_rows(keys, columns);
         const auto* key_words = static_cast<const uint32_t*>(keys.data());
         py::gil_scoped_release release;
@@ -746,10 +746,11 @@ void bind_cuda(py::module_& m) {
                                   columns, clear_gradient, static_cast<float*>(as_pointer(table)),
                                   as_pointer(stream),
                                   Workspace{as_pointer(workspace), workspace_bytes},
-                                  tile_columns);
+                                  tile_columns, static_cast<const int32_t*>(as_pointer(skip)));
     }, py::arg("gradient"), py::arg("residual"), py::arg("d"), py::arg("keys"),
        py::arg("columns"), py::arg("clear_gradient"), py::arg("table"), py::arg("stream"),
-       py::arg("workspace"), py::arg("workspace_bytes"), py::arg("tile_columns") = 0);
+       py::arg("workspace"), py::arg("workspace_bytes"), py::arg("tile_columns") = 0,
+       py::arg("skip") = 0);
     m.def("cuda_sketch_select_workspace_bytes", [](IndexType index_type, int64_t d, int64_t k,
                                                    std::optional<py::array> keys,
                                                    int64_t columns) {

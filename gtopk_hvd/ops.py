@@ -140,7 +140,7 @@ def accumulate_select(
         skip = None
     if gradient is None:  # the residual already holds the accumulated gradient
         indices, values = topk_abs(residual, k, threshold_hint)
-        residual[indices.long() if framework_of(indices) == "torch" else indices] = 0
+        zero_at(residual, indices)
         return indices, values
     if is_cuda(gradient) or is_cuda(residual):
         return _cuda_accumulate_select(gradient, residual, k, clear_gradient, skip)
@@ -466,7 +466,7 @@ def _torch_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: i
 
 
 def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
-                 clear_gradient: bool = False, tile_columns: int = 0) -> Any:
+                 clear_gradient: bool = False, tile_columns: int = 0, skip: Any = None) -> Any:
     """Sketched SGD's count sketch fused with the accumulation (gtopk/count_sketch.h):
 
         residual += gradient                        (gradient = 0 too if clear_gradient)
@@ -484,14 +484,20 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     most tile_columns columns of one row (0: as many as half the L2 cache holds as int64 sums),
     one read of d and one tile's sums of workspace each; tile_columns never changes the result
     (the CPU ignores it). gradient None: the sketch of the residual as it is (a read instead of
-    the accumulation; clear_gradient ignored).
+    the accumulation; clear_gradient ignored). skip: as `accumulate_select`'s (when set, the
+    sketch of the residual as it is, left so, the gradient still cleared if asked; the CUDA
+    kernel reads the flag, elsewhere it is read here).
     """
     columns = int(columns)
     if gradient is None:
         clear_gradient = False
     if is_cuda(residual) or (gradient is not None and is_cuda(gradient)):
         return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient,
-                                  int(tile_columns))
+                                  int(tile_columns), skip)
+    if skip is not None and flag_set(skip):
+        if clear_gradient:
+            gradient[:] = 0
+        gradient, clear_gradient = None, False
     gradient_array = None
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
@@ -808,7 +814,7 @@ def mark_nonfinite(x: Any, flag: Any) -> None:
     on the device (temporaries of x's size, no wait). Host x: `all_finite` (its read)."""
     if not is_cuda(x):
         if not all_finite(x):
-            flag[0] = 1
+            flag[:] = 1  # a slice: a fill where the flag lives (flag[0] = 1 copies from the host)
         return
     import torch
 
@@ -844,17 +850,21 @@ def flag_set(flag: Any) -> bool:
 def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
     """x[indices] = 0 in place (indices may repeat); left as it is where the skip flag (as
     `accumulate_select`'s) is set: on a GPU chosen on the device (a gather and a scatter of
-    len(indices) values, no host wait)."""
-    if skip is None or not is_cuda(x):
-        if skip is not None and flag_set(skip):
-            return
-        x[indices] = 0.0
+    len(indices) values, no host wait). On a torch tensor the zero is made where x lives: a
+    Python 0.0 put at tensor indices is copied from the host, and on a GPU that copy waits for
+    the stream (torch's index_put_)."""
+    if framework_of(x) != "torch":
+        if skip is None or not flag_set(skip):
+            x[indices] = 0.0
         return
     import torch
 
-    kept = torch.where(skip.reshape(()) != 0, x[indices], torch.zeros((), dtype=x.dtype,
-                                                                      device=x.device))
-    x[indices] = kept
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    if skip is None or not is_cuda(x):
+        if skip is None or not flag_set(skip):
+            x[indices] = zero
+        return
+    x[indices] = torch.where(skip.reshape(()) != 0, x[indices], zero)
 
 
 class LaterFlag:
@@ -1297,7 +1307,7 @@ def _cuda_sorted_union(a: Any, b: Any) -> Any:
 
 
 def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
-                       clear_gradient: bool, tile_columns: int) -> Any:
+                       clear_gradient: bool, tile_columns: int, skip: Any = None) -> Any:
     import torch
 
     _require_cuda_build()
@@ -1317,7 +1327,8 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
         gradient_pointer = 0 if gradient is None else gradient.data_ptr()
         _C.cuda_sketch_table(gradient_pointer, residual.data_ptr(), residual.numel(), keys,
                              columns, bool(clear_gradient), table.data_ptr(), _stream(device),
-                             workspace.data_ptr(), workspace.numel(), tile_columns)
+                             workspace.data_ptr(), workspace.numel(), tile_columns,
+                             _flag_address(skip, residual))
     return table
 
 

@@ -468,6 +468,39 @@ def test_cuda_table_of_the_residual_as_it_is() -> None:
 
 
 @cuda
+@pytest.mark.parametrize("clear", [False, True])
+def test_cuda_table_reads_the_skip_flag_on_the_device(clear: bool) -> None:
+    """A set flag: the table of the residual as it is, the residual left so and the gradient
+    cleared if asked, the CPU's bits; a clear flag: the call without one. Behind a busy stream
+    the call returns without waiting for it (the kernel reads the flag)."""
+    import torch
+
+    d, keys, columns = 300_007, sketch_keys(5, 13), 2999
+    gradient, residual = vector("normal", d), vector("mixed_scales", d)
+    # A first call loads the kernels (CUDA's lazy module loading may wait for the device then)
+    ops.sketch_table(torch.from_numpy(gradient).cuda(), torch.from_numpy(residual).cuda(), keys,
+                     columns, clear, skip=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    for value in (1, 0):
+        flag = torch.tensor([value], dtype=torch.int32, device="cuda")
+        gpu_gradient = torch.from_numpy(gradient).cuda()
+        gpu_residual = torch.from_numpy(residual).cuda()
+        cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
+        if value:
+            want = ops.sketch_table(None, cpu_residual, keys, columns)
+            if clear:
+                cpu_gradient[:] = 0
+        else:
+            want = ops.sketch_table(cpu_gradient, cpu_residual, keys, columns, clear)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # keeps the stream busy for about 0.1 s
+        got = ops.sketch_table(gpu_gradient, gpu_residual, keys, columns, clear, skip=flag)
+        assert not torch.cuda.current_stream().query(), "the call waited for the stream"
+        assert_bits(got.cpu().numpy(), want)
+        assert_bits(gpu_residual.cpu().numpy(), cpu_residual)
+        assert_bits(gpu_gradient.cpu().numpy(), cpu_gradient)
+
+
+@cuda
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 64])
 @pytest.mark.parametrize("d", [100, 70_001, 1_000_003])
 def test_cuda_fused_select_equals_the_cpu_selection(rows: int, d: int) -> None:

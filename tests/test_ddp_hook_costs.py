@@ -82,12 +82,17 @@ def split(n: int, parts: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.zeros(size, dtype=dtype) for size in sizes]
 
 
-@pytest.mark.parametrize("scheme", ["gtopk", "topk"])
+ONE_READ = {"gtopk": lambda: Compression.gtopk(0.02), "topk": lambda: Compression.topk(0.02),
+            "gtopk-exact": lambda: Compression.gtopk(0.02, exact=True),
+            "sketch": lambda: Compression.sketch(0.02)}
+
+
+@pytest.mark.parametrize("scheme", list(ONE_READ))
 def test_one_sparse_iteration_reads_the_host_once(one_worker: None, device_like_buckets: None,
                                                   scheme: str) -> None:
     """nonfinite="propagate", P = 1, three buckets: one host read per iteration (the flag),
     not one per bucket; and a NaN in a middle bucket still skips the whole iteration."""
-    compression = getattr(Compression, scheme)(0.02)
+    compression = ONE_READ[scheme]()
     state = GTopkHookState(compression=compression, start_iter=2)
     parameters = [split(n, 4, torch.float32) for n in SIZES]
     for step in range(4):  # two dense iterations, then the steps are built and agree

@@ -1,7 +1,8 @@
 """The DDP hook on CUDA buckets (run by scripts/gpu_check.sh's tests stage): the same updates,
 residuals and skipped iteration as the host path, bit for bit, and no wait for the device at any
 bucket: each bucket's non-finite read stays on the device (`ops.mark_nonfinite`), and so does
-the decision to skip at the last one (`skip_on_device`, the default on CUDA buckets;
+the decision to skip at the last one (`skip_on_device`, the default on CUDA buckets; gTop-k and
+the sketch, whose table's kernel reads the flag;
 tests/test_ddp_hook_costs.py and tests/test_device_skip.py count the host reads without a
 GPU). With skip_on_device=False the last bucket waits (the host decision) and the results are
 the same."""
@@ -45,10 +46,11 @@ def gradients(step: int) -> list[np.ndarray]:
     return values
 
 
+@pytest.mark.parametrize("scheme", ["gtopk", "sketch"])
 @pytest.mark.parametrize("on_device", [True, False])
-def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None,
-                                                       on_device: bool) -> None:
-    compression = Compression.gtopk(0.02)
+def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None, on_device: bool,
+                                                       scheme: str) -> None:
+    compression = getattr(Compression, scheme)(0.02)
     host_state = GTopkHookState(compression=compression, start_iter=2)
     cuda_state = GTopkHookState(compression=compression, start_iter=2,
                                 skip_on_device=None if on_device else False)

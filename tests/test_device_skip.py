@@ -5,12 +5,13 @@ that the step's kernels read, instead of reading it on the host (which waits for
 backward). Here the torch state lives on CPU tensors that refuse what a CUDA tensor refuses
 (tests/helpers/device_like.py), and every check compares with the host-decided skip:
 
-- each kernel with a set flag leaves its state bit-equal and returns a valid set; with a clear
-  flag it equals the call without one;
+- each kernel with a set flag leaves its state bit-equal and returns a valid set (the sketch's
+  table: that of the residual as it is); with a clear flag it equals the call without one;
 - `SparseStep.update` with `DeviceSkip` flags equals the host-decided steps bit for bit (updates,
   residual, velocity) for Top-k, gTop-k, exact gTop-k, momentum correction, granularity
-  "bucket" and a warm-up whose k follows the step count (corrected one step later), on one
-  worker and on 2, 3 and 5 thread workers (the flag summed over them as tensors);
+  "bucket", a warm-up whose k follows the step count (corrected one step later) and the
+  sketch (with and without its second round), on one worker and on 2, 3 and 5 thread workers
+  (the flag summed over them as tensors);
 - the hook with skip_on_device=True equals skip_on_device=False, iteration by iteration, and
   reads no flag of the iteration it is stepping: the decision reaches the host only when
   `last_iteration_skipped` (or iter) is read, or at a later step.
@@ -29,6 +30,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.core.device_skip import DeviceSkip
+from gtopk_hvd.schemes.sketch import sketch_keys
 
 torch = pytest.importorskip("torch")
 
@@ -79,6 +81,27 @@ def test_a_set_flag_leaves_the_residual_and_selects_from_it(segmented: bool,
     assert torch.equal(residual, plain_residual) and torch.equal(gradient, plain_gradient)
 
 
+@pytest.mark.parametrize("clear", [False, True])
+def test_a_set_flag_leaves_the_residual_and_sketches_it(clear: bool) -> None:
+    rng = np.random.default_rng(5)
+    residual = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
+    gradient = device_like(torch.from_numpy(rng.standard_normal(D).astype(np.float32)))
+    before, gradient_before = residual.clone(), gradient.clone()
+    keys, columns = sketch_keys(3, 7), 64
+
+    table = ops.sketch_table(gradient, residual, keys, columns, clear, skip=flag(1))
+    assert torch.equal(residual, before)
+    assert bool((gradient == 0).all()) if clear else torch.equal(gradient, gradient_before)
+    assert torch.equal(table, ops.sketch_table(None, before.clone(), keys, columns))
+
+    gradient.copy_(gradient_before)
+    got = ops.sketch_table(gradient, residual, keys, columns, clear, skip=flag(0))
+    plain_residual, plain_gradient = before.clone(), gradient_before.clone()
+    assert torch.equal(got, ops.sketch_table(plain_gradient, plain_residual, keys, columns,
+                                             clear))
+    assert torch.equal(residual, plain_residual) and torch.equal(gradient, plain_gradient)
+
+
 def test_the_other_writes_follow_the_flag() -> None:
     rng = np.random.default_rng(4)
     x = device_like(torch.from_numpy(rng.standard_normal(50).astype(np.float32)))
@@ -115,6 +138,8 @@ CONFIGS = {
     "momentum": Compression.gtopk(0.02, momentum_correction=True),
     "bucket": Compression.gtopk(0.02, granularity="bucket"),
     "warmup": Compression.topk(0.01, warmup_densities=(0.2, 0.1, 0.05), warmup_steps=3),
+    "sketch": Compression.sketch(0.02),
+    "sketch-estimates": Compression.sketch(0.02, second_round=False),
 }
 BAD = {1: (0,), 3: (0,), 4: (1,)}  # step -> ranks whose gradient holds a NaN / Inf
 
@@ -155,7 +180,7 @@ def run_steps(compression: object, transport: object, on_device: bool,
 @pytest.mark.parametrize("workers", [1, 2, 3, 5])
 def test_steps_skipped_on_the_device_equal_those_skipped_on_the_host(name: str,
                                                                      workers: int) -> None:
-    if name in ("momentum", "warmup", "bucket") and workers in (2, 5):
+    if name in ("momentum", "warmup", "bucket", "sketch-estimates") and workers in (2, 5):
         pytest.skip("covered at 1 and 3 workers")
     compression = CONFIGS[name]
 
@@ -208,8 +233,9 @@ def _micro_on_device(compression: object, transport: object) -> tuple:
 @pytest.mark.parametrize("compression", [Compression.gtopk(0.02),
                                          Compression.topk(0.01, momentum_correction=True,
                                                           warmup_densities=(0.2, 0.1),
-                                                          warmup_steps=2)],
-                         ids=["gtopk", "topk-momentum-warmup"])
+                                                          warmup_steps=2),
+                                         Compression.sketch(0.02)],
+                         ids=["gtopk", "topk-momentum-warmup", "sketch"])
 @pytest.mark.usefixtures("one_worker", "device_like_buckets")
 def test_the_hook_decides_on_the_device_as_on_the_host(compression: object) -> None:
     """skip_on_device=True against False on the same buckets (a NaN in iterations 5 and 6):

@@ -4,9 +4,13 @@ scheme keeps its sets and sums in tensors from selection to the update at P = 1 
 transport that sends tensors (the selection-and-merge schemes' merges on the device; the union
 schemes' all-gather of indices and sums by all-reduces of tensors:
 `gtopk_hvd.schemes.union`), so none makes one outside the kernel layer (whose data-dependent
-counts, e.g. a threshold's selected count, the GPU check counts: scripts/gpu_e2e.py --syncs)."""
+counts, e.g. a threshold's selected count, the GPU check counts: scripts/gpu_e2e.py --syncs),
+and none, in the kernel layer either, copies a host number into a tensor at indices (the
+residual's clears: `ops.zero_at` makes its zero on the device)."""
 
 from __future__ import annotations
+
+import types
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from helpers.device_like import device_like, device_like_cpu
 from helpers.host_syncs import count_host_syncs
 from helpers.thread_transport import ThreadGroup
 
+from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 
@@ -65,6 +70,26 @@ def test_the_counter_sees_a_synchronisation() -> None:
         x[x > 2] = 0  # a boolean mask: nonzero on the device, a wait
         _ = x.sum().item()
     assert syncs.total == 2, dict(syncs)
+
+
+def test_the_counter_sees_a_host_number_copied_to_the_device() -> None:
+    """A Python number put at tensor indices or at one integer index is copied from the host
+    (on a GPU the copy waits), also inside the kernel layer; a slice (a fill) and a value made
+    on the device are not."""
+    x = device_like(torch.arange(6.0))
+    indices = device_like(torch.tensor([1, 4]))
+    with count_host_syncs() as syncs:
+        x[indices] = 0.0
+        x[2] = 1
+        x[:] = 0.0
+        x[indices] = torch.zeros((), dtype=x.dtype, device=x.device)
+        ops.zero_at(x, indices)
+    assert dict(syncs) == {("__setitem__", "outside gtopk_hvd"): 2}, dict(syncs)
+    ops_module = types.ModuleType("gtopk_hvd.ops")  # a kernel-layer frame: counted all the same
+    exec("def put(x, i):\n    x[i] = 0.0", ops_module.__dict__)
+    with count_host_syncs() as syncs:
+        ops_module.put(x, indices)
+    assert syncs.total == 1, dict(syncs)
 
 
 @pytest.mark.parametrize("workers", [1, 4])

@@ -468,6 +468,25 @@ def test_cuda_mark_nonfinite_does_not_wait_for_the_device() -> None:
     assert torch.cuda.current_stream().query()
 
 
+@pytest.mark.parametrize("skip", [None, 0, 1])
+def test_cuda_zero_at_does_not_wait_for_the_device(skip: int | None) -> None:
+    """x[indices] = 0 with the zero made on the device (a Python 0.0 would be copied from the
+    host, a copy that waits for the stream): behind a busy stream the call returns at once;
+    the result is numpy's, and nothing is cleared when the skip flag is set."""
+    x = torch.arange(1, 1001, dtype=torch.float32, device="cuda")
+    indices = torch.tensor([3, 9, 9, 400], dtype=torch.int32, device="cuda")
+    flag = None if skip is None else torch.tensor([skip], dtype=torch.int32, device="cuda")
+    ops.zero_at(x.clone(), indices, flag)  # loads the kernels first
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # keeps the stream busy for about 0.1 s
+    ops.zero_at(x, indices, flag)
+    assert not torch.cuda.current_stream().query(), "zero_at waited for the stream"
+    want = np.arange(1, 1001, dtype=np.float32)
+    if skip != 1:
+        want[[3, 9, 400]] = 0
+    np.testing.assert_array_equal(x.cpu().numpy(), want)
+
+
 def test_cuda_mark_nonfinite_makes_no_temporary_of_its_size() -> None:
     x = on_gpu(np.random.default_rng(12).standard_normal(1 << 22), "float32")
     flag = ops.nonfinite_flag(x)

@@ -17,12 +17,12 @@
 //      row fits half the L2 cache), rows integer atomics an entry, and the workspace is one
 //      tile's sums, not the table's.
 // sketch_select: the top-k of |est| by the selection engine (select_engine.cuh) whose passes
-// compute est(i) from the table as they read entry i (rows gathers from the table and the median
-// of rows, in registers for rows <= kUnrolledRows): no d-entry estimate buffer, and typically
-// one pass over the entries. Where the engine guesses a first-digit bin from its sample, its
-// pass 1 reads one bit per row an entry from bitmaps of the cells at or above that bin, built
-// between the sample and pass 1 (RowBitmaps), and gathers and takes the median only where
-// half the rows' bits are set: the table's floats are read for a small share of d.
+// compute est(i) from the table as they read entry i (rows gathers from the table, issued together,
+// and the median of rows, in registers for rows <= kUnrolledRows): no d-entry estimate buffer, and
+// typically one pass over the entries. Where the engine guesses a first-digit bin from its sample,
+// its pass 1 reads one bit per row an entry from bitmaps of the cells at or above that bin, built
+// between the sample and pass 1 (RowBitmaps), and gathers and takes the median only where half the
+// rows' bits are set: the table's floats are read for a small share of d.
 // sketch_estimate: est(i) for every i written to a d-entry buffer (one pass; tests and tools).
 #include <cuda_runtime.h>
 
@@ -90,19 +90,27 @@ template <int Bound> struct SketchEstimates {
         const auto index = static_cast<uint64_t>(i);
         float v[Bound];
         if constexpr (Bound <= kUnrolledRows) {
+            // Every row's cell address first, then the loads, each predicated on j < rows (not
+            // each behind a branch around its hash): an entry's row loads are in flight together.
+            const float* cells[Bound];
 #pragma unroll
-            for (int j = 0; j < Bound; ++j) v[j] = j < rows ? row_value(index, j) : 0.0f;
+            for (int j = 0; j < Bound; ++j) cells[j] = cell(index, j);
+#pragma unroll
+            for (int j = 0; j < Bound; ++j) v[j] = j < rows ? __ldg(cells[j]) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < Bound; ++j) v[j] = with_sign(index, j, v[j]);
             return unrolled_median<Bound>(v, rows);
         } else {
-            for (int j = 0; j < rows; ++j) v[j] = row_value(index, j);
+            for (int j = 0; j < rows; ++j) v[j] = with_sign(index, j, __ldg(cell(index, j)));
             return sketch::median(v, rows);
         }
     }
-    // sketch::row_value, the table read through the read-only data cache (the table does not
-    // change while a selection reads it).
-    __device__ float row_value(uint64_t index, int j) const {
-        const float value =
-            __ldg(table + j * columns + sketch::bucket(index, keys[2 * j], columns));
+    // sketch::row_value in two halves: the cell S[j, h_j(i)] (read through the read-only data
+    // cache: the table does not change while a selection reads it), and its sign s_j(i).
+    __device__ const float* cell(uint64_t index, int j) const {
+        return table + j * columns + sketch::bucket(index, keys[2 * j], columns);
+    }
+    __device__ float with_sign(uint64_t index, int j, float value) const {
         return sketch::negative(index, keys[2 * j + 1]) ? -value : value;
     }
 };
@@ -189,9 +197,20 @@ template <int Bound> struct FilteredEstimates {
     __device__ bool may_reach(uint64_t index) const {
         const auto columns = static_cast<uint32_t>(exact.columns);
         int set = 0;
+        if constexpr (Bound <= kUnrolledRows) {  // as SketchEstimates::peek: addresses, then loads
+            uint32_t bits[Bound];
+            const uint32_t* words[Bound];
 #pragma unroll
-        for (int j = 0; j < Bound; ++j) {
-            if (j < exact.rows) {
+            for (int j = 0; j < Bound; ++j) {
+                bits[j] = sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]), columns);
+                words[j] = bitmaps.words + j * bitmaps.words_per_row + bits[j] / 32;
+            }
+#pragma unroll
+            for (int j = 0; j < Bound; ++j) {
+                set += j < exact.rows ? (__ldg(words[j]) >> (bits[j] % 32)) & 1u : 0u;
+            }
+        } else {
+            for (int j = 0; j < exact.rows; ++j) {
                 const uint32_t b =
                     sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]), columns);
                 set += (__ldg(bitmaps.words + j * bitmaps.words_per_row + b / 32) >> (b % 32)) &
@@ -214,19 +233,21 @@ int grid_for(int64_t count) {
     return static_cast<int>(std::min(resident, detail::blocks_for(count, kThreads)));
 }
 
-// extremes[0] = largest finite magnitude key (gradient == nullptr: of the residual as it is).
+// extremes[0] = largest finite magnitude key (gradient == nullptr, or the skip flag set: of the
+// residual as it is, left so; the gradient is still cleared if asked).
 __global__ void __launch_bounds__(kThreads)
 accumulate_extremes_kernel(float* gradient, float* residual, int64_t d, bool clear_gradient,
-                           unsigned int* extremes) {
+                           unsigned int* extremes, const int32_t* skip) {
+    const bool accumulate = gradient != nullptr && !detail::flag_set(skip);
     unsigned int max_finite = 0;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
          i += int64_t{gridDim.x} * blockDim.x) {
         float value = residual[i];
-        if (gradient != nullptr) {
+        if (accumulate) {
             value += gradient[i];
             residual[i] = value;
-            if (clear_gradient) gradient[i] = 0.0f;
         }
+        if (gradient != nullptr && clear_gradient) gradient[i] = 0.0f;
         const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
         max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
     }
@@ -393,7 +414,7 @@ size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_colu
 
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
-                  Workspace workspace, int64_t tile_columns) {
+                  Workspace workspace, int64_t tile_columns, const int32_t* skip) {
     if (d < 0) throw std::invalid_argument("gtopk::cuda::sketch_table: d < 0");
     check_shape(rows, columns, "sketch_table");
     const int64_t tile = tile_columns_for(columns, tile_columns);
@@ -407,7 +428,7 @@ void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* k
         GTOPK_CUDA_CHECK(cudaMemsetAsync(cells, 0, rows * columns * sizeof(float), s));
         if (d > 0) {
             accumulate_extremes_kernel<<<grid_for(d), kThreads, 0, s>>>(
-                gradient, residual, d, clear_gradient, extremes);
+                gradient, residual, d, clear_gradient, extremes, skip);
             GTOPK_CUDA_CHECK_LAUNCH("accumulate_extremes_kernel");
         }
         for (int j = 0; j < rows; ++j) {

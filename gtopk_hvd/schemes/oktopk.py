@@ -194,7 +194,7 @@ class OkTopk(Scheme):
         keep = at_or_above(summed, self.global_threshold)
         indices, totals = self._allgather_survivors(region[keep], summed[keep], stats)
         taken = selected[np.isin(selected, indices, assume_unique=True)]
-        residual[self.backend.index(taken)] = 0
+        ops.zero_at(residual, self.backend.index(taken))
         return Exchange(indices, totals, self.backend.index(taken), stats, select_seconds)
 
     def _balanced(self, selected: np.ndarray, stats: ReductionStats) -> np.ndarray:

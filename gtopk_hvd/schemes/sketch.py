@@ -104,10 +104,13 @@ class CountSketch:
         self.rows, self.columns = rows, columns
         self.keys = sketch_keys(rows, seed)
 
-    def table(self, gradient: Any, residual: Any, clear_gradient: bool = False) -> Any:
+    def table(self, gradient: Any, residual: Any, clear_gradient: bool = False,
+              skip: Any = None) -> Any:
         """residual += gradient (gradient = 0 if clear_gradient; None: the residual holds r + g
-        already); returns S_p of the residual, (rows, columns) float32 where it lives."""
-        return ops.sketch_table(gradient, residual, self.keys, self.columns, clear_gradient)
+        already; skip: a device skip flag, `ops.sketch_table`'s); returns S_p of the residual,
+        (rows, columns) float32 where it lives."""
+        return ops.sketch_table(gradient, residual, self.keys, self.columns, clear_gradient,
+                                skip=skip)
 
     def select(self, table: Any, k: int, d: int) -> tuple[Any, Any]:
         """The top-k of |est| of the (summed) table over d entries (indices, values)."""
@@ -145,13 +148,21 @@ class Sketch(Scheme):
         self.second_round = bool(options.get("second_round", True))
         self.sketch = CountSketch(int(options.get("rows", 5)), int(columns), self.config.seed)
 
+    def skips_on_device(self) -> bool:
+        """On tensors (`union.on_device`): the table's accumulation, the second round's clear
+        and the no-second-round clear read the flag, and the rest writes no state."""
+        return on_device(self.transport, self.backend)
+
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                 clear_gradient: bool) -> Exchange:
+                 clear_gradient: bool, skip: Any = None) -> Exchange:
         start = time.perf_counter()
         stats = ReductionStats()
         backend = self.backend
         on_tensors = on_device(self.transport, backend)
-        table = self.sketch.table(gradient, residual, clear_gradient)
+        if skip is not None and not on_tensors:
+            raise RuntimeError("gtopk_hvd: a sketch step skipped on the device reached the "
+                               "host exchange; skips_on_device() should have been False")
+        table = self.sketch.table(gradient, residual, clear_gradient, skip)
         select_seconds = time.perf_counter() - start
         if on_tensors:
             sum_counted_tensors(self.transport, table, stats)
@@ -169,10 +180,10 @@ class Sketch(Scheme):
         if not self.second_round:
             if not on_tensors:
                 estimated = backend.to_host(estimated).astype(np.float32, copy=False)
-            residual[taken] = 0
+            ops.zero_at(residual, taken, skip)
             return Exchange(union, estimated, taken, stats, select_seconds)
         if on_tensors:
-            values = sum_at_tensors(self.transport, residual, union, stats)
+            values = sum_at_tensors(self.transport, residual, union, stats, skip=skip)
         else:
             values = sum_at(self.transport, backend, residual, union, stats)
         return Exchange(union, values, taken, stats, select_seconds)

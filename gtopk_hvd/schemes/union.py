@@ -122,7 +122,7 @@ def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: 
         inside[inside] = indices[position[inside]] == taken[0][inside]
         values[position[inside]] += taken[1][inside]
     sum_counted(transport, values, stats)
-    residual[index] = 0
+    ops.zero_at(residual, index)
     return values
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gtopk_hvd import ops
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS, Sparsifier
 
 
@@ -30,7 +31,7 @@ class RandomK(Sparsifier):
         if gradient is not None:
             residual += gradient
         values = residual[chosen]  # a copy (advanced indexing)
-        residual[chosen] = 0
+        ops.zero_at(residual, chosen)
         if clear_gradient and gradient is not None:
             gradient[:] = 0
         return chosen, values

@@ -4,9 +4,14 @@ with a CUDA tensor's refusals: tests/helpers/device_like.py), without a GPU.
 On a CUDA tensor these operations wait for the device: a value read on the host (`item`,
 `tolist`, `bool(t)`, `int(t)`, `float(t)`, `.cpu()`), and the operations whose output size
 depends on the data (`nonzero`, `argwhere`, `masked_select`, `unique`, boolean-mask indexing,
-`repeat_interleave` without `output_size`). Inside `count_host_syncs()`, every such call on a
-DeviceLikeTensor made outside the kernel layer (`gtopk_hvd.ops`, `gtopk_hvd._arrays`) is
-recorded with the first gtopk_hvd frame that made it. The kernel layer's own synchronisations
+`repeat_interleave` without `output_size`); and a Python number put into a tensor at tensor
+indices or at one integer index (`t[indices] = 0.0`, `t[0] = 1`): torch makes the number a
+host tensor and copies it to t's device (index_put_, or a copy into one element), and on a GPU
+that copy waits for the stream (a slice, `t[:] = 0.0`, is a fill on the device instead).
+Inside `count_host_syncs()`, every such call on a DeviceLikeTensor made outside the kernel
+layer (`gtopk_hvd.ops`, `gtopk_hvd._arrays`) is recorded with the first gtopk_hvd frame that
+made it; the copy of a host number is recorded inside the kernel layer too (its CUDA side
+makes the same call). The kernel layer's own synchronisations
 (a count its CUDA side brings back) are not seen by `count_host_syncs`: the GPU check counts
 those (scripts/gpu_e2e.py --syncs). `count_kernel_host_reads` counts them by the contract's
 shape instead: a public `gtopk_hvd.ops` function called (not from inside the kernel layer) with
@@ -54,20 +59,31 @@ def _counters() -> list[HostSyncs]:
     return _local.active
 
 
-def _where() -> str | None:
-    """The first gtopk_hvd frame above this call, or None when the kernel layer made it (every
-    frame is looked at: a C-level dunder such as `int(t)` reaches the torch function handler
-    through fewer Python frames than a method call)."""
+def _where(kernel_layer_too: bool = False) -> str | None:
+    """The first gtopk_hvd frame above this call, or None when the kernel layer made it (unless
+    kernel_layer_too; every frame is looked at: a C-level dunder such as `int(t)` reaches the
+    torch function handler through fewer Python frames than a method call)."""
     frame = sys._getframe(1)
     found = None
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if name in KERNEL_LAYER:
+        if name in KERNEL_LAYER and not kernel_layer_too:
             return None
         if found is None and name.startswith("gtopk_hvd"):
             found = f"{name}.{frame.f_code.co_name}:{frame.f_lineno}"
         frame = frame.f_back
     return found or "outside gtopk_hvd"
+
+
+def _copies_a_host_number(name: str, args: tuple) -> bool:
+    """t[index] = a Python number, index holding a tensor or being one integer (module
+    docstring)."""
+    if name != "__setitem__" or len(args) < 3 or not isinstance(args[2], (int, float)):
+        return False
+    if isinstance(args[1], int):
+        return True
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) for i in index)
 
 
 def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
@@ -86,11 +102,14 @@ def _torch_function(cls: type, func: Any, types: Any, args: tuple = (),
     kwargs = kwargs or {}
     if _counters():
         name = getattr(func, "__name__", "")
+        where = None
         if _syncs(name, args, kwargs):
             where = _where()
-            if where is not None:
-                for counter in _counters():
-                    counter[(name, where)] += 1
+        elif _copies_a_host_number(name, args):
+            where = _where(kernel_layer_too=True)
+        if where is not None:
+            for counter in _counters():
+                counter[(name, where)] += 1
     return torch.Tensor.__torch_function__.__func__(cls, func, types, args, kwargs)
 
 

@@ -146,7 +146,8 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 // residual as it is), table (rows x columns float32, device) = S of the accumulated residual:
 // one pass over d, then the table in tiles of at most tile_columns columns of one row (0: half
 // the L2 cache's worth of int64 sums), one read of d per tile; the workspace holds one tile's
-// sums.
+// sums. skip: as accumulate_select's (when set, the table is the residual's as it is, and the
+// residual is left so; the gradient is still cleared if asked).
 // sketch_select: the top-min(k, d) of |est(i)|, i < d, as topk_abs orders them (index-sorted
 // (indices, values = est)), est computed from the table inside the selection's passes (no
 // d-entry buffer): returns the count. Where the engine guesses from a sample (k <= d / 16),
@@ -158,7 +159,8 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
 size_t sketch_table_workspace_bytes(int rows, int64_t columns, int64_t tile_columns = 0);
 void sketch_table(float* gradient, float* residual, int64_t d, const uint32_t* keys, int rows,
                   int64_t columns, bool clear_gradient, float* table, void* stream,
-                  Workspace workspace = {}, int64_t tile_columns = 0);
+                  Workspace workspace = {}, int64_t tile_columns = 0,
+                  const int32_t* skip = nullptr);
 size_t sketch_select_workspace_bytes(IndexType index_type, int64_t d, int64_t k, int rows,
                                      int64_t columns);
 int64_t sketch_select(const float* table, const uint32_t* keys, int rows, int64_t columns,
