@@ -187,8 +187,9 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
     every worker; taken = (indices, values): this worker's entries already taken out of the
     residual, index-sorted tensors there (indices of I's dtype). V is a new float32 tensor
     there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken):
-    the taken entry is found by binary search and added by one gather and one scatter, the
-    entries not in I scattered to a spare slot past V's end, so nothing waits for a count.
+    the taken entry is found by binary search and added in place (each found once, so one
+    rounding, as on the host), the entries not in I added to a spare slot past V's end, so
+    nothing waits for a count.
     skip: a device skip flag (`gtopk_hvd.core.device_skip`): when set, residual[I] keeps its
     values (chosen on the device)."""
     import torch
@@ -199,8 +200,7 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
     if taken is not None and taken[0].numel() and n:
         position = torch.searchsorted(indices, taken[0])
         found = indices[position.clamp(max=n - 1)] == taken[0]
-        target = torch.where(found, position, torch.full_like(position, n))
-        values[target] = values[target] + taken[1]
+        values.index_add_(0, torch.where(found, position, n), taken[1])
     values = values[:n]
     sum_counted_tensors(transport, values, stats)
     ops.zero_at(residual, indices, skip)
