@@ -47,7 +47,9 @@ not the reads of d, set the time (`rows` random read-modify-writes an entry: eac
 several read passes' worth per entry, from any cache), so the step stays tens of read passes
 however the passes are arranged; docs/results.md measures it. At P = 1 the table never leaves
 the device; at P > 1 on a transport of host arrays it goes to the host for the sum and back
-into the same memory.
+into the same memory. On tensors a step skipped for a non-finite gradient can be decided on the
+device (`skips_on_device`; the DDP hook's `skip_on_device`): the table's accumulation and the
+clears read the flag, so the step makes no host read.
 
 Bytes per worker per step: 8 rows columns (P-1)/P, plus 8k (P-1)/P for the second round. The
 table must be much larger than k for the heavy hitters to stand out (the authors: 5 x 10k),
