@@ -69,7 +69,7 @@ def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None, on_devi
         for bucket in cuda_buckets:
             if step >= 4 and (on_device or not bucket.is_last()):
                 torch.cuda.synchronize()
-                torch.cuda._sleep(200_000_000)  # keeps the stream busy for about 0.1 s
+                torch.cuda._sleep(1_000_000_000)  # keeps the stream busy for about 0.5 s
                 futures.append(gtopk_hook(cuda_state, bucket))
                 assert not torch.cuda.current_stream().query(), "the hook waited"
             else:

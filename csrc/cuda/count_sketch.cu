@@ -90,15 +90,16 @@ template <int Bound> struct SketchEstimates {
         const auto index = static_cast<uint64_t>(i);
         float v[Bound];
         if constexpr (Bound <= kUnrolledRows) {
-            // Every row's cell address first, then the loads, each predicated on j < rows (not
-            // each behind a branch around its hash): an entry's row loads are in flight together.
+            // The rows' cell addresses first (hashes only for j < rows: the same branch for the
+            // whole warp), then the loads, each predicated on j < rows rather than behind the
+            // hash's branch: an entry's row loads are in flight together.
             const float* cells[Bound];
 #pragma unroll
-            for (int j = 0; j < Bound; ++j) cells[j] = cell(index, j);
+            for (int j = 0; j < Bound; ++j) cells[j] = j < rows ? cell(index, j) : table;
 #pragma unroll
             for (int j = 0; j < Bound; ++j) v[j] = j < rows ? __ldg(cells[j]) : 0.0f;
 #pragma unroll
-            for (int j = 0; j < Bound; ++j) v[j] = with_sign(index, j, v[j]);
+            for (int j = 0; j < Bound; ++j) v[j] = j < rows ? with_sign(index, j, v[j]) : 0.0f;
             return unrolled_median<Bound>(v, rows);
         } else {
             for (int j = 0; j < rows; ++j) v[j] = with_sign(index, j, __ldg(cell(index, j)));
@@ -202,7 +203,10 @@ template <int Bound> struct FilteredEstimates {
             const uint32_t* words[Bound];
 #pragma unroll
             for (int j = 0; j < Bound; ++j) {
-                bits[j] = sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]), columns);
+                bits[j] = j < exact.rows
+                              ? sketch::bucket_of_word(sketch::word(index, exact.keys[2 * j]),
+                                                       columns)
+                              : 0u;
                 words[j] = bitmaps.words + j * bitmaps.words_per_row + bits[j] / 32;
             }
 #pragma unroll

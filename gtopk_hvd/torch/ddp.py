@@ -128,7 +128,8 @@ class GTopkHookState:
     already, for a Transport object once torch.distributed is initialised). skip_on_device:
     nonfinite="propagate" decides a skipped iteration on the device, without a host read
     (`gtopk_hvd.core.device_skip`; module docstring): None (the default) on CUDA buckets where
-    the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device), True
+    the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device; the
+    sketch on tensors), True
     on any device where the steps keep torch state and the scheme can (the same results; CPU
     buckets keep numpy state, so there it changes nothing), False never.
 
