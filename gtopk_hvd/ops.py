@@ -853,18 +853,20 @@ def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
     len(indices) values, no host wait). On a torch tensor the zero is made where x lives: a
     Python 0.0 put at tensor indices is copied from the host, and on a GPU that copy waits for
     the stream (torch's index_put_)."""
-    if framework_of(x) != "torch":
-        if skip is None or not flag_set(skip):
-            x[indices] = 0.0
-        return
-    import torch
+    if skip is not None and is_cuda(x):  # chosen on the device
+        import torch
 
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    if skip is None or not is_cuda(x):
-        if skip is None or not flag_set(skip):
-            x[indices] = zero
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        x[indices] = torch.where(skip.reshape(()) != 0, x[indices], zero)
         return
-    x[indices] = torch.where(skip.reshape(()) != 0, x[indices], zero)
+    if skip is not None and flag_set(skip):
+        return
+    if framework_of(x) == "torch":
+        import torch
+
+        x[indices] = torch.zeros((), dtype=x.dtype, device=x.device)
+    else:
+        x[indices] = 0.0
 
 
 class LaterFlag:
