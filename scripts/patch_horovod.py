@@ -1,4 +1,4 @@
-"""Apply the source fixes Horovod 0.28.1 needs to build against torch 2.13 / TF 2.21.
+"""Apply the three source fixes Horovod 0.28.1 needs to build against torch 2.13 / TF 2.21.
 
 Each fix must match exactly once; a sdist that does not look like the one we know stops the
 build with a message naming the file.
@@ -6,9 +6,6 @@ build with a message naming the file.
 1. C++17 instead of C++14 (torch >= 2.1 headers need it): top-level and torch CMakeLists.
 2. Drop xla_mpi_ops.cc from the TF sources (TF 2.21 wheels lack the XLA headers it includes).
 3. CMake 4 compatibility is handled by the caller (cmake<4 / CMAKE_POLICY_VERSION_MINIMUM).
-4. CMake's Release build instead of RelWithDebInfo: optimised code without debug information,
-   which for code compiled against TensorFlow's and torch's headers is a quarter of the build's
-   time and nearly all of the wheel's size (docs/results.md, install times).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ FIXES: list[tuple[str, str, str]] = [
         'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")',
         "# xla_mpi_ops.cc left out: TF 2.21 wheels do not ship the XLA headers it needs",
     ),
-    ("setup.py", "else 'RelWithDebInfo'", "else 'Release'  # patched: no debug information"),
 ]
 
 
