@@ -133,9 +133,7 @@ def accumulate_select(
     """
     k = check_count(k)
     if skip is not None and not is_cuda(residual):
-        if flag_set(skip):
-            if clear_gradient and gradient is not None:
-                gradient[:] = 0
+        if skipped_here(skip, gradient, clear_gradient):
             return topk_abs(residual, k)
         skip = None
     if gradient is None:  # the residual already holds the accumulated gradient
@@ -179,9 +177,7 @@ def segmented_accumulate_select(
     if gradient is None:
         clear_gradient = False
     if skip is not None and not is_cuda(residual):
-        if flag_set(skip):
-            if clear_gradient:
-                gradient[:] = 0
+        if skipped_here(skip, gradient, clear_gradient):
             indices, values = segmented_accumulate_select(None, residual, offsets, ks)
             residual[indices.long() if framework_of(indices) == "torch" else indices] = values
             return indices, values
@@ -494,9 +490,7 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     if is_cuda(residual) or (gradient is not None and is_cuda(gradient)):
         return _cuda_sketch_table(gradient, residual, keys, columns, clear_gradient,
                                   int(tile_columns), skip)
-    if skip is not None and flag_set(skip):
-        if clear_gradient:
-            gradient[:] = 0
+    if skip is not None and skipped_here(skip, gradient, clear_gradient):
         gradient, clear_gradient = None, False
     gradient_array = None
     if gradient is not None:
@@ -845,6 +839,16 @@ def flag_set(flag: Any) -> bool:
     """Whether a skip / non-finite flag (one int32: numpy, or a torch tensor) is nonzero, read on
     the host (a CUDA flag waits for its stream: `read_flag`)."""
     return read_flag(flag) != 0
+
+
+def skipped_here(skip: Any, gradient: Any, clear_gradient: bool) -> bool:
+    """Whether the skip flag is set, read on the host, for the fused kernels' host side: a
+    skipped step still clears the gradient if asked (gradient[:] = 0), as the kernels do."""
+    if not flag_set(skip):
+        return False
+    if clear_gradient and gradient is not None:
+        gradient[:] = 0
+    return True
 
 
 def zero_at(x: Any, indices: Any, skip: Any = None) -> None:

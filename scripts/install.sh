@@ -101,7 +101,9 @@ from importlib.metadata import version
 print(f"torch{version('torch')}-tf{version('tensorflow-cpu')}")
 EOF
 )"
-horovod_key="horovod${HOROVOD_VERSION}-${PY_TAG}-${versions}-ompi${OMPI_VERSION}"
+# The patches are part of the build: a changed scripts/patch_horovod.py builds a new wheel.
+patches="$(sha256sum "$REPO_ROOT/scripts/patch_horovod.py" | cut -c1-12)"
+horovod_key="horovod${HOROVOD_VERSION}-${PY_TAG}-${versions}-ompi${OMPI_VERSION}-patch${patches}"
 if ! stamp_matches horovod "$horovod_key"; then
     wheel_dir="$CACHE_DIR/wheels/$horovod_key"
     if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then

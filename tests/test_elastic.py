@@ -38,14 +38,14 @@ def local_host_names() -> list[str]:
 
 
 def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
-                environment: tuple[str, ...] = ()) -> str:
+                environment: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> str:
     hosts = local_host_names()[:4]
     if len(hosts) < 4:
         pytest.skip(f"needs 4 local host names, this machine has {hosts}")
     discovery = tmp_path / "hosts.sh"
     discovery.write_text("#!/bin/sh\n" + "".join(f"echo {host}:1\n" for host in hosts))
     discovery.chmod(0o755)
-    command = [*QUIET_THREADS, *environment, str(HOROVODRUN), "--gloo", "-np", "4",
+    command = [*prefix, *QUIET_THREADS, *environment, str(HOROVODRUN), "--gloo", "-np", "4",
                "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discovery),
                "--blacklist-cooldown-range", "1", "2",
                sys.executable, str(example), "--steps", "120", "--compute-ms", "50",
@@ -58,6 +58,10 @@ def elastic_run(tmp_path: Path, *options: str, example: Path = EXAMPLE,
 # The run without a fault is only the loss to compare with: no simulated compute time (a sleep
 # per step, there to let a kill land inside a step), which the loss does not depend on.
 CALM = ("--compute-ms", "0")
+# It runs beside the faulty run at the lowest CPU priority, on the cores that run leaves idle:
+# the replacement worker's start is inside the survivors' rendezvous, which Gloo bounds at 30 s,
+# and on 2 cores a calm run at equal priority once slowed that start past it.
+BACKGROUND = ("nice", "-n", "19")
 
 
 def beside(function: Callable[[], str]) -> Future:
@@ -74,7 +78,8 @@ def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
                          environment: tuple[str, ...] = ()) -> tuple[str, str]:
     """(output with the fault, output without). The run without starts once the worker is
     killed (the example writes its marker file then): the survivors of the other run spend the
-    next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm run fills."""
+    next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm run fills
+    (at the lowest priority, BACKGROUND)."""
     faulty = beside(lambda: elastic_run(tmp_path, *options, *fault, example=example,
                                         environment=environment))
     while not faulty.done() and not (tmp_path / "killed").exists():
@@ -82,7 +87,7 @@ def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
     (tmp_path / "calm").mkdir()
     try:
         calm = elastic_run(tmp_path / "calm", *options, *CALM, example=example,
-                           environment=environment)
+                           environment=environment, prefix=BACKGROUND)
     finally:
         output = faulty.result()
     return output, calm
@@ -152,8 +157,10 @@ def torchrun_node(port: int, log: Path, *arguments: str) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def ddp_run(checkpoints: Path, workers: int, *arguments: str) -> str:
-    command = [*QUIET_THREADS, str(TORCHRUN), "--standalone", "--nproc_per_node", str(workers),
+def ddp_run(checkpoints: Path, workers: int, *arguments: str,
+            prefix: tuple[str, ...] = ()) -> str:
+    command = [*prefix, *QUIET_THREADS, str(TORCHRUN), "--standalone",
+               "--nproc_per_node", str(workers),
                str(DDP_EXAMPLE), "--checkpoints", str(checkpoints), *arguments]
     status, output = run_with_time_limit(command, 200, "elastic_ddp.py under torchrun")
     assert status == 0, output[-8000:]
@@ -184,7 +191,7 @@ def test_the_ddp_hook_survives_a_lost_torchrun_node_and_its_return(tmp_path: Pat
         wait_for(log, " size 2 loss", 120)
         nodes.append(torchrun_node(port, tmp_path / "returning.log", *arguments))
         # The run without a fault, beside the rest of this one (mostly its steps' sleeps).
-        calm = beside(lambda: ddp_run(tmp_path / "calm", 4, *steps, *CALM))
+        calm = beside(lambda: ddp_run(tmp_path / "calm", 4, *steps, *CALM, prefix=BACKGROUND))
         status = nodes[0].wait(timeout=240)
         returning = nodes[2].wait(timeout=60)
         calm_output = calm.result()

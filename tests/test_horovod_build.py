@@ -26,3 +26,13 @@ def test_check_build_lists_tensorflow_pytorch_and_mpi() -> None:
 def test_horovod_allreduce_torch_and_tensorflow_on_4_workers() -> None:
     output = run_mpi("mpi_horovod_allreduce.py", 4)
     assert "horovod allreduce ok on 4 workers" in output
+
+
+def test_horovodrun_asks_the_torch_extension_about_the_build_first() -> None:
+    """scripts/patch_horovod.py's fifth fix: horovodrun's "built with Gloo / MPI?" checks import
+    the first framework extension that loads, in a forked process before any worker starts;
+    torch's import is the cheaper one."""
+    from horovod.common import util
+
+    assert util.EXTENSIONS[:2] == ["torch", "tensorflow"], util.EXTENSIONS
+    assert util.gloo_built() and util.mpi_built()
