@@ -140,6 +140,30 @@ def test_merge_topk_matches_reference(dtype: np.dtype, index_dtype: np.dtype, n_
     np.testing.assert_array_equal(swapped_value.view(np.uint8), values.view(np.uint8))
 
 
+# merge_topk guesses the k-th key's band from every s-th entry of the union (s a power of two, even
+# at this size; merge_topk.cpp, step 3). Here a's entries are small and b's large, interleaved by
+# index, so every sampled entry is one of a's: the guessed band misses, and the exact fallback
+# (a histogram of the union) must give the same result.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_merge_whose_sample_misses_the_kth_key_is_exact(dtype: np.dtype, threads: int) -> None:
+    n = 20_000
+    ia = np.arange(0, 2 * n, 2, dtype=np.int32)
+    ib = ia + 1
+    va = (1e-3 * RNG.standard_normal(n)).astype(dtype)
+    vb = (1 + RNG.random(n)).astype(dtype)
+    previous = ops.get_num_threads()
+    ops.set_num_threads(threads)
+    try:
+        for k in (1, 100, n // 2, n, 5 * n // 4, 2 * n - 1):
+            indices, values = ops.merge_topk(ia, va, ib, vb, k)
+            expected_index, expected_value = merge_reference(ia, va, ib, vb, k)
+            np.testing.assert_array_equal(indices, expected_index)
+            np.testing.assert_array_equal(values, expected_value)
+    finally:
+        ops.set_num_threads(previous)
+
+
 def test_merge_with_identical_indices_and_cancellation() -> None:
     index = np.arange(0, 20, 2, dtype=np.int32)
     value = np.linspace(-1, 1, 10, dtype=np.float32)

@@ -5,12 +5,18 @@
 //   1. Merge path: the diagonal p * n / P of the merge grid is split by a binary search into
 //      (i, j) = entries of a and of b before it; an index present in both sets is never split
 //      between two pieces. Each piece is merged branch-free into the workspace (equal indices
-//      summed) while the top kDigitBits bits of every output key are counted into the piece's
-//      histogram.
+//      summed), then every s-th of its output keys is sampled (s a power of two: from
+//      kSampleTarget to 2 kSampleTarget samples in all).
 //   2. If the union holds at most k entries it is the result: the pieces are copied out.
-//   3. Otherwise the summed histograms give the bin b of the k-th largest key; the keys in bin b
-//      are gathered (per piece), and radix refinement then nth_element over a copy of them give
-//      the k-th key K. Counting the gathered keys > K and == K per piece gives each piece's
+//   3. Otherwise a band [lo, hi] of keys that holds the k-th largest key K is guessed from the
+//      sample: with q = k / |union| and m samples, the k-th key's rank among them is about q m,
+//      with a standard deviation of sqrt(m q (1 - q)); lo and hi are the sample's keys
+//      kBandSigmas deviations (+ 1) below and above it. One pass per piece counts the keys > hi
+//      and gathers those in the band. If the count above is < k <= the count above + the band's,
+//      K is in the band (the sample was off by less than the margin); otherwise, which the
+//      margin makes rare, the top kDigitBits bits of every key are counted and the band is the
+//      bin that holds K, gathered again. Radix refinement then nth_element over a copy of the
+//      band's keys give K. Counting the gathered keys > K and == K per piece gives each piece's
 //      number of outputs and its share of the ties (the first ones in index order).
 //   4. Each piece writes its outputs at its prefix offset, branch-free.
 // Passes over the union: one merge (writes it), one gather (reads its values), one write. With
@@ -25,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -39,6 +46,8 @@ namespace {
 constexpr int kDigitBits = 11;
 constexpr int64_t kBins = int64_t{1} << kDigitBits;
 constexpr int64_t kRefineMax = 4096;  // below this many keys nth_element finishes directly
+constexpr int64_t kSampleTarget = 4096;  // union keys sampled to guess the k-th key's band
+constexpr double kBandSigmas = 4.0;      // the band's margin each side, in standard deviations
 
 template <typename T> using KeyOf = typename MagnitudeTraits<T>::Key;
 
@@ -62,8 +71,9 @@ template <typename T> inline T from_bits(KeyOf<T> bits) {
 template <typename T, typename Index> struct Workspace {
     std::vector<Index> union_index;
     std::vector<T> union_value;
-    std::vector<uint32_t> histograms;  // pieces x kBins
-    std::vector<KeyOf<T>> gathered;    // keys of bin b, piece after piece
+    std::vector<KeyOf<T>> sample;      // each piece's sampled keys, at its offset / stride + p
+    std::vector<uint32_t> histograms;  // pieces x kBins, only when the band missed
+    std::vector<KeyOf<T>> gathered;    // the band's keys, each piece's at its offset
     std::vector<KeyOf<T>> scratch;     // a copy of them that the selection reorders
 };
 
@@ -175,12 +185,10 @@ inline Block pack_block(const int32_t* index, const float* value) {
 }
 
 // The union of merged[0..n) (merged[n] readable: the entry after, or a sentinel): neighbours
-// with equal indices summed, their top digits counted into histogram (nullable). carry: the
-// entry before merged[0] was summed with it (in), the last one with merged[n] (out). Writes
-// exactly the union; returns its size.
+// with equal indices summed. carry: the entry before merged[0] was summed with it (in), the last
+// one with merged[n] (out). Writes exactly the union; returns its size.
 inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
-                              float* out_value, int64_t /*capacity*/, unsigned& carry,
-                              uint32_t* histogram) {
+                              float* out_value, int64_t /*capacity*/, unsigned& carry) {
     const __m512 quiet_nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
     int64_t w = 0;
     for (int64_t j = 0; j < n; j += 8) {
@@ -202,11 +210,6 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
         _mm256_mask_storeu_epi32(out_index + w, first, _mm256_maskz_compress_epi32(keep, index32));
         _mm256_mask_storeu_epi32(out_value + w, first, _mm256_maskz_compress_epi32(keep, value32));
         w += count;
-    }
-    if (histogram != nullptr) {
-        for (int64_t j = 0; j < w; ++j) {
-            ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
-        }
     }
     return w;
 }
@@ -311,14 +314,11 @@ inline Block pack_block(const int32_t* index, const float* value) {
 }
 
 // The union of merged[0..n) (merged[n] readable: the entry after, or a sentinel): neighbours
-// with equal indices summed, their top digits counted into histogram (nullable). carry: the
-// entry before merged[0] was summed with it (in), the last one with merged[n] (out). May write
-// garbage after the union up to capacity entries of out; returns the union's size.
+// with equal indices summed. carry: the entry before merged[0] was summed with it (in), the last
+// one with merged[n] (out). May write garbage after the union up to capacity entries of out;
+// returns the union's size.
 inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_index,
-                              float* out_value, int64_t capacity, unsigned& carry,
-                              uint32_t* histogram) {
-    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
-    const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
+                              float* out_value, int64_t capacity, unsigned& carry) {
     const __m256 quiet_nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
     const __m256i value_half = _mm256_set1_epi64x(0xFFFFFFFF);
     const __m256i unzip = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // 4 values, 4 indices
@@ -353,22 +353,6 @@ inline int64_t combine_packed(const uint64_t* merged, int64_t n, int32_t* out_in
         store_compressed(out_value + w, values, keep, capacity - w);
         w += __builtin_popcount(keep);
     }
-    if (histogram != nullptr) {
-        // Top digits of 64 entries at a time, computed in registers, then counted one by one.
-        alignas(32) uint32_t digits[64];
-        int64_t j = 0;
-        for (; j + 64 <= w; j += 64) {
-            for (int e = 0; e < 64; e += 8) {
-                const __m256i bits =
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out_value + j + e));
-                _mm256_store_si256(reinterpret_cast<__m256i*>(digits + e), _mm256_srli_epi32(
-                    _mm256_min_epu32(_mm256_and_si256(bits, magnitude), canonical_nan),
-                    top_shift<float>()));
-            }
-            for (int e = 0; e < 64; ++e) ++histogram[digits[e]];
-        }
-        for (; j < w; ++j) ++histogram[magnitude_key(out_value[j]) >> top_shift<float>()];
-    }
     return w;
 }
 #endif
@@ -401,9 +385,9 @@ struct PackedSet {
 constexpr int64_t kChunk = 1024;
 
 // The union of a and b (n >= 1 entries each) into (out_index, out_value), which hold capacity
-// entries; top digits counted into histogram (nullable). Returns the union's size.
+// entries. Returns the union's size.
 inline int64_t merge_combine(const PackedSet& a, const PackedSet& b, int32_t* out_index,
-                             float* out_value, int64_t capacity, uint32_t* histogram) {
+                             float* out_value, int64_t capacity) {
     alignas(64) uint64_t chunk[kChunk + 16];
     int64_t m = 0, combined = 0, w = 0;  // entries in chunk; merged entries combined; written
     unsigned carry = 0;
@@ -413,8 +397,7 @@ inline int64_t merge_combine(const PackedSet& a, const PackedSet& b, int32_t* ou
         store_block(chunk + m, block);
         m += 8;
         if (m == kChunk + 8) {
-            w += combine_packed(chunk, kChunk, out_index + w, out_value + w, capacity - w, carry,
-                                histogram);
+            w += combine_packed(chunk, kChunk, out_index + w, out_value + w, capacity - w, carry);
             combined += kChunk;
             store_block(chunk, load_block(chunk + kChunk));
             m = 8;
@@ -437,26 +420,24 @@ inline int64_t merge_combine(const PackedSet& a, const PackedSet& b, int32_t* ou
     store_block(chunk + m, high);  // m <= kChunk here
     for (int64_t j = m + 8; j < m + 16; ++j) chunk[j] = kSentinel;
     return w + combine_packed(chunk, a.n + b.n - combined, out_index + w, out_value + w,
-                              capacity - w, carry, histogram);
+                              capacity - w, carry);
 }
 #endif
 
-// Merges one piece into (out_index, out_value), counting top digits into histogram if kCount.
-// Returns the number of entries written. vectorised: float32 / int32 sets with non-negative
-// indices, merged by the vectorised path where the build has one.
-template <bool kCount, typename T, typename Index>
+// Merges one piece into (out_index, out_value). Returns the number of entries written.
+// vectorised: float32 / int32 sets with non-negative indices, merged by the vectorised path
+// where the build has one.
+template <typename T, typename Index>
 int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const Index* index_b,
                     const T* value_b, int64_t n_b, Index* out_index, T* out_value,
-                    uint32_t* histogram, [[maybe_unused]] bool vectorised) {
+                    [[maybe_unused]] bool vectorised) {
     using Key = KeyOf<T>;
-    constexpr int shift = top_shift<T>();
 #if defined(__AVX512F__) || defined(__AVX2__)
     if constexpr (std::is_same_v<T, float> && std::is_same_v<Index, int32_t>) {
         if (vectorised && n_a > 0 && n_b > 0) {
             const PackedSet a(index_a, value_a, n_a);
             const PackedSet b(index_b, value_b, n_b);
-            return merge_combine(a, b, out_index, out_value, n_a + n_b,
-                                 kCount ? histogram : nullptr);
+            return merge_combine(a, b, out_index, out_value, n_a + n_b);
         }
     }
 #endif
@@ -477,7 +458,6 @@ int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const I
                                 select(take_a, bits_of(va), bits_of(vb)));
         out_index[n] = select(take_a, ia, ib);
         out_value[n] = from_bits<T>(bits);
-        if constexpr (kCount) ++histogram[magnitude_key(from_bits<T>(bits)) >> shift];
         a += take_a;
         b += take_b;
         ++n;
@@ -486,7 +466,6 @@ int64_t merge_piece(const Index* index_a, const T* value_a, int64_t n_a, const I
         for (int64_t j = from; j < to; ++j, ++n) {
             out_index[n] = index[j];
             out_value[n] = value[j];
-            if constexpr (kCount) ++histogram[magnitude_key(value[j]) >> shift];
         }
     };
     copy_rest(index_a, value_a, a, n_a);
@@ -529,53 +508,98 @@ void copy_out(const Index* from_index, const T* from_value, const std::vector<Pi
     }
 }
 
-// Writes to to[0..capacity) the keys of values[0..n) whose top digit is `bin` (capacity of
-// them); returns how many.
+// Keys in [lo, hi].
+template <typename Key> struct KeyBand {
+    Key lo, hi;
+    // Bits from which the band's keys agree: keys >> shift is the same for every one.
+    int shift() const {
+        const uint64_t differ = static_cast<uint64_t>(lo ^ hi);
+        return differ == 0 ? 0 : 64 - __builtin_clzll(differ);
+    }
+};
+
+// A band that holds the k-th largest of n keys, guessed from m of them (sample, reordered), the
+// sample's rank of it +- kBandSigmas standard deviations + 1 (header, step 3).
+template <typename Key>
+KeyBand<Key> band_from_sample(Key* sample, int64_t m, int64_t k, int64_t n, Key max_key) {
+    const double q = static_cast<double>(k) / static_cast<double>(n);
+    const double rank = q * static_cast<double>(m);
+    const double margin = kBandSigmas * std::sqrt(static_cast<double>(m) * q * (1.0 - q)) + 1.0;
+    const int64_t above = static_cast<int64_t>(std::floor(rank - margin));  // 1-based
+    const int64_t below = static_cast<int64_t>(std::ceil(rank + margin));
+    KeyBand<Key> band{0, max_key};
+    if (above >= 1) {
+        std::nth_element(sample, sample + (above - 1), sample + m, std::greater<>());
+        band.hi = sample[above - 1];
+    }
+    if (below <= m) {
+        const int64_t sorted = std::max<int64_t>(above, 0);  // sample[sorted..) <= band.hi
+        std::nth_element(sample + sorted, sample + (below - 1), sample + m, std::greater<>());
+        band.lo = sample[below - 1];
+    }
+    return band;
+}
+
+// Writes to to[0..) the keys of values[0..n) in band, in order, and counts those above it into
+// above; returns how many were written. Writes nothing past to[n - 1].
 template <typename T>
-int64_t gather_bin(const T* values, int64_t n, int64_t bin, KeyOf<T>* to,
-                   [[maybe_unused]] int64_t capacity) {
-    constexpr int shift = top_shift<T>();
-    int64_t g = 0, j = 0;
+int64_t gather_band(const T* values, int64_t n, KeyBand<KeyOf<T>> band, KeyOf<T>* to,
+                    int64_t& above) {
+    int64_t g = 0, j = 0, over = 0;
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
         const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
         const __m512i canonical_nan = _mm512_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
-        const __m512i wanted = _mm512_set1_epi32(static_cast<int>(bin));
+        const __m512i lo = _mm512_set1_epi32(static_cast<int>(band.lo));
+        const __m512i hi = _mm512_set1_epi32(static_cast<int>(band.hi));
         for (; j + 16 <= n; j += 16) {
             const __m512i keys = _mm512_min_epu32(
                 _mm512_and_si512(_mm512_loadu_si512(values + j), magnitude), canonical_nan);
-            const __mmask16 hits =
-                _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(keys, shift), wanted);
-            if (hits) {  // rare: the bin holds a few percent of the entries
-                const int count = __builtin_popcount(hits);
-                _mm512_mask_storeu_epi32(to + g, static_cast<__mmask16>((1u << count) - 1),
-                                         _mm512_maskz_compress_epi32(hits, keys));
-                g += count;
-            }
+            const __mmask16 high = _mm512_cmpgt_epu32_mask(keys, hi);
+            const __mmask16 hits = _mm512_cmpge_epu32_mask(keys, lo) & ~high;
+            const int count = __builtin_popcount(hits);
+            _mm512_mask_storeu_epi32(to + g, static_cast<__mmask16>((1u << count) - 1),
+                                     _mm512_maskz_compress_epi32(hits, keys));
+            g += count;
+            over += __builtin_popcount(high);
         }
     }
 #elif defined(__AVX2__)
     if constexpr (std::is_same_v<T, float>) {
+        // Keys and the band's ends are below 2^31: signed compares order them.
         const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
         const __m256i canonical_nan = _mm256_set1_epi32(MagnitudeTraits<float>::kCanonicalNan);
-        const __m256i wanted = _mm256_set1_epi32(static_cast<int>(bin));
-        for (; j + 8 <= n; j += 8) {  // branch-free: a third of the 8s hold a hit
+        const __m256i lo = _mm256_set1_epi32(static_cast<int>(band.lo));
+        const __m256i hi = _mm256_set1_epi32(static_cast<int>(band.hi));
+        for (; j + 8 <= n; j += 8) {
             const __m256i keys = _mm256_min_epu32(
                 _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + j)),
                                  magnitude),
                 canonical_nan);
-            const unsigned hits = _mm256_movemask_ps(_mm256_castsi256_ps(
-                _mm256_cmpeq_epi32(_mm256_srli_epi32(keys, shift), wanted)));
-            store_compressed(to + g, keys, hits, capacity - g);
+            const unsigned high = _mm256_movemask_ps(
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(keys, hi)));
+            const unsigned low = _mm256_movemask_ps(
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(lo, keys)));
+            const unsigned hits = ~(high | low) & 0xFFu;
+            store_compressed(to + g, keys, hits, 8);
             g += __builtin_popcount(hits);
+            over += __builtin_popcount(high);
         }
     }
 #endif
     for (; j < n; ++j) {
         const KeyOf<T> key = magnitude_key(values[j]);
-        if (static_cast<int64_t>(key >> shift) == bin) to[g++] = key;
+        to[g] = key;
+        g += key >= band.lo && key <= band.hi;
+        over += key > band.hi;
     }
+    above = over;
     return g;
+}
+
+// Counts the top digit of every key of values[0..n) into histogram.
+template <typename T> void count_top_digits(const T* values, int64_t n, uint32_t* histogram) {
+    for (int64_t j = 0; j < n; ++j) ++histogram[magnitude_key(values[j]) >> top_shift<T>()];
 }
 
 // Writes the entries of one piece that the top k keeps: key > kth_key, and the first `budget`
@@ -669,35 +693,44 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
     // The vectorised merge packs indices as unsigned: only for non-negative ones.
     const bool vectorised = kVectorTypes && (n_a == 0 || index_a[0] >= 0) &&
                             (n_b == 0 || index_b[0] >= 0);
-    auto merge_all = [&](Index* to_index, T* to_value, uint32_t* histograms) {
+    auto merge_all = [&](Index* to_index, T* to_value, Key* sample, int64_t stride,
+                         int64_t* sampled) {
 #pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
         for (int p = 0; p < n_pieces; ++p) {
             const Piece& piece = pieces[p];
-            auto merge = histograms ? merge_piece<true, T, Index> : merge_piece<false, T, Index>;
-            counts[p] = merge(index_a + piece.a_begin, value_a + piece.a_begin,
-                              piece.a_end - piece.a_begin, index_b + piece.b_begin,
-                              value_b + piece.b_begin, piece.b_end - piece.b_begin,
-                              to_index + piece.offset(), to_value + piece.offset(),
-                              histograms ? histograms + p * kBins : nullptr, vectorised);
+            counts[p] = merge_piece(index_a + piece.a_begin, value_a + piece.a_begin,
+                                    piece.a_end - piece.a_begin, index_b + piece.b_begin,
+                                    value_b + piece.b_begin, piece.b_end - piece.b_begin,
+                                    to_index + piece.offset(), to_value + piece.offset(),
+                                    vectorised);
+            if (sample == nullptr) continue;
+            Key* mine = sample + piece.offset() / stride + p;
+            const T* merged = to_value + piece.offset();
+            int64_t m = 0;
+            for (int64_t j = 0; j < counts[p]; j += stride) mine[m++] = magnitude_key(merged[j]);
+            sampled[p] = m;
         }
     };
 
     // Step 2 first when every entry fits: out holds min(k, n_in) = n_in entries.
     if (n_in <= k) {
-        merge_all(out_index, out_value, nullptr);
+        merge_all(out_index, out_value, nullptr, 1, nullptr);
         copy_out(out_index, out_value, pieces, counts, out_index, out_value);
         int64_t n_union = 0;
         for (int64_t c : counts) n_union += c;
         return n_union;
     }
 
+    int64_t stride = 1;
+    while (2 * stride * kSampleTarget <= n_in) stride *= 2;
     grow(ws.union_index, n_in);
     grow(ws.union_value, n_in);
-    grow(ws.histograms, n_pieces * kBins);
-    std::fill(ws.histograms.begin(), ws.histograms.begin() + n_pieces * kBins, 0u);
+    grow(ws.sample, n_in / stride + n_pieces);
+    std::vector<int64_t> sampled(n_pieces);
     const Index* union_index = ws.union_index.data();
     const T* union_value = ws.union_value.data();
-    merge_all(ws.union_index.data(), ws.union_value.data(), ws.histograms.data());
+    merge_all(ws.union_index.data(), ws.union_value.data(), ws.sample.data(), stride,
+              sampled.data());
     int64_t n_union = 0;
     for (int64_t c : counts) n_union += c;
     if (n_union <= k) {
@@ -705,49 +738,75 @@ int64_t merge_topk(const Index* index_a, const T* value_a, int64_t n_a, const In
         return n_union;
     }
 
-    // Step 3: the bin of the k-th key, then the key itself.
-    int64_t bin = kBins - 1, rank = k, above_bin = 0;
-    for (;; --bin) {
-        int64_t count = 0;
-        for (int p = 0; p < n_pieces; ++p) count += ws.histograms[p * kBins + bin];
-        if (rank <= count) break;
-        rank -= count;
-        above_bin += count;
-    }
-    std::vector<int64_t> gather_offset(n_pieces + 1, 0);
+    // Step 3: a band that holds the k-th key, then the key itself.
+    int64_t m = 0;  // the pieces' samples, packed
     for (int p = 0; p < n_pieces; ++p) {
-        gather_offset[p + 1] = gather_offset[p] + ws.histograms[p * kBins + bin];
+        std::memmove(ws.sample.data() + m, ws.sample.data() + pieces[p].offset() / stride + p,
+                     sampled[p] * sizeof(Key));
+        m += sampled[p];
     }
-    const int64_t n_gathered = gather_offset[n_pieces];
-    grow(ws.gathered, n_gathered);
-    grow(ws.scratch, n_gathered);
-    Key* gathered = ws.gathered.data();
+    KeyBand<Key> band =
+        band_from_sample(ws.sample.data(), m, k, n_union, MagnitudeTraits<T>::kCanonicalNan);
+    grow(ws.gathered, n_in);
+    Key* gathered = ws.gathered.data();  // piece p's band at pieces[p].offset()
+    std::vector<int64_t> in_band(n_pieces), above_band(n_pieces);
+    int64_t total_in = 0, total_above = 0;
+    auto gather = [&] {
 #pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
-    for (int p = 0; p < n_pieces; ++p) {
-        gather_bin(union_value + pieces[p].offset(), counts[p], bin, gathered + gather_offset[p],
-                   gather_offset[p + 1] - gather_offset[p]);
+        for (int p = 0; p < n_pieces; ++p) {
+            in_band[p] = gather_band(union_value + pieces[p].offset(), counts[p], band,
+                                     gathered + pieces[p].offset(), above_band[p]);
+        }
+        total_in = total_above = 0;
+        for (int p = 0; p < n_pieces; ++p) {
+            total_in += in_band[p];
+            total_above += above_band[p];
+        }
+    };
+    gather();
+    if (!(total_above < k && k <= total_above + total_in)) {  // the band missed: K's top digit
+        grow(ws.histograms, n_pieces * kBins);
+        std::fill(ws.histograms.begin(), ws.histograms.begin() + n_pieces * kBins, 0u);
+#pragma omp parallel for num_threads(n_pieces) schedule(static, 1)
+        for (int p = 0; p < n_pieces; ++p) {
+            count_top_digits(union_value + pieces[p].offset(), counts[p],
+                             ws.histograms.data() + p * kBins);
+        }
+        int64_t bin = kBins - 1, rank = k;
+        for (;; --bin) {
+            int64_t count = 0;
+            for (int p = 0; p < n_pieces; ++p) count += ws.histograms[p * kBins + bin];
+            if (rank <= count) break;
+            rank -= count;
+        }
+        const Key lowest = static_cast<Key>(bin) << shift;
+        band = {lowest, static_cast<Key>(lowest | ((Key{1} << shift) - 1))};
+        gather();
     }
-    std::copy(gathered, gathered + n_gathered, ws.scratch.data());
-    const Key kth_key = kth_largest(ws.scratch.data(), n_gathered, rank, shift);
+    const int64_t rank = k - total_above;  // of K among the band's keys
+    grow(ws.scratch, total_in);
+    Key* band_keys = ws.scratch.data();
+    for (int p = 0; p < n_pieces; ++p) {
+        band_keys = std::copy(gathered + pieces[p].offset(),
+                              gathered + pieces[p].offset() + in_band[p], band_keys);
+    }
+    const Key kth_key = kth_largest(ws.scratch.data(), total_in, rank, band.shift());
 
     // Each piece's outputs: entries above the k-th key, then its share of the ties.
     std::vector<int64_t> greater(n_pieces), ties(n_pieces);
-    int64_t greater_in_bin = 0;
+    int64_t greater_in_band = 0;
     for (int p = 0; p < n_pieces; ++p) {
-        int64_t above = 0;
-        for (int64_t other = bin + 1; other < kBins; ++other) {
-            above += ws.histograms[p * kBins + other];
-        }
+        const Key* mine = gathered + pieces[p].offset();
         int64_t g = 0, t = 0;
-        for (int64_t j = gather_offset[p]; j < gather_offset[p + 1]; ++j) {
-            g += gathered[j] > kth_key;
-            t += gathered[j] == kth_key;
+        for (int64_t j = 0; j < in_band[p]; ++j) {
+            g += mine[j] > kth_key;
+            t += mine[j] == kth_key;
         }
-        greater[p] = above + g;
+        greater[p] = above_band[p] + g;
         ties[p] = t;
-        greater_in_bin += g;
+        greater_in_band += g;
     }
-    int64_t ties_left = rank - greater_in_bin;  // ties the top k takes, lowest indices first
+    int64_t ties_left = rank - greater_in_band;  // ties the top k takes, lowest indices first
     std::vector<int64_t> tie_budget(n_pieces), out_offset(n_pieces + 1, 0);
     for (int p = 0; p < n_pieces; ++p) {
         tie_budget[p] = std::min(ties[p], ties_left);
