@@ -5,8 +5,9 @@
 //   1. Merge path: the diagonal p * n / P of the merge grid is split by a binary search into
 //      (i, j) = entries of a and of b before it; an index present in both sets is never split
 //      between two pieces. Each piece is merged branch-free into the workspace (equal indices
-//      summed), then every s-th of its output keys is sampled (s a power of two: from
-//      kSampleTarget to 2 kSampleTarget samples in all).
+//      summed), then every s-th of its output keys is sampled (s the largest power of two
+//      with 2 s kSampleTarget <= n: up to 2 kSampleTarget samples, fewer where a and b share
+//      indices).
 //   2. If the union holds at most k entries it is the result: the pieces are copied out.
 //   3. Otherwise a band [lo, hi] of keys that holds the k-th largest key K is guessed from the
 //      sample: with q = k / |union| and m samples, the k-th key's rank among them is about q m,
