@@ -699,9 +699,10 @@ void bind_cuda(py::module_& m) {
                                       uint64_t threshold_key, uint64_t histogram_base_key,
                                       int histogram_shift, int64_t n_bins, int64_t n_fine,
                                       int coarse_shift, bool clear_gradient, uintptr_t stream,
-                                      uintptr_t workspace, size_t workspace_bytes) {
+                                      uintptr_t workspace, size_t workspace_bytes,
+                                      uintptr_t device_counts) {
         gtopk::check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
-        py::array_t<int64_t> histogram(n_bins);  // before the kernel's own check: sized by it
+        py::array_t<int64_t> histogram(device_counts != 0 ? 0 : n_bins);  // sized by the check
         int64_t* counts = histogram.mutable_data();
         int64_t selected = 0;
         {
@@ -710,10 +711,18 @@ void bind_cuda(py::module_& m) {
                 value_type, as_pointer(gradient), as_pointer(residual), d, begin, end,
                 threshold_key, histogram_base_key, histogram_shift, n_bins, n_fine, coarse_shift,
                 clear_gradient, counts, as_pointer(stream),
-                Workspace{as_pointer(workspace), workspace_bytes});
+                Workspace{as_pointer(workspace), workspace_bytes},
+                static_cast<int64_t*>(as_pointer(device_counts)));
         }
-        return py::make_tuple(selected, histogram);
-    }, "(count at or above the threshold, histogram): cpu accumulate_threshold's first half.");
+        if (device_counts != 0) return py::tuple(py::make_tuple(selected, py::none()));
+        return py::tuple(py::make_tuple(selected, histogram));
+    }, "(count at or above the threshold, histogram): cpu accumulate_threshold's first half; "
+       "with device_counts (n_bins + 1 int64 on the device) both are left there: (-1, None), no "
+       "wait.", py::arg("value_type"), py::arg("gradient"), py::arg("residual"), py::arg("d"),
+       py::arg("begin"), py::arg("end"), py::arg("threshold_key"), py::arg("histogram_base_key"),
+       py::arg("histogram_shift"), py::arg("n_bins"), py::arg("n_fine"), py::arg("coarse_shift"),
+       py::arg("clear_gradient"), py::arg("stream"), py::arg("workspace"),
+       py::arg("workspace_bytes"), py::arg("device_counts") = 0);
     m.def("cuda_threshold_indices_workspace_bytes",
           &gtopk::cuda::threshold_indices_workspace_bytes, py::arg("value_type"),
           py::arg("index_type"), py::arg("n"));
@@ -721,13 +730,17 @@ void bind_cuda(py::module_& m) {
                                        int64_t d, int64_t begin, int64_t end,
                                        uint64_t threshold_key, uintptr_t out_index,
                                        int64_t capacity, uintptr_t stream, uintptr_t workspace,
-                                       size_t workspace_bytes) {
+                                       size_t workspace_bytes, uintptr_t device_count) {
         py::gil_scoped_release release;
         return gtopk::cuda::threshold_indices(value_type, index_type, as_pointer(x), d, begin,
                                               end, threshold_key, as_pointer(out_index),
                                               capacity, as_pointer(stream),
-                                              Workspace{as_pointer(workspace), workspace_bytes});
-    });
+                                              Workspace{as_pointer(workspace), workspace_bytes},
+                                              static_cast<int64_t*>(as_pointer(device_count)));
+    }, py::arg("value_type"), py::arg("index_type"), py::arg("x"), py::arg("d"),
+       py::arg("begin"), py::arg("end"), py::arg("threshold_key"), py::arg("out_index"),
+       py::arg("capacity"), py::arg("stream"), py::arg("workspace"), py::arg("workspace_bytes"),
+       py::arg("device_count") = 0);
     m.def("cuda_sketch_table_workspace_bytes", [](const py::array& keys, int64_t columns,
                                                   int64_t tile_columns) {
         return gtopk::cuda::sketch_table_workspace_bytes(sketch_rows(keys, columns), columns,

@@ -44,6 +44,10 @@ __all__ = [
     "sketch_select",
     "sketch_estimate",
     "sorted_union",
+    "histogram_on_device",
+    "threshold_indices_on_device",
+    "selected_indices",
+    "read_to_host",
     "add_divided",
     "momentum_update",
     "zero_at",
@@ -287,6 +291,116 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int,
         raise RuntimeError(f"gtopk_hvd: threshold_indices selected {len(indices)} entries, "
                            f"more than the bound at_most={at_most}")
     return indices
+
+
+def histogram_on_device(gradient: Any, residual: Any, begin: int, end: int,
+                        histogram_base_key: int, histogram_shift: int, n_bins: int,
+                        clear_gradient: bool = False, n_fine: int = -1,
+                        coarse_shift: int = 0) -> Any:
+    """`accumulate_threshold` selecting nothing, its histogram left where the state is: an int64
+    tensor of n_bins on residual's device, and no wait for it (torch tensors only; read it with
+    `read_to_host`, e.g. with other buckets' in one copy). The accumulation and the counts are
+    accumulate_threshold's; the CUDA side writes the counters in device memory and copies
+    nothing."""
+    import torch
+
+    if framework_of(residual) != "torch":
+        raise TypeError("histogram_on_device takes torch tensors (numpy: accumulate_threshold)")
+    nothing = (1 << (8 * _itemsize(residual))) - 1  # above every key: nothing is selected
+    on_gpu = is_cuda(residual) or (gradient is not None and is_cuda(gradient))
+    if not (on_gpu and cuda_built):
+        _, histogram = accumulate_threshold(gradient, residual, begin, end, nothing,
+                                            histogram_base_key, histogram_shift, n_bins,
+                                            clear_gradient, n_fine, coarse_shift)
+        return torch.from_numpy(np.asarray(histogram, np.int64)).to(residual.device)
+    if gradient is None:
+        clear_gradient = False
+        _cuda_check(residual, "residual", residual.device)
+    else:
+        _cuda_check_pair(gradient, residual)
+    device = residual.device
+    counts = torch.empty(int(n_bins) + 1, dtype=torch.int64, device=device)
+    with _on_device(device):
+        _C.cuda_accumulate_count(
+            _cuda_value_type(residual.dtype), 0 if gradient is None else gradient.data_ptr(),
+            residual.data_ptr(), residual.numel(), int(begin), int(end), nothing,
+            int(histogram_base_key), int(histogram_shift), int(n_bins), int(n_fine),
+            int(coarse_shift), bool(clear_gradient), _stream(device), 0, 0,
+            device_counts=counts.data_ptr())
+    return counts[:n_bins]
+
+
+def threshold_indices_on_device(x: Any, begin: int, end: int, threshold_key: int,
+                                capacity: int) -> tuple[Any, Any]:
+    """`threshold_indices` into room for `capacity` entries, with no wait for the count (torch
+    tensors only): (indices: a tensor of `capacity` entries whose first `count` are the sorted
+    selection, count: an int64 tensor of one value on x's device). The caller brings the count
+    to the host (`read_to_host`, with others) and takes `selected_indices(indices, count)`,
+    which raises if the capacity was not a bound. On the CUDA side one read of the range, and
+    CUB leaves the count in device memory."""
+    import torch
+
+    if framework_of(x) != "torch":
+        raise TypeError("threshold_indices_on_device takes torch tensors")
+    capacity = min(check_count(capacity), max(0, int(end) - int(begin)))
+    dtype = _torch_index_dtype(x.numel())
+    if not (is_cuda(x) and cuda_built):
+        chosen = threshold_indices(x, begin, end, threshold_key)
+        indices = torch.zeros(capacity, dtype=dtype, device=x.device)
+        kept = min(int(chosen.numel()), capacity)
+        indices[:kept] = chosen[:kept]
+        return indices, torch.tensor([int(chosen.numel())], dtype=torch.int64, device=x.device)
+    _cuda_check(x, "x", x.device)
+    _check_range(begin, end, x.numel())
+    indices = torch.empty(capacity, dtype=dtype, device=x.device)
+    count = torch.empty(1, dtype=torch.int64, device=x.device)
+    with _on_device(x.device):
+        value_type, index_type = _cuda_value_type(x.dtype), _cuda_index_type(dtype)
+        workspace = _workspace(_C.cuda_threshold_indices_workspace_bytes(
+            value_type, index_type, int(end) - int(begin)), x.device)
+        _C.cuda_threshold_indices(value_type, index_type, x.data_ptr(), x.numel(), int(begin),
+                                  int(end), int(threshold_key), indices.data_ptr(), capacity,
+                                  _stream(x.device), workspace.data_ptr(), workspace.numel(),
+                                  device_count=count.data_ptr())
+    return indices, count
+
+
+def selected_indices(indices: Any, count: int) -> Any:
+    """The first `count` of `threshold_indices_on_device`'s indices; RuntimeError if its
+    capacity was below the count (a bound that was not one: the kernel wrote only the first
+    capacity)."""
+    if count > _length(indices):
+        raise RuntimeError(f"gtopk_hvd: threshold_indices selected {count} entries, more than "
+                           f"the bound at_most={_length(indices)}")
+    return indices[:count]
+
+
+def read_to_host(tensors: Any) -> tuple[np.ndarray, ...]:
+    """The values of several small tensors of one device on the host, as numpy arrays of their
+    dtypes (int64, int32, float32 or float64: each exact in float64 below 2^53), in one copy: on
+    a GPU one concatenation, one copy into pinned memory and one wait for the current stream,
+    however many tensors (a bucket's counts and sums, read with the other buckets'). numpy
+    arrays are returned as they are."""
+    tensors = list(tensors)
+    if not tensors or all(isinstance(t, np.ndarray) for t in tensors):
+        return tuple(tensors)
+    import torch
+
+    device = tensors[0].device
+    if not is_cuda(tensors[0]):
+        return tuple(as_numpy(t.detach().reshape(-1).contiguous(), "tensor",
+                              values=t.dtype.is_floating_point).array.copy()
+                     .reshape(tuple(t.shape)) for t in tensors)
+    joined = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+    host = torch.empty(joined.numel(), dtype=torch.float64, pin_memory=True)
+    host.copy_(joined, non_blocking=True)
+    torch.cuda.current_stream(device).synchronize()
+    flat, out, start = host.numpy(), [], 0
+    for t in tensors:
+        n = t.numel()
+        out.append(flat[start:start + n].astype(dtype_name(t.dtype)).reshape(tuple(t.shape)))
+        start += n
+    return tuple(out)
 
 
 def histogram_count_from(histogram: np.ndarray, base_key: int, shift: int, n_bins: int,

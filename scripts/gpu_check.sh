@@ -323,7 +323,7 @@ stage_tests() {
     local files=(tests/test_ops_cuda.py tests/test_ddp_hook_cuda.py tests/test_device_reduction.py
                  tests/test_count_sketch.py tests/test_sparse_state_devices.py
                  tests/test_shared_types.py tests/test_ops.py tests/test_union_tensors.py
-                 tests/test_threshold_device_path.py)
+                 tests/test_threshold_device_path.py tests/test_lockstep.py)
     local workers=$(( JOBS > 2 ? JOBS - 2 : 1 ))
     (( workers > 14 )) && workers=14
     local args=(-q -rfE -p no:cacheprovider)

@@ -86,3 +86,34 @@ def test_cuda_buckets_step_as_the_host_without_waiting(one_worker: None, on_devi
         residual = cuda_state.buckets[index].step.residual
         assert residual.is_cuda
         assert residual.cpu().numpy().tobytes() == bucket.step.residual.tobytes()
+
+
+@pytest.mark.parametrize("scheme", ["micro", "exdyna"])
+def test_cuda_buckets_of_a_threshold_scheme_step_in_lockstep_as_the_host(one_worker: None,
+                                                                         scheme: str) -> None:
+    """MiCRO and ExDyna read the device twice a step; the hook runs the held buckets' steps in
+    lockstep (gtopk_hvd.lockstep: two waits an iteration, not two a bucket). The updates, the
+    skipped iteration and the residuals equal the host path's bit for bit."""
+    compression = getattr(Compression, scheme)(0.02)
+    host_state = GTopkHookState(compression=compression, start_iter=2)
+    cuda_state = GTopkHookState(compression=compression, start_iter=2)
+    host_parameters = [[torch.zeros(n)] for n in SIZES]
+    cuda_parameters = [[torch.zeros(n, device="cuda")] for n in SIZES]
+    for step in range(8):
+        values = gradients(step)
+        host_futures = [gtopk_hook(host_state, Bucket(i, host_parameters[i],
+                                                      torch.from_numpy(v.copy()),
+                                                      last=i == len(SIZES) - 1))
+                        for i, v in enumerate(values)]
+        cuda_futures = [gtopk_hook(cuda_state, Bucket(i, cuda_parameters[i],
+                                                      torch.from_numpy(v).cuda(),
+                                                      last=i == len(SIZES) - 1))
+                        for i, v in enumerate(values)]
+        for host, device in zip([f.wait() for f in host_futures],
+                                [f.wait() for f in cuda_futures]):
+            assert host.numpy().tobytes() == device.cpu().numpy().tobytes(), f"step {step}"
+        assert cuda_state.last_iteration_skipped == host_state.last_iteration_skipped == (
+            step == 5)
+    for index, bucket in host_state.buckets.items():
+        residual = cuda_state.buckets[index].step.residual
+        assert residual.cpu().numpy().tobytes() == bucket.step.residual.tobytes()

@@ -402,6 +402,61 @@ def test_cuda_threshold_indices_equals_the_cpu_kernel(dtype: str) -> None:
             ops.accumulate_threshold(gpu, gpu.clone(), 0, 10, 1 << 32, 0, 19, 4)
 
 
+@pytest.mark.parametrize("d,begin,end", [(0, 0, 0), (300_007, 77, 77),
+                                         (1_000_003, 12_345, 900_001)])
+@pytest.mark.parametrize("gradient_given", [True, False])
+def test_cuda_histogram_on_device_equals_accumulate_threshold_and_waits_for_nothing(
+        d: int, begin: int, end: int, gradient_given: bool) -> None:
+    """MiCRO's lockstep (gtopk_hvd.lockstep): the histogram left in device memory, enqueued
+    behind a busy stream without a host wait, equal to the waiting kernel's bit for bit, and
+    the accumulation too."""
+    gradient, residual = threshold_inputs(d, "float32")
+    window = (ops.magnitude_key(0.75), 17, 93, 64, 20)
+    cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
+    _, want = ops.accumulate_threshold(cpu_gradient if gradient_given else None, cpu_residual,
+                                       begin, end, 0xFFFFFFFF, window[0], window[1], window[2],
+                                       gradient_given, window[3], window[4])
+    gpu_gradient = torch.from_numpy(gradient).cuda() if gradient_given else None
+    gpu_residual = torch.from_numpy(residual).cuda()
+    arguments = {"histogram_base_key": window[0], "histogram_shift": window[1],
+                 "n_bins": window[2], "n_fine": window[3], "coarse_shift": window[4]}
+    ops.histogram_on_device(None, gpu_residual.clone(), begin, end, **arguments)  # loads it
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    histogram = ops.histogram_on_device(gpu_gradient, gpu_residual, begin, end,
+                                        clear_gradient=gradient_given, **arguments)
+    assert not torch.cuda.current_stream().query(), "histogram_on_device waited for the device"
+    assert histogram.is_cuda and histogram.dtype == torch.int64
+    np.testing.assert_array_equal(ops.read_to_host([histogram])[0], want)
+    assert_same_bits_but_nan_payloads(gpu_residual.cpu().numpy(), cpu_residual)
+    if gradient_given:
+        assert gpu_gradient.cpu().numpy().tobytes() == cpu_gradient.tobytes()
+
+
+@pytest.mark.parametrize("begin,end", [(0, 1_000_003), (12_345, 600_000), (5, 5)])
+def test_cuda_threshold_indices_on_device_equals_threshold_indices_and_waits_for_nothing(
+        begin: int, end: int) -> None:
+    """The count left in device memory: enqueued without a host wait; the indices taken at the
+    count read later equal threshold_indices'; a capacity below the count writes no more than
+    it and raises when the indices are taken."""
+    x = threshold_inputs(1_000_003, "float32")[1]
+    gpu = torch.from_numpy(x).cuda()
+    key = ops.magnitude_key(1.5)
+    want = ops.threshold_indices(x, begin, end, key)
+    ops.threshold_indices_on_device(gpu, begin, end, key, want.size + 5)  # loads the kernels
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    indices, count = ops.threshold_indices_on_device(gpu, begin, end, key, want.size + 5)
+    assert not torch.cuda.current_stream().query(), "threshold_indices_on_device waited"
+    (n,) = ops.read_to_host([count])
+    np.testing.assert_array_equal(ops.selected_indices(indices, int(n[0])).cpu().numpy(), want)
+    if want.size > 2:
+        short, count = ops.threshold_indices_on_device(gpu, begin, end, key, 2)
+        np.testing.assert_array_equal(short.cpu().numpy(), want[:2])
+        with pytest.raises(RuntimeError, match="more than the bound"):
+            ops.selected_indices(short, int(ops.read_to_host([count])[0][0]))
+
+
 # -- the reads without gradient-sized temporaries (tests/test_memory_kernels.py on the host) --
 
 

@@ -4,14 +4,17 @@
   step to step (the same gradient every step, as scripts/gpu_step.py steps): the accumulation
   pass keeps no candidates there, whose number has no bound (the GPU's first-step peak of
   2.0x the gradient was one such set and its keys);
-- the kernel-layer calls of a step: one accumulation pass that selects nothing, then one
-  `ops.threshold_indices` with a bound from the worker's histogram (the CUDA side's one read,
-  no count pass), never `ops.keep_at_or_above`;
+- the kernel-layer calls of a step: one accumulation pass that selects nothing and leaves its
+  histogram on the device (`ops.histogram_on_device`), then one
+  `ops.threshold_indices_on_device` with a bound from the worker's histogram (the CUDA side's
+  one read, no count pass, the count left on the device), never `ops.keep_at_or_above`;
 - `ops.threshold_indices`'s bound and `ops.histogram_count_from` against a count by numpy;
 - the torch operations of a build without CUDA kernels, in blocks, equal the C++ kernels.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -66,13 +69,15 @@ class Calls:
     def __init__(self, patch: pytest.MonkeyPatch) -> None:
         self.made: list[tuple[str, tuple, dict, object]] = []
         for name in ("accumulate_threshold", "threshold_indices", "keep_at_or_above",
-                     "magnitude_histogram"):
+                     "magnitude_histogram", "histogram_on_device",
+                     "threshold_indices_on_device"):
             patch.setattr(ops, name, self._spy(name, getattr(ops, name)))
 
     def _spy(self, name: str, real: object) -> object:
         def call(*args: object, **kwargs: object) -> object:
             result = real(*args, **kwargs)
-            self.made.append((name, args, kwargs, result))
+            if sys._getframe(1).f_globals.get("__name__") != "gtopk_hvd.ops":
+                self.made.append((name, args, kwargs, result))  # not the kernel layer's own
             return result
         return call
 
@@ -101,16 +106,14 @@ def test_a_torch_state_reads_the_partition_once_after_the_pass(scheme: str, work
 
     with device_like_cpu():
         ks = ThreadGroup(workers).run(work)[0]
-    assert not calls.named("keep_at_or_above")
-    passes = calls.named("accumulate_threshold")
-    assert len(passes) == 5 * workers
-    for _, args, _, (candidates, _) in passes:
-        assert args[4] == control.NO_KEY and len(candidates) == 0  # no candidates kept
-    reads = calls.named("threshold_indices")
+    assert not calls.named("keep_at_or_above") and not calls.named("accumulate_threshold")
+    assert not calls.named("threshold_indices")
+    assert len(calls.named("histogram_on_device")) == 5 * workers  # no candidates kept
+    reads = calls.named("threshold_indices_on_device")
     assert len(reads) == 5 * workers  # one read of the partition a step
-    for _, _, kwargs, indices in reads:
-        at_most = kwargs["at_most"]
-        assert at_most is not None and len(indices) <= at_most <= len(indices) + 2 * max(ks)
+    for _, args, _, (indices, count) in reads:
+        at_most, selected = args[4], int(count.as_subclass(torch.Tensor)[0])
+        assert len(indices) == at_most and selected <= at_most <= selected + 2 * max(ks)
 
 
 def test_numpy_state_keeps_its_candidates() -> None:

@@ -136,7 +136,8 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
                                int64_t end, uint64_t threshold, uint64_t histogram_base,
                                int histogram_shift, int64_t n_bins, int64_t n_fine,
                                int coarse_shift, bool clear_gradient, int64_t* histogram,
-                               cudaStream_t stream, const Workspace& workspace) {
+                               cudaStream_t stream, const Workspace& workspace,
+                               int64_t* device_counts) {
     using Key = KeyOf<T>;
     check_keys_fit<Key>(threshold, histogram_base);
     const Key base = static_cast<Key>(histogram_base);
@@ -145,10 +146,22 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
                                                coarse_shift);
     const CountLayout layout(n_bins);
     u64 selected = 0;
-    detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
-        u64* device_histogram = detail::piece<u64>(scratch, layout.histogram);
-        u64* device_selected = detail::piece<u64>(scratch, layout.selected);
-        GTOPK_CUDA_CHECK(cudaMemsetAsync(scratch.data, 0, layout.bytes, stream));
+    static_assert(sizeof(u64) == sizeof(int64_t), "histogram counters are 64-bit");
+    // Left on the device: the caller's n_bins + 1 counters take the histogram and the count.
+    const size_t scratch_bytes = device_counts != nullptr ? 0 : layout.bytes;
+    detail::with_workspace(workspace, scratch_bytes, stream, [&](const Workspace& scratch) {
+        u64* device_histogram = device_counts != nullptr
+                                    ? reinterpret_cast<u64*>(device_counts)
+                                    : detail::piece<u64>(scratch, layout.histogram);
+        u64* device_selected = device_counts != nullptr
+                                   ? reinterpret_cast<u64*>(device_counts) + n_bins
+                                   : detail::piece<u64>(scratch, layout.selected);
+        if (device_counts != nullptr) {
+            GTOPK_CUDA_CHECK(cudaMemsetAsync(device_counts, 0, (n_bins + 1) * sizeof(u64),
+                                             stream));
+        } else {
+            GTOPK_CUDA_CHECK(cudaMemsetAsync(scratch.data, 0, layout.bytes, stream));
+        }
         if (d > 0) {
             const bool shared_bins = n_bins <= kSharedBins;
             const size_t shared_bytes = shared_bins ? n_bins * sizeof(unsigned int) : 0;
@@ -159,7 +172,7 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
                 device_selected);
             GTOPK_CUDA_CHECK_LAUNCH("accumulate_count_kernel");
         }
-        static_assert(sizeof(u64) == sizeof(int64_t), "histogram counters are 64-bit");
+        if (device_counts != nullptr) return;
         // The histogram and the count in one copy (one transfer, one wait).
         std::vector<unsigned char> host(layout.bytes);
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(host.data(), scratch.data, layout.bytes,
@@ -168,20 +181,26 @@ int64_t accumulate_count_typed(void* gradient, void* residual, int64_t d, int64_
         std::memcpy(histogram, host.data() + layout.histogram, n_bins * sizeof(u64));
         std::memcpy(&selected, host.data() + layout.selected, sizeof(u64));
     });
-    return static_cast<int64_t>(selected);
+    return device_counts != nullptr ? -1 : static_cast<int64_t>(selected);
 }
 
 template <typename T, typename Index>
 int64_t threshold_indices_typed(const void* x, int64_t begin, int64_t end, uint64_t threshold,
                                 void* out_index, int64_t capacity, cudaStream_t stream,
-                                const Workspace& workspace) {
+                                const Workspace& workspace, int64_t* device_count) {
     check_keys_fit<KeyOf<T>>(threshold);
     const int64_t n = end - begin;
-    if (n <= 0) return 0;
+    if (n <= 0) {
+        if (device_count == nullptr) return 0;
+        GTOPK_CUDA_CHECK(cudaMemsetAsync(device_count, 0, sizeof(int64_t), stream));
+        return -1;
+    }
     const SelectLayout<T, Index> layout(n);
     int64_t selected = 0;
     detail::with_workspace(workspace, layout.bytes, stream, [&](const Workspace& scratch) {
-        int64_t* device_selected = detail::piece<int64_t>(scratch, layout.selected);
+        int64_t* device_selected = device_count != nullptr
+                                       ? device_count
+                                       : detail::piece<int64_t>(scratch, layout.selected);
         size_t cub_bytes = layout.cub_bytes;
         GTOPK_CUDA_CHECK(cub::DeviceSelect::If(
             detail::piece<char>(scratch, layout.temp), cub_bytes,
@@ -189,11 +208,12 @@ int64_t threshold_indices_typed(const void* x, int64_t begin, int64_t end, uint6
             bounded_output<Index>(static_cast<Index*>(out_index), capacity), device_selected, n,
             AtOrAbove<T, Index>{static_cast<const T*>(x), static_cast<KeyOf<T>>(threshold)},
             stream));
+        if (device_count != nullptr) return;
         GTOPK_CUDA_CHECK(cudaMemcpyAsync(&selected, device_selected, sizeof(int64_t),
                                          cudaMemcpyDeviceToHost, stream));
         GTOPK_CUDA_CHECK(cudaStreamSynchronize(stream));
     });
-    return selected;
+    return device_count != nullptr ? -1 : selected;
 }
 
 void require_range(int64_t begin, int64_t end, int64_t d, const char* what) {
@@ -215,7 +235,8 @@ int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, i
                          int64_t begin, int64_t end, uint64_t threshold,
                          uint64_t histogram_base, int histogram_shift, int64_t n_bins,
                          int64_t n_fine, int coarse_shift, bool clear_gradient,
-                         int64_t* histogram, void* stream, Workspace workspace) {
+                         int64_t* histogram, void* stream, Workspace workspace,
+                         int64_t* device_counts) {
     require_range(begin, end, d, "accumulate_count");
     check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
     const auto s = static_cast<cudaStream_t>(stream);
@@ -224,7 +245,7 @@ int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, i
         return accumulate_count_typed<decltype(v)>(gradient, residual, d, begin, end, threshold,
                                                    histogram_base, histogram_shift, n_bins,
                                                    n_fine, coarse_shift, clear_gradient,
-                                                   histogram, s, workspace);
+                                                   histogram, s, workspace, device_counts);
     });
 }
 
@@ -239,7 +260,8 @@ size_t threshold_indices_workspace_bytes(ValueType value_type, IndexType index_t
 
 int64_t threshold_indices(ValueType value_type, IndexType index_type, const void* x, int64_t d,
                           int64_t begin, int64_t end, uint64_t threshold, void* out_index,
-                          int64_t capacity, void* stream, Workspace workspace) {
+                          int64_t capacity, void* stream, Workspace workspace,
+                          int64_t* device_count) {
     require_range(begin, end, d, "threshold_indices");
     if (capacity < 0) {
         throw std::invalid_argument("gtopk::cuda::threshold_indices: capacity must be >= 0");
@@ -250,7 +272,7 @@ int64_t threshold_indices(ValueType value_type, IndexType index_type, const void
                                      [&](auto v, auto i) {
         return threshold_indices_typed<decltype(v), decltype(i)>(x, begin, end, threshold,
                                                                  out_index, capacity, s,
-                                                                 workspace);
+                                                                 workspace, device_count);
     });
 }
 

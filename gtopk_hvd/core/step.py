@@ -80,6 +80,7 @@ from gtopk_hvd.core.device_skip import DeviceSkip
 from gtopk_hvd.core.stats import StepStats
 from gtopk_hvd.core.warmup_warning import warn_if_density_needs_warmup
 from gtopk_hvd.density import Schedule
+from gtopk_hvd.lockstep import Phases, drive
 from gtopk_hvd.reductions.wait_probe import resolve_wait_probe
 from gtopk_hvd.schemes import build_scheme
 from gtopk_hvd.transports import Transport, resolve_transport
@@ -216,6 +217,11 @@ class SparseStep:
         """`step`, its result where the scheme left it: host arrays, or the backend's tensors
         where the reduction ran on the device; and the device skip flag the update must honour
         (None: the step was applied)."""
+        return drive(self._step_phases(gradient, clear_gradient, skip))
+
+    def _step_phases(self, gradient: Any, clear_gradient: bool,
+                     skip: bool | DeviceSkip | None) -> Phases:
+        """`_step` as a generator of the scheme's host reads (`gtopk_hvd.lockstep`)."""
         self._check_agreement()
         config = self.compression
         check_seconds = check_wait_seconds = 0.0
@@ -235,8 +241,8 @@ class SparseStep:
         prepare_seconds = time.perf_counter() - start
 
         on_device = {} if flag is None else {"skip": flag}
-        exchange = self.scheme.exchange(gradient, self.residual, budget, self._step_count,
-                                        clear_in_pass, **on_device)
+        exchange = yield from self.scheme.exchange_phases(
+            gradient, self.residual, budget, self._step_count, clear_in_pass, **on_device)
         if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
             self._raise_nonfinite()
         if (self.velocity is not None and exchange.taken is not None
@@ -292,7 +298,14 @@ class SparseStep:
         Times the write as last_stats.write_seconds. skip: as `step`'s; a `DeviceSkip` is
         honoured on the device without a host read where `skips_on_device()`
         (gtopk_hvd.core.device_skip), and read on the host first otherwise."""
-        result = self._step(gradient, clear_gradient, skip)
+        return drive(self.update_phases(gradient, out, clear_gradient, skip))
+
+    def update_phases(self, gradient: Any, out: Any, clear_gradient: bool = False,
+                      skip: bool | DeviceSkip | None = None) -> Phases:
+        """`update` as a generator that yields its scheme's host reads and returns `out`
+        (`gtopk_hvd.lockstep`): several steps run by `run_in_lockstep` share their waits, with
+        the same results as `update` each."""
+        result = yield from self._step_phases(gradient, clear_gradient, skip)
         start = time.perf_counter()
         if result is None:
             out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from gtopk_hvd.density import Budget
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.registry import Registry
 from gtopk_hvd.transports.base import Transport
+
+if TYPE_CHECKING:
+    from gtopk_hvd.lockstep import Phases
 
 
 @dataclass
@@ -87,6 +90,16 @@ class Scheme(ABC):
         flag, `gtopk_hvd.core.device_skip`): when it is set, the residual (and the scheme's
         state) stay as they were, and the exchange still runs with every message of its usual
         size."""
+
+    def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                        clear_gradient: bool, **on_device: Any) -> Phases:
+        """`exchange` as a generator of host reads (`gtopk_hvd.core.lockstep`): it yields a
+        `HostRead` where it needs values of the device on the host, is sent them, and returns
+        the Exchange, so that several buckets' steps can share their waits. Its reads must not
+        depend on local data (the lockstep's rule). Default: `exchange`, with no read of its
+        own (a scheme that reads nothing, or reads as it goes)."""
+        return self.exchange(gradient, residual, budget, step, clear_gradient, **on_device)
+        yield  # unreachable: makes this a generator
 
     def skips_on_device(self) -> bool:
         """Whether `exchange` takes skip=flag (above) for this configuration and state: a step

@@ -40,6 +40,7 @@ import numpy as np
 import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.lockstep import HostRead, Phases, drive
 from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
@@ -51,6 +52,7 @@ from gtopk_hvd.schemes.union import (
     sum_at,
     sum_at_tensors,
     sum_counted,
+    sum_counted_tensors,
 )
 
 
@@ -101,29 +103,42 @@ class Micro(Scheme):
 
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool) -> Exchange:
+        return drive(self.exchange_phases(gradient, residual, budget, step, clear_gradient))
+
+    def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
+                        clear_gradient: bool) -> Phases:
+        """The step (module docstring); on tensors with the histogram controller, two host
+        reads yielded (`_measured_on_device`), so that the DDP hook's buckets share them
+        (`gtopk_hvd.core.lockstep`)."""
         start = time.perf_counter()
         stats = ReductionStats()
         bounds = self.bounds()
         part = self.owned(step)
         begin, end = int(bounds[part]), int(bounds[part + 1])
+        tensors = on_device(self.transport, self.backend)  # the union stays in tensors
+        counts = None
         if self.controller == "multiplicative" and self.threshold is not None:
             tau = self.threshold if self.selected < 0 else control.multiplicative(
                 self.threshold, self.selected, budget.k)
             key = ops.magnitude_key(tau)
             mine, _ = ops.accumulate_threshold(gradient, residual, begin, end, key, key, 0, 1,
                                                clear_gradient)
+        elif tensors:
+            tau, mine, counts = yield from self._measured_on_device(
+                gradient, residual, budget.k, begin, end, clear_gradient, stats)
         else:
             tau, mine = self._measured(gradient, residual, budget.k, begin, end,
                                        clear_gradient, stats)
-        tensors = on_device(self.transport, self.backend)  # the union stays in tensors
         if tensors:
             mine = self.backend.as_index_dtype(mine, self.index_dtype)
         else:
             mine = self.backend.to_host(mine).astype(self.index_dtype, copy=False)
         select_seconds = time.perf_counter() - start
 
-        gather = gather_indices_tensors if tensors else gather_indices
-        everyone, counts = gather(self.transport, mine, stats)
+        if tensors:
+            everyone, counts = gather_indices_tensors(self.transport, mine, stats, counts)
+        else:
+            everyone, counts = gather_indices(self.transport, mine, stats)
         union = self._in_partition_order(everyone, counts, step)
         merge_start = time.perf_counter()
         if tensors:
@@ -163,18 +178,10 @@ class Micro(Scheme):
         only counts there, and the indices at or above tau are written in one read of the
         partition into room for this worker's histogram's count from tau's bin on
         (`ops.histogram_count_from`: a bound, no count pass)."""
-        size = self.transport.size
-        if self.threshold is None:  # the first step: the window hangs from the largest |acc|
-            largest = ops.largest_finite_magnitude(residual, begin, end, plus=gradient)
-            if size > 1:
-                largest = float(self.transport.allgather(np.array([largest], np.float64)).max())
-                stats.bytes_sent += 8 * (size - 1)
-                stats.bytes_received += 8 * (size - 1)
-            window, candidate_key = control.window_under(largest), control.NO_KEY
-        else:
-            window = control.window_around(self.threshold)
-            candidate_key = (ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
-                             if self.candidates else control.NO_KEY)
+        window = self._window(gradient, residual, begin, end, stats)
+        candidate_key = control.NO_KEY
+        if self.candidates and self.threshold is not None:
+            candidate_key = ops.magnitude_key(self.threshold * control.CANDIDATE_MARGIN)
         candidates, histogram = ops.accumulate_threshold(
             gradient, residual, begin, end, candidate_key, clear_gradient=clear_gradient,
             **window.kernel_arguments())
@@ -190,6 +197,68 @@ class Micro(Scheme):
             return tau, ops.keep_at_or_above(residual, candidates, key)
         at_most = None if self.candidates else window.count_from(histogram, key)
         return tau, ops.threshold_indices(residual, begin, end, key, at_most=at_most)
+
+    def _measured_on_device(self, gradient: Any, residual: Any, k: int, begin: int, end: int,
+                            clear_gradient: bool, stats: ReductionStats
+                            ) -> Phases:
+        """`_measured` on tensors, where the transport sums and gathers them: (tau, this
+        worker's indices, every worker's count on the host), with two host reads yielded and
+        nothing else waiting (but a first step's largest |acc|, and a window that held fewer
+        than k, which read as they go, on every worker alike):
+
+            1. the accumulation pass leaves this worker's histogram on the device
+               (`ops.histogram_on_device`); summed over workers there; read: both
+            2. tau from the sum; the indices at or above it written into room for this
+               worker's count from tau's bin on, the count left on the device
+               (`ops.threshold_indices_on_device`); every worker's count gathered there; read:
+               the counts
+
+        The same tau, indices and counts as `_measured`'s."""
+        import torch
+
+        size, device = self.transport.size, residual.device
+        window = self._window(gradient, residual, begin, end, stats)
+        histogram = ops.histogram_on_device(gradient, residual, begin, end,
+                                            clear_gradient=clear_gradient,
+                                            **window.kernel_arguments())
+        summed = sum_counted_tensors(self.transport, histogram.to(torch.float32), stats)
+        own, summed = yield HostRead((histogram, summed))
+        if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
+            window = control.window_under(window.edge(0))
+            histogram = ops.histogram_on_device(None, residual, begin, end,
+                                                **window.kernel_arguments())
+            summed = sum_counted_tensors(self.transport, histogram.to(torch.float32), stats)
+            own, summed = ops.read_to_host((histogram, summed))
+        tau = control.from_histogram(summed, window, k)
+        key = ops.magnitude_key(tau)
+        at_most = window.count_from(own, key)
+        if at_most is None:  # below the window (not reached: tau is at or above its edge)
+            chosen = ops.threshold_indices(residual, begin, end, key)
+            indices = chosen
+            count = torch.full((1,), int(chosen.numel()), dtype=torch.int64, device=device)
+        else:
+            indices, count = ops.threshold_indices_on_device(residual, begin, end, key, at_most)
+        everyone = count
+        if size > 1:
+            everyone = torch.empty(size, dtype=torch.int64, device=device)
+            self.transport.allgather_tensors([count], [everyone])
+        (counts,) = yield HostRead((everyone,))
+        counts = counts.astype(np.int64)
+        return tau, ops.selected_indices(indices, int(counts[self.transport.rank])), counts
+
+    def _window(self, gradient: Any, residual: Any, begin: int, end: int,
+                stats: ReductionStats) -> control.Window:
+        """This step's histogram bins: around the last tau, or at the first step hanging from
+        the largest |acc| over workers (one all-gather of one value)."""
+        if self.threshold is not None:
+            return control.window_around(self.threshold)
+        size = self.transport.size
+        largest = ops.largest_finite_magnitude(residual, begin, end, plus=gradient)
+        if size > 1:
+            largest = float(self.transport.allgather(np.array([largest], np.float64)).max())
+            stats.bytes_sent += 8 * (size - 1)
+            stats.bytes_received += 8 * (size - 1)
+        return control.window_under(largest)
 
     # -- checkpoint -------------------------------------------------------------------------
 

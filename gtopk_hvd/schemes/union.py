@@ -136,21 +136,23 @@ def on_device(transport: Transport, backend: ArrayBackend) -> bool:
                                         or transport.takes_tensors_on(backend.device))
 
 
-def gather_indices_tensors(transport: Transport, mine: Any, stats: ReductionStats
-                           ) -> tuple[Any, np.ndarray]:
+def gather_indices_tensors(transport: Transport, mine: Any, stats: ReductionStats,
+                           counts: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
     """`gather_indices` for a 1-D tensor of indices on the transport's tensor device (any device
     at P = 1): (every worker's indices in rank order, a tensor there; the counts per rank, host).
     The counts' all-gather is a host one (each length is known on the host without reading the
     tensor) and is the wait; the indices travel padded to the largest count and are cut back,
     so the only device work is one copy into the padded buffer and one concatenation. Bytes as
-    `gather_indices` counts them (the sets, not the padding)."""
+    `gather_indices` counts them (the sets, not the padding). counts: every worker's count,
+    already gathered (on the device, then read with other values: MiCRO's lockstep), or None."""
     import torch
 
     size, n = transport.size, int(mine.numel())
     if size == 1:
         return mine, np.array([n], np.int64)
     start = time.perf_counter()
-    counts = transport.allgather(np.array([n], np.int64))[:, 0]
+    if counts is None:
+        counts = transport.allgather(np.array([n], np.int64))[:, 0]
     ready = time.perf_counter()
     width = int(counts.max())
     if width:

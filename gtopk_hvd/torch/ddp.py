@@ -91,6 +91,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
 from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats, count_workers
 from gtopk_hvd.core.device_skip import DeviceSkip
+from gtopk_hvd.lockstep import Phases, drive, run_in_lockstep
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
@@ -446,8 +447,15 @@ class GTopkHookState:
                 skip = DeviceSkip(flag)
             else:
                 skip = count_workers(self.get_transport(), self.nonfinite.read()) > 0
-        for sparse, buffer in steps:
-            _step_in_place(sparse, buffer, skip)
+        # In lockstep (one wait a phase) where each step works in its bucket's own buffer; a
+        # bucket cast to float32 for its step is stepped alone, so that one cast copy at a time
+        # is alive, not every bucket's.
+        in_place = [_in_own_buffer(buffer) for _, buffer in steps]
+        run_in_lockstep([_step_in_place(sparse, buffer, skip)
+                         for (sparse, buffer), own in zip(steps, in_place) if own])
+        for (sparse, buffer), own in zip(steps, in_place):
+            if not own:
+                drive(_step_in_place(sparse, buffer, skip))
         return bool(skip) if not isinstance(skip, DeviceSkip) else skip
 
     def _skip_device(self, steps: list[tuple[SparseStep, torch.Tensor]]) -> torch.device | None:
@@ -519,7 +527,7 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
         future, skipped = _hold_for_check(state, state.sparse_step_for(bucket, layout), buffer,
                                           bucket.is_last())
     else:
-        _step_in_place(state.sparse_step_for(bucket, layout), buffer)
+        drive(_step_in_place(state.sparse_step_for(bucket, layout), buffer))
         future = _done(buffer)
     if bucket.is_last():
         state.end_iteration(skipped)  # a skipped iteration does not count (module docstring)
@@ -580,13 +588,14 @@ def _step_device(device: torch.device) -> torch.device | None:
 
 
 def _step_in_place(sparse: SparseStep, buffer: torch.Tensor,
-                   skip: bool | DeviceSkip | None = None) -> None:
+                   skip: bool | DeviceSkip | None = None) -> Phases:
     """buffer := the averaged sparse update of the gradient it holds (any float dtype); all NaN
-    if skip (`SparseStep.step`'s skip)."""
-    work = buffer if buffer.dtype == torch.float32 and buffer.is_contiguous() else (
-        buffer.to(torch.float32).contiguous())
+    if skip (`SparseStep.step`'s skip). A generator of the step's host reads
+    (`gtopk_hvd.lockstep`): `drive` it alone, or `run_in_lockstep` with the iteration's other
+    buckets, whose steps then share their waits (MiCRO's and ExDyna's two a step on a device)."""
+    work = buffer if _in_own_buffer(buffer) else buffer.to(torch.float32).contiguous()
     if sparse.backend.name == "torch":  # the state is on the bucket's device
-        sparse.update(work, work, clear_gradient=True, skip=skip)
+        yield from sparse.update_phases(work, work, clear_gradient=True, skip=skip)
     elif not work.is_cuda:
         array = work.detach().numpy()
         sparse.update(array, array, clear_gradient=True, skip=skip)
@@ -596,6 +605,12 @@ def _step_in_place(sparse: SparseStep, buffer: torch.Tensor,
         work.copy_(torch.from_numpy(array))
     if work is not buffer:
         buffer.copy_(work)
+
+
+def _in_own_buffer(buffer: torch.Tensor) -> bool:
+    """Whether a bucket's step works in its buffer itself (float32, contiguous), with no cast
+    copy."""
+    return buffer.dtype == torch.float32 and buffer.is_contiguous()
 
 
 def _allreduce_average(process_group: Any, buffer: torch.Tensor) -> torch.futures.Future:

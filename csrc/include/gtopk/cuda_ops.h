@@ -4,7 +4,7 @@
 // host memory). `stream` is a cudaStream_t passed as void* (nullptr: the legacy default
 // stream); work is enqueued on it. Functions whose result count is data-dependent (merge_topk
 // unless one set holds k entries, accumulate_count, threshold_indices) synchronise the stream to
-// return it; the others return min(k, d) without synchronising. Errors (CUDA failures) are
+// return it, unless asked to leave it in device memory; the others return min(k, d) without synchronising. Errors (CUDA failures) are
 // thrown as std::runtime_error naming the CUDA call; bad arguments as std::invalid_argument.
 //
 // Scratch memory: `workspace` is device memory of at least the bytes that the matching
@@ -118,12 +118,15 @@ void write_sparse(ValueType value_type, IndexType index_type, void* dest, int64_
 // bit for bit but for NaN payloads (a GPU's float32 arithmetic returns one canonical NaN).
 // gradient == nullptr: no accumulation (nothing is written): the histogram and the count of
 // residual as it is, a read of [begin, end) (cpu::accumulate_threshold's rule).
+// device_counts != nullptr: n_bins + 1 int64 of device memory that receive the histogram, then
+// the count; nothing is copied to the host and nothing waits (histogram is not read; returns
+// -1): the caller reads them with the other buckets' in one copy.
 size_t accumulate_count_workspace_bytes(int64_t n_bins);
 int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, int64_t d,
                          int64_t begin, int64_t end, uint64_t threshold, uint64_t histogram_base,
                          int histogram_shift, int64_t n_bins, int64_t n_fine, int coarse_shift,
                          bool clear_gradient, int64_t* histogram, void* stream,
-                         Workspace workspace = {});
+                         Workspace workspace = {}, int64_t* device_counts = nullptr);
 
 // out_index = { i in [begin, end) : key(x[i]) >= threshold }, sorted; returns their number.
 // out_index holds `capacity` entries: only the first capacity selected are written, so a
@@ -131,11 +134,14 @@ int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, i
 // returns the whole count, which the caller compares with capacity. A capacity that holds them
 // all: end - begin, the count accumulate_count returned for the same x, range and
 // max(threshold, histogram_base) as `threshold`, or the histogram's bins from threshold's on.
-// x has d entries. float32 / float64 only. Synchronises `stream`.
+// x has d entries. float32 / float64 only. Synchronises `stream`, unless device_count !=
+// nullptr: one int64 of device memory that receives the count; then nothing waits and -1
+// is returned (the caller reads the count later and compares it with capacity itself).
 size_t threshold_indices_workspace_bytes(ValueType value_type, IndexType index_type, int64_t n);
 int64_t threshold_indices(ValueType value_type, IndexType index_type, const void* x, int64_t d,
                           int64_t begin, int64_t end, uint64_t threshold, void* out_index,
-                          int64_t capacity, void* stream, Workspace workspace = {});
+                          int64_t capacity, void* stream, Workspace workspace = {},
+                          int64_t* device_count = nullptr);
 
 // Count sketch of sketched SGD (gtopk/count_sketch.h): the tables and estimates of
 // cpu::sketch_table and cpu::sketch_select bit for bit (integer sums: the atomics' order does not
