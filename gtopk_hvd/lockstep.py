@@ -11,7 +11,7 @@ and steps them at the last one, so their steps can run in phases instead, one af
 
 `drive(steps)` runs one such generator alone (a read, a wait, each time it asks).
 `run_in_lockstep([steps_0, steps_1, ...])` advances every generator to its next read, in list
-order, brings all the reads of that phase to the host in one copy (`ops.read_to_host`: one wait
+order, brings all the reads of that phase to the host together (`ops.read_to_host`: one wait
 a phase instead of one a read) and sends each its values, until all have returned: with B
 buckets of R reads each, R waits instead of B x R, and the same results bit for bit, since
 each generator sees the same values in the same order as alone.
@@ -53,8 +53,9 @@ def drive(steps: Phases) -> Any:
 
 def run_in_lockstep(steps: Sequence[Phases]) -> list[Any]:
     """Runs step generators phase by phase (module docstring): every one advanced to its next
-    read in list order, then one copy of all those reads to the host. Returns their results in
-    list order. An exception from one is raised as it comes (the others are left unfinished)."""
+    read in list order, then all those reads brought to the host with one wait. Returns their
+    results in list order. An exception from one is raised as it comes (the others are left
+    unfinished)."""
     results: list[Any] = [None] * len(steps)
     asked: dict[int, HostRead] = {}
     for i, generator in enumerate(steps):

@@ -377,8 +377,8 @@ def selected_indices(indices: Any, count: int) -> Any:
 
 def read_to_host(tensors: Any) -> tuple[np.ndarray, ...]:
     """The values of several small tensors of one device on the host, as numpy arrays of their
-    dtypes (int64, int32, float32 or float64: each exact in float64 below 2^53), in one copy: on
-    a GPU one concatenation, one copy into pinned memory and one wait for the current stream,
+    shapes and dtypes (integer, float32 or float64), with one wait for them all: on a GPU each
+    is copied into pinned memory without a wait, then the current stream is waited for once,
     however many tensors (a bucket's counts and sums, read with the other buckets'). numpy
     arrays are returned as they are."""
     tensors = list(tensors)
@@ -386,21 +386,15 @@ def read_to_host(tensors: Any) -> tuple[np.ndarray, ...]:
         return tuple(tensors)
     import torch
 
-    device = tensors[0].device
     if not is_cuda(tensors[0]):
         return tuple(as_numpy(t.detach().reshape(-1).contiguous(), "tensor",
                               values=t.dtype.is_floating_point).array.copy()
                      .reshape(tuple(t.shape)) for t in tensors)
-    joined = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
-    host = torch.empty(joined.numel(), dtype=torch.float64, pin_memory=True)
-    host.copy_(joined, non_blocking=True)
-    torch.cuda.current_stream(device).synchronize()
-    flat, out, start = host.numpy(), [], 0
-    for t in tensors:
-        n = t.numel()
-        out.append(flat[start:start + n].astype(dtype_name(t.dtype)).reshape(tuple(t.shape)))
-        start += n
-    return tuple(out)
+    hosts = [torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=True) for t in tensors]
+    for host, tensor in zip(hosts, tensors):
+        host.copy_(tensor.detach(), non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return tuple(host.numpy() for host in hosts)
 
 
 def histogram_count_from(histogram: np.ndarray, base_key: int, shift: int, n_bins: int,
