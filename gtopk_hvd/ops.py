@@ -299,7 +299,7 @@ def histogram_on_device(gradient: Any, residual: Any, begin: int, end: int,
                         coarse_shift: int = 0) -> Any:
     """`accumulate_threshold` selecting nothing, its histogram left where the state is: an int64
     tensor of n_bins on residual's device, and no wait for it (torch tensors only; read it with
-    `read_to_host`, e.g. with other buckets' in one copy). The accumulation and the counts are
+    `read_to_host`, e.g. with other buckets', one wait for all). The accumulation and the counts are
     accumulate_threshold's; the CUDA side writes the counters in device memory and copies
     nothing."""
     import torch
@@ -382,19 +382,19 @@ def read_to_host(tensors: Any) -> tuple[np.ndarray, ...]:
     however many tensors (a bucket's counts and sums, read with the other buckets'). numpy
     arrays are returned as they are."""
     tensors = list(tensors)
-    if not tensors or all(isinstance(t, np.ndarray) for t in tensors):
-        return tuple(tensors)
+    on_gpu = [t for t in tensors if is_cuda(t)]
+    if not on_gpu:
+        return tuple(t if isinstance(t, np.ndarray) else t.detach().cpu().numpy().copy()
+                     for t in tensors)
     import torch
 
-    if not is_cuda(tensors[0]):
-        return tuple(as_numpy(t.detach().reshape(-1).contiguous(), "tensor",
-                              values=t.dtype.is_floating_point).array.copy()
-                     .reshape(tuple(t.shape)) for t in tensors)
-    hosts = [torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=True) for t in tensors]
+    hosts = [t if isinstance(t, np.ndarray) else
+             torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=True) for t in tensors]
     for host, tensor in zip(hosts, tensors):
-        host.copy_(tensor.detach(), non_blocking=True)
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return tuple(host.numpy() for host in hosts)
+        if host is not tensor:
+            host.copy_(tensor.detach(), non_blocking=True)
+    torch.cuda.current_stream(on_gpu[0].device).synchronize()
+    return tuple(host if isinstance(host, np.ndarray) else host.numpy() for host in hosts)
 
 
 def histogram_count_from(histogram: np.ndarray, base_key: int, shift: int, n_bins: int,
@@ -1273,10 +1273,7 @@ def _cuda_threshold_indices(x: Any, begin: int, end: int, threshold_key: int,
         if at_most is not None:
             indices = torch.empty(at_most, dtype=_torch_index_dtype(x.numel()), device=x.device)
             written = _cuda_threshold_indices_into(indices, x, begin, end, threshold_key)
-            if written > at_most:  # the bound was not one (the kernel wrote only at_most)
-                raise RuntimeError(f"gtopk_hvd: threshold_indices selected {written} entries, "
-                                   f"more than the bound at_most={at_most}")
-            return indices[:written]
+            return selected_indices(indices, written)  # raises if the bound was not one
         count = _cuda_count(x, begin, end, threshold_key)
         indices = torch.empty(count, dtype=_torch_index_dtype(x.numel()), device=x.device)
         if count:

@@ -93,7 +93,7 @@ class Scheme(ABC):
 
     def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
                         clear_gradient: bool, **on_device: Any) -> Phases:
-        """`exchange` as a generator of host reads (`gtopk_hvd.core.lockstep`): it yields a
+        """`exchange` as a generator of host reads (`gtopk_hvd.lockstep`): it yields a
         `HostRead` where it needs values of the device on the host, is sent them, and returns
         the Exchange, so that several buckets' steps can share their waits. Its reads must not
         depend on local data (the lockstep's rule). Default: `exchange`, with no read of its

@@ -109,7 +109,7 @@ class Micro(Scheme):
                         clear_gradient: bool) -> Phases:
         """The step (module docstring); on tensors with the histogram controller, two host
         reads yielded (`_measured_on_device`), so that the DDP hook's buckets share them
-        (`gtopk_hvd.core.lockstep`)."""
+        (`gtopk_hvd.lockstep`)."""
         start = time.perf_counter()
         stats = ReductionStats()
         bounds = self.bounds()
@@ -218,24 +218,18 @@ class Micro(Scheme):
 
         size, device = self.transport.size, residual.device
         window = self._window(gradient, residual, begin, end, stats)
-        histogram = ops.histogram_on_device(gradient, residual, begin, end,
-                                            clear_gradient=clear_gradient,
-                                            **window.kernel_arguments())
-        summed = sum_counted_tensors(self.transport, histogram.to(torch.float32), stats)
-        own, summed = yield HostRead((histogram, summed))
+        own, summed = yield HostRead(self._histograms_on_device(
+            gradient, residual, begin, end, window, clear_gradient, stats))
         if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
             window = control.window_under(window.edge(0))
-            histogram = ops.histogram_on_device(None, residual, begin, end,
-                                                **window.kernel_arguments())
-            summed = sum_counted_tensors(self.transport, histogram.to(torch.float32), stats)
-            own, summed = ops.read_to_host((histogram, summed))
+            own, summed = ops.read_to_host(self._histograms_on_device(
+                None, residual, begin, end, window, False, stats))
         tau = control.from_histogram(summed, window, k)
         key = ops.magnitude_key(tau)
         at_most = window.count_from(own, key)
         if at_most is None:  # below the window (not reached: tau is at or above its edge)
-            chosen = ops.threshold_indices(residual, begin, end, key)
-            indices = chosen
-            count = torch.full((1,), int(chosen.numel()), dtype=torch.int64, device=device)
+            indices = ops.threshold_indices(residual, begin, end, key)
+            count = torch.full((1,), int(indices.numel()), dtype=torch.int64, device=device)
         else:
             indices, count = ops.threshold_indices_on_device(residual, begin, end, key, at_most)
         everyone = count
@@ -245,6 +239,18 @@ class Micro(Scheme):
         (counts,) = yield HostRead((everyone,))
         counts = counts.astype(np.int64)
         return tau, ops.selected_indices(indices, int(counts[self.transport.rank])), counts
+
+    def _histograms_on_device(self, gradient: Any, residual: Any, begin: int, end: int,
+                              window: control.Window, clear_gradient: bool,
+                              stats: ReductionStats) -> tuple[Any, Any]:
+        """(this worker's histogram of the window, int64; its sum over workers, float32), both
+        tensors on the device, nothing waited for (gradient None: of the residual as it is)."""
+        import torch
+
+        histogram = ops.histogram_on_device(gradient, residual, begin, end,
+                                            clear_gradient=clear_gradient,
+                                            **window.kernel_arguments())
+        return histogram, sum_counted_tensors(self.transport, histogram.to(torch.float32), stats)
 
     def _window(self, gradient: Any, residual: Any, begin: int, end: int,
                 stats: ReductionStats) -> control.Window:

@@ -4,8 +4,9 @@
 // host memory). `stream` is a cudaStream_t passed as void* (nullptr: the legacy default
 // stream); work is enqueued on it. Functions whose result count is data-dependent (merge_topk
 // unless one set holds k entries, accumulate_count, threshold_indices) synchronise the stream to
-// return it, unless asked to leave it in device memory; the others return min(k, d) without synchronising. Errors (CUDA failures) are
-// thrown as std::runtime_error naming the CUDA call; bad arguments as std::invalid_argument.
+// return it, unless asked to leave it in device memory; the others return min(k, d) without
+// synchronising. Errors (CUDA failures) are thrown as std::runtime_error naming the CUDA call;
+// bad arguments as std::invalid_argument.
 //
 // Scratch memory: `workspace` is device memory of at least the bytes that the matching
 // *_workspace_bytes function returns for the same arguments, 256-byte aligned, left to the
@@ -120,7 +121,7 @@ void write_sparse(ValueType value_type, IndexType index_type, void* dest, int64_
 // residual as it is, a read of [begin, end) (cpu::accumulate_threshold's rule).
 // device_counts != nullptr: n_bins + 1 int64 of device memory that receive the histogram, then
 // the count; nothing is copied to the host and nothing waits (histogram is not read; returns
-// -1): the caller reads them with the other buckets' in one copy.
+// -1): the caller reads them with the other buckets', one wait for all.
 size_t accumulate_count_workspace_bytes(int64_t n_bins);
 int64_t accumulate_count(ValueType value_type, void* gradient, void* residual, int64_t d,
                          int64_t begin, int64_t end, uint64_t threshold, uint64_t histogram_base,
