@@ -2,7 +2,7 @@
 
 On a torch state whose transport sums and gathers tensors, MiCRO and ExDyna read the device
 twice a step (the summed histogram, then every worker's count). Run in lockstep, as the DDP
-hook runs an iteration's held buckets, B buckets make those two reads once each, in one copy,
+hook runs an iteration's held buckets, B buckets make those two reads once each, with one wait each,
 instead of 2 B times, and end exactly as the same steps run one at a time: the same updates,
 residuals, thresholds and counts, bit for bit, with the collectives in the same order on every
 worker. Checked here on DeviceLikeTensors (CPU tensors with a CUDA tensor's refusals) with
@@ -11,12 +11,10 @@ tested in tests/test_ops_cuda.py."""
 
 from __future__ import annotations
 
-import sys
-from collections import Counter
-
 import numpy as np
 import pytest
 from helpers.device_like import device_like, device_like_cpu
+from helpers.kernel_calls import kernel_calls
 from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
@@ -55,7 +53,7 @@ def run(make: object, workers: int, lockstep: bool) -> list:
             phases = [sparse.update_phases(buffer, buffer, clear_gradient=True)
                       for sparse, buffer in zip(steps, buffers)]
             # the patch is the module's, seen by every thread: counted with one worker only
-            with count_calls(WAITING if transport.size == 1 else ()) as calls:
+            with kernel_calls(WAITING if transport.size == 1 else ()) as calls:
                 if lockstep:
                     run_in_lockstep(phases)
                 else:
@@ -65,35 +63,11 @@ def run(make: object, workers: int, lockstep: bool) -> list:
                 [b.as_subclass(torch.Tensor).numpy().tobytes() for b in buffers],
                 [s.residual.as_subclass(torch.Tensor).numpy().tobytes() for s in steps],
                 [getattr(s.scheme, "threshold", None) for s in steps],
-                [s.last_stats.global_entries for s in steps], calls))
+                [s.last_stats.global_entries for s in steps], calls.counts()))
         return record
 
     with device_like_cpu():
         return ThreadGroup(workers, check_phases=True).run(work)
-
-
-class count_calls:  # noqa: N801 (a context manager used like a function)
-    """Calls of the named gtopk_hvd.ops functions made from outside it while open."""
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names, self.calls = names, Counter()
-
-    def __enter__(self) -> Counter:
-        self.saved = {name: getattr(ops, name) for name in self.names}
-        for name, function in self.saved.items():
-            setattr(ops, name, self._counted(name, function))
-        return self.calls
-
-    def __exit__(self, *exc: object) -> None:
-        for name, function in self.saved.items():
-            setattr(ops, name, function)
-
-    def _counted(self, name: str, function: object) -> object:
-        def counted(*args: object, **kwargs: object) -> object:
-            if sys._getframe(1).f_globals.get("__name__") != "gtopk_hvd.ops":
-                self.calls[name] += 1
-            return function(*args, **kwargs)
-        return counted
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -122,7 +96,7 @@ def test_lockstep_reads_the_device_twice_a_step_whatever_the_buckets(scheme: str
 
 
 def test_run_in_lockstep_advances_phase_by_phase_in_list_order() -> None:
-    """Each generator is advanced to its next read in list order; one copy a phase; a
+    """Each generator is advanced to its next read in list order; one wait a phase; a
     generator with fewer reads (or none) finishes early; results in list order."""
     trace = []
 
@@ -135,12 +109,12 @@ def test_run_in_lockstep_advances_phase_by_phase_in_list_order() -> None:
         trace.append((name, "done"))
         return name, seen
 
-    with count_calls(("read_to_host",)) as calls:
+    with kernel_calls(("read_to_host",)) as calls:
         results = run_in_lockstep([steps("a", 2), steps("bb", 0), steps("ccc", 1)])
     assert results == [("a", [1, 11]), ("bb", []), ("ccc", [3])]
     assert trace == [("a", 0), ("bb", "done"), ("ccc", 0), ("a", 1), ("ccc", "done"),
                      ("a", "done")]
-    assert calls["read_to_host"] == 2
+    assert calls.counts()["read_to_host"] == 2
 
 
 def test_the_device_kernels_equal_the_ones_that_wait() -> None:
@@ -240,9 +214,9 @@ def test_the_hook_steps_buckets_in_their_own_buffers_in_lockstep_and_cast_ones_a
             buffers = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch_dtype)
                        for _ in range(buckets)]
             meter = Meter("torch-cpu")
-            with count_calls(("read_to_host",)) as calls, meter.measure():
+            with kernel_calls(("read_to_host",)) as calls, meter.measure():
                 assert hook.step_together(list(zip(steps, buffers))) is False
-            reads.append(calls["read_to_host"])
+            reads.append(calls.counts()["read_to_host"])
             peak = max(peak, meter.peak / (4 * n))
         return reads, peak
 
@@ -252,3 +226,39 @@ def test_the_hook_steps_buckets_in_their_own_buffers_in_lockstep_and_cast_ones_a
     else:
         assert peak < 1.5, peak  # one float32 copy of one bucket (and small sets), not four
         assert reads[1:] == [2 * buckets] * 2, reads
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_threshold_that_falls_below_the_window_looks_lower_as_the_host_path(
+        workers: int) -> None:
+    """A gradient that cancels the residual makes tau fall by far more than half an octave: the
+    window holds fewer than k, and the step on tensors counts the 20 octaves below (a read of
+    its own, the same on every worker) with the host path's result bit for bit."""
+    sizes = SIZES[:2]
+
+    def work(transport: object) -> list:
+        host = [SparseStep(Compression.micro(0.01), [n], transport) for n in sizes]
+        device = [SparseStep(Compression.micro(0.01), [n], transport, device="cpu")
+                  for n in sizes]
+        out = []
+        for step in range(5):
+            values = gradients(transport.rank, step)[:2]
+            if step == 3:  # the residual cancelled, down to a trace
+                values = [(-h.residual + 1e-3 * v).astype(np.float32)
+                          for h, v in zip(host, values)]
+            on_host = [v.copy() for v in values]
+            for sparse, buffer in zip(host, on_host):
+                sparse.update(buffer, buffer, clear_gradient=True)
+            on_device = [device_like(torch.from_numpy(v.copy())) for v in values]
+            run_in_lockstep([sparse.update_phases(buffer, buffer, clear_gradient=True)
+                             for sparse, buffer in zip(device, on_device)])
+            out.append([h.tobytes() == d.as_subclass(torch.Tensor).numpy().tobytes()
+                        for h, d in zip(on_host, on_device)])
+        return out
+
+    with device_like_cpu(), kernel_calls(("histogram_on_device",)) as calls:
+        results = ThreadGroup(workers, check_phases=True).run(work)
+    assert all(all(step) for record in results for step in record), results
+    looked_lower = [args for _, args, _, _ in calls.named("histogram_on_device")
+                    if args[0] is None]
+    assert len(looked_lower) >= workers  # at least one bucket on every worker

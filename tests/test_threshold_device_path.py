@@ -14,11 +14,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 from helpers.device_like import device_like, device_like_cpu
+from helpers.kernel_calls import kernel_calls
 from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
@@ -32,6 +31,8 @@ torch = pytest.importorskip("torch")
 
 SCHEMES = {"micro": lambda: Compression.micro(0.001),
            "exdyna": lambda: Compression.exdyna(0.001)}
+THRESHOLD_PATH = ("accumulate_threshold", "threshold_indices", "keep_at_or_above",
+                  "magnitude_histogram", "histogram_on_device", "threshold_indices_on_device")
 
 
 @pytest.mark.parametrize("call", ["update", "step"])
@@ -62,36 +63,11 @@ def rising_steps(scheme: str, call: str, d: int, steps: int = 4) -> list[float]:
     return peaks
 
 
-class Calls:
-    """The kernel-layer calls of the threshold path, with their arguments and results: the real
-    functions are called (a spy, not a stand-in)."""
-
-    def __init__(self, patch: pytest.MonkeyPatch) -> None:
-        self.made: list[tuple[str, tuple, dict, object]] = []
-        for name in ("accumulate_threshold", "threshold_indices", "keep_at_or_above",
-                     "magnitude_histogram", "histogram_on_device",
-                     "threshold_indices_on_device"):
-            patch.setattr(ops, name, self._spy(name, getattr(ops, name)))
-
-    def _spy(self, name: str, real: object) -> object:
-        def call(*args: object, **kwargs: object) -> object:
-            result = real(*args, **kwargs)
-            if sys._getframe(1).f_globals.get("__name__") != "gtopk_hvd.ops":
-                self.made.append((name, args, kwargs, result))  # not the kernel layer's own
-            return result
-        return call
-
-    def named(self, name: str) -> list:
-        return [made for made in self.made if made[0] == name]
-
-
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_a_torch_state_reads_the_partition_once_after_the_pass(scheme: str, workers: int,
-                                                               monkeypatch: pytest.MonkeyPatch
-                                                               ) -> None:
+def test_a_torch_state_reads_the_partition_once_after_the_pass(scheme: str,
+                                                               workers: int) -> None:
     d = 50_000
-    calls = Calls(monkeypatch)
 
     def work(transport: object) -> list:
         state = SparseStep(SCHEMES[scheme](), [d], transport, device="cpu")
@@ -104,7 +80,7 @@ def test_a_torch_state_reads_the_partition_once_after_the_pass(scheme: str, work
             ks.append(state.last_stats.k)
         return ks
 
-    with device_like_cpu():
+    with device_like_cpu(), kernel_calls(THRESHOLD_PATH) as calls:
         ks = ThreadGroup(workers).run(work)[0]
     assert not calls.named("keep_at_or_above") and not calls.named("accumulate_threshold")
     assert not calls.named("threshold_indices")
