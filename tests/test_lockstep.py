@@ -11,16 +11,18 @@ tested in tests/test_ops_cuda.py."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from helpers.device_like import device_like, device_like_cpu
 from helpers.kernel_calls import kernel_calls
-from helpers.thread_transport import ThreadGroup
+from helpers.thread_transport import ThreadGroup, ThreadTransport
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.lockstep import HostRead, drive, run_in_lockstep
+from gtopk_hvd.lockstep import HostRead, OwnTime, drive, run_in_lockstep
 
 torch = pytest.importorskip("torch")
 SIZES = [30_000, 7_001, 52_000, 64]  # DDP buckets of unequal sizes, one tiny
@@ -115,6 +117,66 @@ def test_run_in_lockstep_advances_phase_by_phase_in_list_order() -> None:
     assert trace == [("a", 0), ("bb", "done"), ("ccc", 0), ("a", 1), ("ccc", "done"),
                      ("a", "done")]
     assert calls.counts()["read_to_host"] == 2
+
+
+def test_own_times_in_lockstep_leave_out_the_other_steps_phases() -> None:
+    """A step's OwnTime counts its own work and its share of each shared wait, not the time
+    it stood at a read while the other steps ran: each at least its own work, and all of them
+    together at most the wall time of the run (time at a read counted as the step's would
+    count each step's 30 ms of work in the two others' times too)."""
+    work, clocks = 0.01, []
+
+    def steps(value: int) -> object:
+        clock = OwnTime()
+        clocks.append(clock)
+        for _ in range(2):
+            time.sleep(work)
+            (got,) = yield from clock.read((torch.tensor([value]),))
+            assert isinstance(got, np.ndarray) and int(got[0]) == value
+        time.sleep(work)
+        return clock.seconds()
+
+    start = time.perf_counter()
+    own = run_in_lockstep([steps(value) for value in range(3)])
+    wall = time.perf_counter() - start
+    assert min(own) >= 3 * work
+    assert sum(own) <= wall, (own, wall)
+
+
+def test_the_buckets_select_seconds_in_lockstep_add_up_to_at_most_the_wall_time() -> None:
+    """MiCRO's select_seconds per bucket (`last_stats`) in lockstep: the sum over the buckets
+    at most the lockstep's wall time, each bucket's positive."""
+    with device_like_cpu():
+        transport = ThreadTransport(ThreadGroup(1), 0)
+        steps = [SparseStep(Compression.micro(0.01), [n], transport, device="cpu")
+                 for n in SIZES]
+        for step in range(3):
+            buffers = [device_like(torch.from_numpy(g)) for g in gradients(0, step)]
+            start = time.perf_counter()
+            run_in_lockstep([sparse.update_phases(buffer, buffer, clear_gradient=True)
+                             for sparse, buffer in zip(steps, buffers)])
+            wall = time.perf_counter() - start
+        selects = [sparse.last_stats.select_seconds for sparse in steps]
+    assert min(selects) > 0 and sum(selects) <= wall, (selects, wall)
+
+
+def test_a_step_that_raises_in_lockstep_closes_the_others() -> None:
+    """The error comes out of run_in_lockstep as it was raised, and every other step is
+    closed where it stood (its cleanup runs), not left suspended."""
+    closed = []
+
+    def steps(name: str, fail: bool) -> object:
+        try:
+            yield HostRead((torch.tensor([1]),))
+            if fail:
+                raise ValueError(f"{name} failed")
+            yield HostRead((torch.tensor([2]),))
+        finally:
+            closed.append(name)
+
+    with pytest.raises(ValueError, match="b failed"):
+        run_in_lockstep([steps("a", False), steps("b", True), steps("c", False)])
+    assert sorted(closed) == ["a", "b", "c"]
 
 
 def test_the_device_kernels_equal_the_ones_that_wait() -> None:

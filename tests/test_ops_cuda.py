@@ -405,13 +405,16 @@ def test_cuda_threshold_indices_equals_the_cpu_kernel(dtype: str) -> None:
 @pytest.mark.parametrize("d,begin,end", [(0, 0, 0), (300_007, 77, 77),
                                          (1_000_003, 12_345, 900_001)])
 @pytest.mark.parametrize("gradient_given", [True, False])
+@pytest.mark.parametrize("window", [(0.75, 17, 93, 64, 20), (0.05, 12, 5_000, -1, 0)],
+                         ids=["micro-window", "bins-beyond-shared-memory"])
 def test_cuda_histogram_on_device_equals_accumulate_threshold_and_waits_for_nothing(
-        d: int, begin: int, end: int, gradient_given: bool) -> None:
+        d: int, begin: int, end: int, gradient_given: bool, window: tuple) -> None:
     """MiCRO's lockstep (gtopk_hvd.lockstep): the histogram left in device memory, enqueued
     behind a busy stream without a host wait, equal to the waiting kernel's bit for bit, and
-    the accumulation too."""
+    the accumulation too; MiCRO's window (its bins in shared memory) and one of more bins
+    than a block holds there (kSharedBins: global atomics)."""
     gradient, residual = threshold_inputs(d, "float32")
-    window = (ops.magnitude_key(0.75), 17, 93, 64, 20)
+    window = (ops.magnitude_key(window[0]), *window[1:])
     cpu_gradient, cpu_residual = gradient.copy(), residual.copy()
     _, want = ops.accumulate_threshold(cpu_gradient if gradient_given else None, cpu_residual,
                                        begin, end, 0xFFFFFFFF, window[0], window[1], window[2],

@@ -94,10 +94,11 @@ class Scheme(ABC):
     def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
                         clear_gradient: bool, **on_device: Any) -> Phases:
         """`exchange` as a generator of host reads (`gtopk_hvd.lockstep`): it yields a
-        `HostRead` where it needs values of the device on the host, is sent them, and returns
-        the Exchange, so that several buckets' steps can share their waits. Its reads must not
-        depend on local data (the lockstep's rule). Default: `exchange`, with no read of its
-        own (a scheme that reads nothing, or reads as it goes)."""
+        `HostRead` where it needs values of the device on the host, is sent them (a `Reply`),
+        and returns the Exchange, so that several buckets' steps can share their waits. Its
+        reads must not depend on local data (the lockstep's rule); its select_seconds leaves
+        out its time at them beyond its share of their waits (`OwnTime`). Default: `exchange`,
+        with no read of its own (a scheme that reads nothing, or reads as it goes)."""
         return self.exchange(gradient, residual, budget, step, clear_gradient, **on_device)
         yield  # unreachable: makes this a generator
 

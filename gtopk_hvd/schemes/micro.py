@@ -40,7 +40,7 @@ import numpy as np
 import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
-from gtopk_hvd.lockstep import HostRead, Phases, drive
+from gtopk_hvd.lockstep import OwnTime, Phases, drive
 from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
@@ -109,8 +109,9 @@ class Micro(Scheme):
                         clear_gradient: bool) -> Phases:
         """The step (module docstring); on tensors with the histogram controller, two host
         reads yielded (`_measured_on_device`), so that the DDP hook's buckets share them
-        (`gtopk_hvd.lockstep`)."""
-        start = time.perf_counter()
+        (`gtopk_hvd.lockstep`; its time at them beyond its share of their waits is not in
+        select_seconds)."""
+        clock = OwnTime()
         stats = ReductionStats()
         bounds = self.bounds()
         part = self.owned(step)
@@ -125,7 +126,7 @@ class Micro(Scheme):
                                                clear_gradient)
         elif tensors:
             tau, mine, counts = yield from self._measured_on_device(
-                gradient, residual, budget.k, begin, end, clear_gradient, stats)
+                gradient, residual, budget.k, begin, end, clear_gradient, stats, clock)
         else:
             tau, mine = self._measured(gradient, residual, budget.k, begin, end,
                                        clear_gradient, stats)
@@ -133,7 +134,7 @@ class Micro(Scheme):
             mine = self.backend.as_index_dtype(mine, self.index_dtype)
         else:
             mine = self.backend.to_host(mine).astype(self.index_dtype, copy=False)
-        select_seconds = time.perf_counter() - start
+        select_seconds = clock.seconds()
 
         if tensors:
             everyone, counts = gather_indices_tensors(self.transport, mine, stats, counts)
@@ -199,7 +200,7 @@ class Micro(Scheme):
         return tau, ops.threshold_indices(residual, begin, end, key, at_most=at_most)
 
     def _measured_on_device(self, gradient: Any, residual: Any, k: int, begin: int, end: int,
-                            clear_gradient: bool, stats: ReductionStats
+                            clear_gradient: bool, stats: ReductionStats, clock: OwnTime
                             ) -> Phases:
         """`_measured` on tensors, where the transport sums and gathers them: (tau, this
         worker's indices, every worker's count on the host), with two host reads yielded and
@@ -218,7 +219,7 @@ class Micro(Scheme):
 
         size, device = self.transport.size, residual.device
         window = self._window(gradient, residual, begin, end, stats)
-        own, summed = yield HostRead(self._histograms_on_device(
+        own, summed = yield from clock.read(self._histograms_on_device(
             gradient, residual, begin, end, window, clear_gradient, stats))
         if summed.sum() < k and window.base_key > 0:  # tau fell below the window: look lower
             window = control.window_under(window.edge(0))
@@ -236,7 +237,7 @@ class Micro(Scheme):
         if size > 1:
             everyone = torch.empty(size, dtype=torch.int64, device=device)
             self.transport.allgather_tensors([count], [everyone])
-        (counts,) = yield HostRead((everyone,))
+        (counts,) = yield from clock.read((everyone,))
         counts = counts.astype(np.int64)
         return tau, ops.selected_indices(indices, int(counts[self.transport.rank])), counts
 
