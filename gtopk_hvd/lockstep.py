@@ -56,6 +56,9 @@ class Reply(tuple):
         reply.wait_seconds = wait_seconds
         return reply
 
+    def __reduce__(self) -> tuple:
+        return Reply, (tuple(self), self.wait_seconds)
+
 
 Phases = Generator[HostRead, Reply, Any]
 
@@ -107,7 +110,10 @@ def run_in_lockstep(steps: Sequence[Phases]) -> list[Any]:
                 _advance(steps[i], reply, i, asked, results)
     except BaseException:
         for generator in steps:
-            generator.close()
+            try:
+                generator.close()
+            except Exception:  # the first error is the one raised
+                pass
         raise
     return results
 

@@ -11,6 +11,7 @@ tested in tests/test_ops_cuda.py."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -22,7 +23,7 @@ from helpers.thread_transport import ThreadGroup, ThreadTransport
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.lockstep import HostRead, OwnTime, drive, run_in_lockstep
+from gtopk_hvd.lockstep import HostRead, OwnTime, Reply, drive, run_in_lockstep
 
 torch = pytest.importorskip("torch")
 SIZES = [30_000, 7_001, 52_000, 64]  # DDP buckets of unequal sizes, one tiny
@@ -141,6 +142,9 @@ def test_own_times_in_lockstep_leave_out_the_other_steps_phases() -> None:
     wall = time.perf_counter() - start
     assert min(own) >= 3 * work
     assert sum(own) <= wall, (own, wall)
+    reply = Reply((np.arange(2),), 0.5)
+    copied = copy.copy(reply)
+    assert isinstance(copied, Reply) and copied.wait_seconds == 0.5
 
 
 def test_the_buckets_select_seconds_in_lockstep_add_up_to_at_most_the_wall_time() -> None:
@@ -174,9 +178,24 @@ def test_a_step_that_raises_in_lockstep_closes_the_others() -> None:
         finally:
             closed.append(name)
 
+    # held here, so that Python does not close them itself when the error frees them
+    held = [steps("a", False), steps("b", True), steps("c", False)]
     with pytest.raises(ValueError, match="b failed"):
-        run_in_lockstep([steps("a", False), steps("b", True), steps("c", False)])
+        run_in_lockstep(held)
     assert sorted(closed) == ["a", "b", "c"]
+
+    def cleanup_raises() -> object:
+        try:
+            yield HostRead((torch.tensor([1]),))
+            yield HostRead((torch.tensor([2]),))
+        finally:
+            raise RuntimeError("a cleanup")
+
+    closed.clear()
+    held = [cleanup_raises(), steps("b", True), steps("c", False)]
+    with pytest.raises(ValueError, match="b failed"):  # the first error, not the cleanup's
+        run_in_lockstep(held)
+    assert sorted(closed) == ["b", "c"]
 
 
 def test_the_device_kernels_equal_the_ones_that_wait() -> None:
