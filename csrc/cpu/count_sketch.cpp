@@ -197,7 +197,8 @@ void integer_sums(const float* acc, int64_t d, const SketchShape& shape, double 
 }
 
 // The rows x kEstimateStep row values s_j(i) S[j, h_j(i)] of entries [first, first + n),
-// row-major (first: a multiple of 32, so that the entries lie in one 2^32 span).
+// row-major; the entries must lie in one 2^32 span (`hash_row`'s rule: so does a block of at
+// most 32 from a multiple of 32).
 void gather_rows(const float* table, const SketchShape& shape, uint64_t first, int64_t n,
                  float* values) {
     uint32_t bucket[kEstimateStep];
@@ -207,21 +208,23 @@ void gather_rows(const float* table, const SketchShape& shape, uint64_t first, i
                  static_cast<uint32_t>(shape.columns), bucket, sign_mask);
         const float* row = table + j * shape.columns;
         float* out = values + j * kEstimateStep;
-        for (int64_t e = 0; e < n; ++e) {
-            const float value = row[bucket[e]];
-            out[e] = sign_mask[e] != 0 ? -value : value;
+        for (int64_t e = 0; e < n; ++e) {  // the sign as a bit flip: no branch to mispredict
+            const uint32_t flip = static_cast<uint32_t>(sign_mask[e]) & 0x80000000u;
+            out[e] = sketch::float_of_bits(float_bits(row[bucket[e]]) ^ flip);
         }
     }
 }
 
 // sketch::median of each of the n columns of values (rows x kEstimateStep), by the same rank
-// rule, 32 entries at a time (the loops over e vectorise; no data-dependent branches).
+// rule, up to 32 entries at a time (the loops over e vectorised, `omp simd`, whatever n: for the
+// sample's 16 the compiler's own choice ran them in its scalar remainder, with branches).
 void medians(const float* values, int rows, int64_t n, float* out) {
     float lo[kEstimateStep] = {}, hi[kEstimateStep] = {};
     bool any_nan[kEstimateStep] = {};
     int rank[kEstimateStep];
     for (int j = 0; j < rows; ++j) {
         const float* v = values + j * kEstimateStep;
+#pragma omp simd
         for (int64_t e = 0; e < n; ++e) {
             rank[e] = 0;
             any_nan[e] = any_nan[e] || v[e] != v[e];
@@ -229,16 +232,20 @@ void medians(const float* values, int rows, int64_t n, float* out) {
         for (int m = 0; m < rows; ++m) {
             const float* other = values + m * kEstimateStep;
             if (m < j) {
+#pragma omp simd
                 for (int64_t e = 0; e < n; ++e) rank[e] += other[e] <= v[e];
             } else if (m > j) {
+#pragma omp simd
                 for (int64_t e = 0; e < n; ++e) rank[e] += other[e] < v[e];
             }
         }
+#pragma omp simd
         for (int64_t e = 0; e < n; ++e) {
             lo[e] = rank[e] == (rows - 1) / 2 ? v[e] : lo[e];
             hi[e] = rank[e] == rows / 2 ? v[e] : hi[e];
         }
     }
+#pragma omp simd
     for (int64_t e = 0; e < n; ++e) out[e] = sketch::median_of_middle(lo[e], hi[e], rows, any_nan[e]);
 }
 
@@ -246,6 +253,7 @@ void medians(const float* values, int rows, int64_t n, float* out) {
 // runs over every block exactly once), or on the fly for its sample.
 struct EstimateSource {
     static constexpr bool kHasSideEffects = true;
+    static constexpr bool kSampledInGroups = true;
     const float* table;
     SketchShape shape;
     float* estimate;
@@ -258,6 +266,19 @@ struct EstimateSource {
                                           shape.columns);
         }
         return sketch::median(values, shape.rows);
+    }
+
+    // The sample's runs, every row's values gathered for the kGroup entries together (as
+    // `block` does) where they lie in one 2^32 span (`hash_row`'s rule), else one at a time.
+    void group(int64_t begin, float* out) const {
+        static_assert(detail::kGroup <= kEstimateStep);
+        if (static_cast<uint32_t>(begin) > UINT32_MAX - (detail::kGroup - 1)) {
+            for (int e = 0; e < detail::kGroup; ++e) out[e] = at(begin + e);
+            return;
+        }
+        float values[sketch::kMaxRows * kEstimateStep];
+        gather_rows(table, shape, static_cast<uint64_t>(begin), detail::kGroup, values);
+        medians(values, shape.rows, detail::kGroup, out);
     }
 
     // begin: a multiple of the engine's block (256).

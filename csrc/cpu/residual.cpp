@@ -12,6 +12,7 @@ namespace {
 // for the first time.
 template <typename T, bool Clear> struct AccumulateSource {
     static constexpr bool kHasSideEffects = true;
+    static constexpr bool kSampledInGroups = false;
     T* gradient;
     T* residual;
     const T* block(int64_t begin, int64_t n) {

@@ -114,9 +114,18 @@ template <> inline uint32_t group_hit_mask<float>(const float* values, uint32_t 
 }
 #endif
 
+// A source of the d values the engine selects from:
+//   block(begin, n)   values[begin, begin + n) for the first pass, every block exactly once
+//                     (begin a multiple of kBlock; kHasSideEffects: the call may write state)
+//   at(i)             values[i] before the first pass
+//   group(begin, out) with kSampledInGroups: out[0, kGroup) = values[begin, begin + kGroup)
+//                     before the first pass, for the sample's runs (a source whose values cost
+//                     more than a read computes them together; the others are read with at)
+//   values()          every value, after the first pass
 // A source of values read as they are.
 template <typename T> struct ReadSource {
     static constexpr bool kHasSideEffects = false;
+    static constexpr bool kSampledInGroups = false;
     const T* data;
     const T* block(int64_t begin, int64_t /*n*/) { return data + begin; }
     T at(int64_t i) const { return data[i]; }
@@ -220,11 +229,18 @@ bool sampled_threshold(const Source& source, int64_t d, int64_t n, KeyOf<T>& thr
     const int64_t rank = static_cast<int64_t>(std::ceil(expected + 3.0 * std::sqrt(expected) + 2.0));
     if (rank >= s) return false;
     std::vector<KeyOf<T>> sample(s), run_max(runs, 0);
+    auto record = [&](int64_t run, int64_t j, T value) {
+        const KeyOf<T> key = magnitude_key(value);
+        sample[run * kGroup + j] = key;
+        run_max[run] = std::max(run_max[run], key);
+    };
     for (int64_t run = 0; run < runs; ++run) {
-        for (int64_t j = 0; j < kGroup; ++j) {
-            const KeyOf<T> key = magnitude_key(source.at(run * stride + j));
-            sample[run * kGroup + j] = key;
-            run_max[run] = std::max(run_max[run], key);
+        if constexpr (Source::kSampledInGroups) {
+            T values[kGroup];
+            source.group(run * stride, values);
+            for (int64_t j = 0; j < kGroup; ++j) record(run, j, values[j]);
+        } else {
+            for (int64_t j = 0; j < kGroup; ++j) record(run, j, source.at(run * stride + j));
         }
     }
     // The (rank+1)-th largest run maximum is at or below the wanted key (rank + 1 runs hold a
