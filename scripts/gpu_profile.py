@@ -6,7 +6,12 @@ each with its device time, beside the call's wall time (the rest is host work an
 
 Cases (density 0.001, float32, Gaussian values):
 
-    topk@D          ops.topk_abs(x, k) alone, D = --topk-d
+    read@D          torch.amax(x): one read of D values, the floor of any pass over them (for
+                    each D of --topk-d and --step-d)
+    topk@D          ops.topk_abs(x, k) alone, D = --topk-d (target: at most 1.5 reads)
+    fused@D         ops.accumulate_select(gradient, residual, k) alone, D = --step-d: the fused
+                    accumulate-and-select of every error-feedback step (its traffic is about
+                    three reads: gradient and residual read, the residual written)
     <scheme>@D      SparseStep(...).step(gradient) at P = 1 (one-worker transport), D = --step-d
                     for every --schemes entry
     <scheme>-update@D   the same SparseStep's update(gradient, out) into a device buffer (what
@@ -98,10 +103,23 @@ def profile_call(fn: Callable[[], object], device: torch.device, repeats: int, t
             "kernels": kernels[:top], "kernels_listed_of": len(kernels)}
 
 
+def read_case(device: torch.device, d: int) -> Callable[[], object]:
+    x = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(0))
+    return lambda: torch.amax(x)
+
+
 def topk_case(device: torch.device, d: int, density: float) -> Callable[[], object]:
     x = torch.randn(d, device=device, generator=torch.Generator(device).manual_seed(0))
     k = max(1, int(density * d))
     return lambda: ops.topk_abs(x, k)
+
+
+def fused_case(device: torch.device, d: int, density: float) -> Callable[[], object]:
+    seeded = torch.Generator(device)
+    gradient = torch.randn(d, device=device, generator=seeded.manual_seed(1))
+    residual = torch.randn(d, device=device, generator=seeded.manual_seed(3))
+    k = max(1, int(density * d))
+    return lambda: ops.accumulate_select(gradient, residual, k)
 
 
 def step_case(device: torch.device, d: int, density: float, scheme: str, update: bool = False
@@ -146,10 +164,14 @@ def main() -> None:
         raise SystemExit("gpu_profile: needs a GPU and the CUDA kernels")
     out = JsonRecord(args.json, device=str(device), density=args.density, cases={})
     cases: list[tuple[str, Callable[[], Callable[[], object]]]] = []
+    for size in sorted(set(args.topk_d) | set(args.step_d)):
+        cases.append((f"read@{int(size)}", lambda d=int(size): read_case(device, d)))
     for size in args.topk_d:
         cases.append((f"topk@{int(size)}",
                       lambda d=int(size): topk_case(device, d, args.density)))
     for size in args.step_d:
+        cases.append((f"fused@{int(size)}",
+                      lambda d=int(size): fused_case(device, d, args.density)))
         for scheme in args.schemes:
             cases.append((f"{scheme}@{int(size)}",
                           lambda d=int(size), s=scheme: step_case(device, d, args.density, s)))

@@ -77,8 +77,8 @@ __device__ __forceinline__ float unrolled_median(const float (&v)[Bound], int ro
     return sketch::median_of_middle(lo, hi, rows, any_nan);
 }
 
-// est(i) of a table, as a value source of the selection engine (load and peek alike: computing
-// an estimate has no side effects). Bound: the most rows it holds keys for.
+// est(i) of a table, as a value source of the selection engine (load and peek alike, and keep
+// nothing: computing an estimate has no side effects). Bound: the most rows it holds keys for.
 template <int Bound> struct SketchEstimates {
     const float* table;
     int64_t columns;
@@ -86,6 +86,7 @@ template <int Bound> struct SketchEstimates {
     uint32_t keys[2 * Bound];
 
     __device__ float load(int64_t i) const { return peek(i); }
+    __device__ void keep(int64_t, float) const {}
     __device__ float peek(int64_t i) const {
         const auto index = static_cast<uint64_t>(i);
         float v[Bound];
@@ -194,6 +195,7 @@ template <int Bound> struct FilteredEstimates {
     __device__ float load(int64_t i) const {
         return filtering && !may_reach(static_cast<uint64_t>(i)) ? 0.0f : exact.peek(i);
     }
+    __device__ void keep(int64_t, float) const {}
     __device__ float peek(int64_t i) const { return exact.peek(i); }
     __device__ bool may_reach(uint64_t index) const {
         const auto columns = static_cast<uint32_t>(exact.columns);
@@ -237,6 +239,30 @@ int grid_for(int64_t count) {
     return static_cast<int>(std::min(resident, detail::blocks_for(count, kThreads)));
 }
 
+constexpr int kBatch = 4;  // entries a thread loads before it uses (or writes back) them
+
+// This thread's entries of [0, d), grid-strided, kBatch at a time: load(i) for every entry of a
+// batch first, then use(i, value) for each. A store between two loads that may alias it would
+// hold the later load behind the earlier one's round trip; use may store.
+template <typename Load, typename Use>
+__device__ __forceinline__ void for_each_batch(int64_t d, Load&& load, Use&& use) {
+    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+    for (int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; first < d;
+         first += kBatch * stride) {
+        float value[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            value[b] = i < d ? load(i) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            if (i < d) use(i, value[b]);
+        }
+    }
+}
+
 // extremes[0] = largest finite magnitude key (gradient == nullptr, or the skip flag set: of the
 // residual as it is, left so; the gradient is still cleared if asked).
 __global__ void __launch_bounds__(kThreads)
@@ -244,22 +270,17 @@ accumulate_extremes_kernel(float* gradient, float* residual, int64_t d, bool cle
                            unsigned int* extremes, const int32_t* skip) {
     const bool accumulate = gradient != nullptr && !detail::flag_set(skip);
     unsigned int max_finite = 0;
-    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < d;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        float value = residual[i];
-        if (accumulate) {
-            value += gradient[i];
-            residual[i] = value;
-        }
-        if (gradient != nullptr && clear_gradient) gradient[i] = 0.0f;
-        const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
-        max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
-    }
+    for_each_batch(
+        d, [&](int64_t i) { return accumulate ? residual[i] + gradient[i] : residual[i]; },
+        [&](int64_t i, float value) {
+            if (accumulate) residual[i] = value;
+            if (gradient != nullptr && clear_gradient) gradient[i] = 0.0f;
+            const unsigned int key = __float_as_uint(value) & 0x7FFFFFFFu;
+            max_finite = max(max_finite, key < sketch::kFloatInfKey ? key : 0u);
+        });
     max_finite = __reduce_max_sync(0xFFFFFFFFu, max_finite);
     if (threadIdx.x % 32 == 0 && max_finite != 0) atomicMax(&extremes[0], max_finite);
 }
-
-constexpr int kBatch = 4;  // entries a thread loads before it hashes them
 
 // One tile, columns [begin, begin + n) of one row (keys key0, key1): for every entry i whose
 // bucket b falls in it, sums[b - begin] += s(i) q(i), or cells[b - begin] |= its non-finite flag.
@@ -268,34 +289,23 @@ tile_sums_kernel(const float* acc, int64_t d, uint32_t key0, uint32_t key1, uint
                  uint32_t begin, uint32_t n, const unsigned int* extremes, u64* sums,
                  unsigned int* cells) {
     const double scale = ldexp(1.0, sketch::scale_exponent(extremes[0], d > 1 ? d : 1));
-    const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-    for (int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; first < d;
-         first += kBatch * stride) {
-        float value[kBatch];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-            const int64_t i = first + b * stride;
-            value[b] = i < d ? __ldcs(acc + i) : 0.0f;  // streamed: the tile's sums keep L2
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-            const int64_t i = first + b * stride;
-            if (i >= d) continue;
+    for_each_batch(
+        d, [&](int64_t i) { return __ldcs(acc + i); },  // streamed: the tile's sums keep L2
+        [&](int64_t i, float value) {
             const auto index = static_cast<uint64_t>(i);
             // Buckets below `begin` wrap to offsets >= n.
             const uint32_t offset =
                 sketch::bucket_of_word(sketch::word(index, key0), columns) - begin;
-            if (offset >= n) continue;
+            if (offset >= n) return;
             const bool negate = sketch::negative(index, key1);
-            if ((__float_as_uint(value[b]) & 0x7FFFFFFFu) < sketch::kFloatInfKey) {
+            if ((__float_as_uint(value) & 0x7FFFFFFFu) < sketch::kFloatInfKey) {
                 const auto q = static_cast<u64>(
-                    static_cast<long long>(rint(static_cast<double>(value[b]) * scale)));
+                    static_cast<long long>(rint(static_cast<double>(value) * scale)));
                 if (q != 0) atomicAdd(&sums[offset], negate ? 0ull - q : q);
             } else {
-                atomicOr(&cells[offset], sketch::nonfinite_flag(value[b], negate));
+                atomicOr(&cells[offset], sketch::nonfinite_flag(value, negate));
             }
-        }
-    }
+        });
 }
 
 // cells[c] (the flags on entry) = the bits of S from sums[c] and the flags; sums[c] = 0.

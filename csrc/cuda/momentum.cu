@@ -29,22 +29,40 @@ __device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
+// A thread loads kBatch entries of both arrays before it writes any: a store between two loads
+// that may alias it would hold the later load behind the earlier one's round trip.
+constexpr int kBatch = 4;
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) momentum_kernel(T* velocity, const T* gradient,
                                                             int64_t n, T momentum, T divisor,
                                                             bool divide, const int32_t* skip) {
     if (skip != nullptr && *skip != 0) return;
-    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
-         i += int64_t{gridDim.x} * kThreads) {
-        const T g = divide ? div_rn(gradient[i], divisor) : gradient[i];
-        velocity[i] = add_rn(mul_rn(velocity[i], momentum), g);
+    const int64_t stride = int64_t{gridDim.x} * kThreads;
+    for (int64_t first = blockIdx.x * int64_t{kThreads} + threadIdx.x; first < n;
+         first += kBatch * stride) {
+        T v[kBatch], g[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            v[b] = i < n ? velocity[i] : T(0);
+            g[b] = i < n ? gradient[i] : T(0);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t i = first + b * stride;
+            if (i >= n) continue;
+            const T step = divide ? div_rn(g[b], divisor) : g[b];
+            velocity[i] = add_rn(mul_rn(v[b], momentum), step);
+        }
     }
 }
 
 template <typename T>
 void momentum_typed(void* velocity, const void* gradient, int64_t n, double momentum,
                     double divisor, cudaStream_t stream, const int32_t* skip) {
-    const int blocks = static_cast<int>(std::min(kMaxBlocks, (n + kThreads - 1) / kThreads));
+    const int64_t per_block = int64_t{kThreads} * kBatch;
+    const int blocks = static_cast<int>(std::min(kMaxBlocks, (n + per_block - 1) / per_block));
     momentum_kernel<T><<<blocks, kThreads, 0, stream>>>(
         static_cast<T*>(velocity), static_cast<const T*>(gradient), n, static_cast<T>(momentum),
         static_cast<T>(divisor), divisor != 1.0, skip);

@@ -131,11 +131,18 @@ __device__ Chunk my_chunk(const Segments& segments) {
     return chunk;
 }
 
-// Calls visit(items) for each tile of the chunk [begin, end); load(i) reads entry i. Every
-// thread of the block makes the same calls, so visit may synchronise.
-template <typename T, typename Load, typename Visit>
+// Writes nothing back: the keep of a pass that only reads.
+struct KeepNothing {
+    template <typename T> __device__ void operator()(int64_t, T) const {}
+};
+
+// Calls visit(items) for each tile of the chunk [begin, end); load(i) reads entry i without a
+// side effect, and keep(i, v) writes back what reading it changed, once every load of the tile
+// was issued (as for_each_tile's entries.keep, and for the same reason). Every thread of the
+// block makes the same calls, so visit may synchronise.
+template <typename T, typename Load, typename Keep, typename Visit>
 __device__ __forceinline__ void for_each_chunk_tile(int64_t begin, int64_t end, Load&& load,
-                                                    Visit&& visit) {
+                                                    Keep&& keep, Visit&& visit) {
     for (int64_t start = begin; start < end; start += kTile<T>) {
         TileItems<T> items;
         items.first = start + threadIdx.x;
@@ -144,6 +151,10 @@ __device__ __forceinline__ void for_each_chunk_tile(int64_t begin, int64_t end, 
             const int64_t i = items.position(j);
             items.valid[j] = i < end;
             items.value[j] = items.valid[j] ? load(i) : T{};
+        }
+#pragma unroll
+        for (int j = 0; j < kItems<T>; ++j) {
+            if (items.valid[j]) keep(items.position(j), items.value[j]);
         }
         visit(items);
     }
@@ -186,19 +197,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_first_pas
     const int bins = 1 << first.bits;
     if (counted) clear_shared(shared_histogram, bins);
     unsigned zeros = 0;
-    auto load = [&](int64_t i) {
-        if (gradient == nullptr) return residual[i];
-        if (skipping) {
-            const T v = residual[i];
-            if (clear_gradient) gradient[i] = T(0);
-            return v;
-        }
-        const T v = residual[i] + gradient[i];
-        residual[i] = v;
-        if (clear_gradient) gradient[i] = T(0);
-        return v;
+    const bool accumulate = gradient != nullptr && !skipping;
+    auto load = [&](int64_t i) { return accumulate ? residual[i] + gradient[i] : residual[i]; };
+    auto keep = [&](int64_t i, T v) {
+        if (accumulate) residual[i] = v;
+        if (gradient != nullptr && clear_gradient) gradient[i] = T(0);
     };
-    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, [&](const TileItems<T>& items) {
+    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, keep, [&](const TileItems<T>& items) {
         if (!counted) return;
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
@@ -236,7 +241,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_refine_ke
     const u64 last = static_cast<u64>(chunk.segment_length - 1);
     const u64 base = static_cast<u64>(chunk.segment_begin);
     auto load = [&](int64_t i) { return residual[i]; };
-    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, [&](const TileItems<T>& items) {
+    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, KeepNothing{},
+                           [&](const TileItems<T>& items) {
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
             if (!items.valid[j]) continue;
@@ -297,7 +303,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_stage_ker
     const u64 base = static_cast<u64>(chunk.segment_begin);
     u64* staged = &states[chunk.segment].staged_count;
     auto load = [&](int64_t i) { return residual[i]; };
-    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, [&](const TileItems<T>& items) {
+    for_each_chunk_tile<T>(chunk.begin, chunk.end, load, KeepNothing{},
+                           [&](const TileItems<T>& items) {
         bool selected[kItems<T>];
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {

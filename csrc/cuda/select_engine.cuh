@@ -211,10 +211,24 @@ __device__ __forceinline__ unsigned digit_of(const Level& level, u64 key, u64 in
 
 // ---------------------------------------------------------------------------------------------
 // Value sources
+//
+// A value source gives pass 1 and the sample the values they select from:
+//   load(i)     the value pass 1 sees at entry i; no side effect (for_each_tile loads a whole
+//               tile before any entry is written back)
+//   keep(i, v)  writes back what reading entry i changes, v being load(i): called by
+//               for_each_tile after every load of the tile was issued (AccumulateValues'
+//               residual[i] = v). A store placed between two loads that may alias it (the
+//               gradient and the residual are separate pointers to the compiler) would hold
+//               each later load behind the earlier load's round trip to memory: a tile's loads
+//               would run one after another instead of together.
+//   peek(i)     the value of entry i as it stands after pass 1 would have read it (the sample
+//               reads it before pass 1); no side effect
+// Later passes read through a source whose keep does nothing.
 
 template <typename T> struct ReadValues {
     const T* x;
     __device__ T load(int64_t i) const { return x[i]; }
+    __device__ void keep(int64_t, T) const {}
     __device__ T peek(int64_t i) const { return x[i]; }
 };
 
@@ -226,11 +240,9 @@ template <typename T> struct AccumulateValues {
     T* residual;
     const int32_t* skip = nullptr;
     bool skipping = false;
-    __device__ T load(int64_t i) const {
-        if (skipping) return residual[i];
-        const T v = residual[i] + gradient[i];
-        residual[i] = v;
-        return v;
+    __device__ T load(int64_t i) const { return peek(i); }
+    __device__ void keep(int64_t i, T v) const {
+        if (!skipping) residual[i] = v;
     }
     __device__ T peek(int64_t i) const {
         return skipping ? residual[i] : residual[i] + gradient[i];
@@ -252,10 +264,12 @@ __device__ __forceinline__ AccumulateValues<T> on_device(AccumulateValues<T> val
     return values;
 }
 
-// An entry source: value(i) and index(i) of the i-th entry.
+// An entry source: value(i) and index(i) of the i-th entry; keep(i, v) writes back what reading
+// it changed (a value source's keep).
 template <typename T, typename Values> struct InputEntries {
     Values values;
     __device__ T value(int64_t i) const { return values.load(i); }
+    __device__ void keep(int64_t i, T v) const { values.keep(i, v); }
     __device__ u64 index(int64_t i) const { return static_cast<u64>(i); }
 };
 
@@ -263,6 +277,7 @@ template <typename T, typename Index> struct BufferEntries {
     const Index* indices;
     const T* values;
     __device__ T value(int64_t i) const { return values[i]; }
+    __device__ void keep(int64_t, T) const {}
     __device__ u64 index(int64_t i) const { return static_cast<u64>(indices[i]); }
 };
 
@@ -277,23 +292,41 @@ template <typename T> struct TileItems {
     __device__ int64_t position(int j) const { return first + int64_t{j} * kThreads; }
 };
 
+// Loads the tile of items from entry `first` on (every item valid when Full, else those below
+// count), writes them back (entries.keep) once every load was issued, and visits them.
+template <bool Full, typename T, typename Entries, typename Visit>
+__device__ __forceinline__ void visit_tile(const Entries& entries, int64_t count, int64_t first,
+                                           Visit& visit) {
+    TileItems<T> items;
+    items.first = first;
+#pragma unroll
+    for (int j = 0; j < kItems<T>; ++j) {
+        const int64_t i = items.position(j);
+        items.valid[j] = Full || i < count;
+        items.value[j] = items.valid[j] ? entries.value(i) : T{};
+    }
+#pragma unroll
+    for (int j = 0; j < kItems<T>; ++j) {
+        if (items.valid[j]) entries.keep(items.position(j), items.value[j]);
+    }
+    visit(items);
+}
+
 // Calls visit(items) once per tile of kTile entries, for the block's tiles of [0, count).
 // Every thread of the block makes the same calls, so visit may synchronise. All loads of a tile
-// are issued before any is used.
+// are issued before any is used or written back (entries.keep). A full tile is visited in a
+// copy of visit that knows every item is valid (no bound check per item).
 template <typename T, typename Entries, typename Visit>
 __device__ __forceinline__ void for_each_tile(const Entries& entries, int64_t count,
                                               Visit&& visit) {
     const int64_t tiles = (count + kTile<T> - 1) / kTile<T>;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        TileItems<T> items;
-        items.first = tile * kTile<T> + threadIdx.x;
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            const int64_t i = items.position(j);
-            items.valid[j] = i < count;
-            items.value[j] = items.valid[j] ? entries.value(i) : T{};
+        const int64_t first = tile * kTile<T> + threadIdx.x;
+        if ((tile + 1) * kTile<T> <= count) {
+            visit_tile<true, T>(entries, count, first, visit);
+        } else {
+            visit_tile<false, T>(entries, count, first, visit);
         }
-        visit(items);
     }
 }
 
@@ -610,22 +643,46 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
     WarpAppender<T, Index> appender(staging, &state->buffer_count, capacity, buffer_index,
                                     buffer_value);
     unsigned zeros = 0;
+    // digit >= guess_bin <=> key >= guess_key (a key has no bits above the first digit's).
+    const KeyOf<T> guess_key =
+        partial ? static_cast<KeyOf<T>>(static_cast<u64>(guess_bin) << first.shift) : KeyOf<T>{};
     for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
         bool flag[kItems<T>];
+        if (partial) {
+            // Most entries lie below the guessed bin: one compare each, and the histogram and the
+            // buffer only in a warp that holds an entry at or above it (as the general case
+            // below does with a guess: zeros lie below it, the rest is counted and buffered).
+            bool any = false;
+#pragma unroll
+            for (int j = 0; j < kItems<T>; ++j) {
+                flag[j] = items.valid[j] && magnitude_key(items.value[j]) >= guess_key;
+                any = any || flag[j];
+            }
+            if (!__any_sync(kFullWarp, any)) return;
+#pragma unroll
+            for (int j = 0; j < kItems<T>; ++j) {
+                if (flag[j]) {
+                    const u64 key = magnitude_key(items.value[j]);
+                    atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
+                }
+            }
+            appender.add(flag, items, entries);
+            return;
+        }
+        // No guess, or bin 0 guessed: every entry is counted, and buffered if bin 0 was guessed.
 #pragma unroll
         for (int j = 0; j < kItems<T>; ++j) {
             const u64 key = magnitude_key(items.value[j]);
-            const unsigned digit = digit_of(first, key, 0);
             if (items.valid[j]) {
                 if (key == 0) {
-                    if (!partial) ++zeros;
-                } else if (!partial || static_cast<int>(digit) >= guess_bin) {
-                    atomicAdd(&shared_histogram[digit], 1u);
+                    ++zeros;
+                } else {
+                    atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
                 }
             }
-            flag[j] = items.valid[j] && guess_bin >= 0 && static_cast<int>(digit) >= guess_bin;
+            flag[j] = items.valid[j];
         }
-        if (guess_bin >= 0) appender.add(flag, items, entries);
+        if (guess_bin == 0) appender.add(flag, items, entries);
     });
     appender.flush();
     if (zeros != 0) {
@@ -858,11 +915,11 @@ struct NoHook {
 
 // Top-n of the d values into (out_index, out_value), sorted by index, as planned by
 // plan_select(d, n), in a workspace of at least plan.bytes.
-// The sample and pass 1 read through `values` (which may update the input as it reads: load
-// once per entry, peek without side effects); later passes over d read through `input`, a
-// value source without side effects (ReadValues of an array, or values computed on the fly,
-// e.g. the count sketch's estimates). If residual_to_zero is set, residual_to_zero[selected] = 0
-// afterwards, unless the device flag `skip` (null: none) is set.
+// The sample and pass 1 read through `values` (which may update the input as it reads: pass 1
+// loads each entry once and keeps it, the sample peeks); later passes over d read through
+// `input`, a value source without side effects (ReadValues of an array, or values computed on
+// the fly, e.g. the count sketch's estimates). If residual_to_zero is set,
+// residual_to_zero[selected] = 0 afterwards, unless the device flag `skip` (null: none) is set.
 // after_sample(state, first level, stream) enqueues work between the sample (state->guess_bin
 // set on the device) and pass 1. With a guess g > 0, pass 1 looks only at entries whose first
 // digit is >= g: `values.load` may return 0 for any entry it knows to lie below that bin (the

@@ -40,12 +40,31 @@ using detail::u64;
 
 constexpr int64_t kSharedBins = 4096;  // 16 KiB of 32-bit counters per block
 
+// The entries of accumulate_count's pass, counted from `first`: residual += gradient as they
+// are read (and gradient = 0 when clearing), or the residual as it is (gradient null). A value
+// source of detail::for_each_tile: the tile's loads go out together, the writes after them.
+template <typename T> struct CountedEntries {
+    T* gradient;
+    T* residual;
+    int64_t first;
+    bool clear_gradient;
+    __device__ T value(int64_t i) const {
+        const int64_t at = first + i;
+        return gradient != nullptr ? residual[at] + gradient[at] : residual[at];
+    }
+    __device__ void keep(int64_t i, T v) const {
+        if (gradient == nullptr) return;
+        residual[first + i] = v;
+        if (clear_gradient) gradient[first + i] = T(0);
+    }
+};
+
 // residual += gradient over [0, d) (gradient = 0 too when clear_gradient; gradient == nullptr:
 // neither, and only [begin, end) is read); over [begin, end):
 // histogram[bin(key)] += 1 where key >= bins.base, *selected += 1 where key >= threshold.
 // Every block of the grid covers at most 2^30 entries (tile_grid), so its 32-bit counters hold.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, detail::kMinBlocksPerSm)
 accumulate_count_kernel(T* gradient, T* residual, int64_t d, int64_t begin, int64_t end,
                         KeyOf<T> threshold, HistogramBins<KeyOf<T>> bins, bool clear_gradient,
                         bool shared_bins, u64* histogram, u64* selected) {
@@ -59,22 +78,23 @@ accumulate_count_kernel(T* gradient, T* residual, int64_t d, int64_t begin, int6
     unsigned int mine = 0;
     const bool accumulate = gradient != nullptr;  // else: read [begin, end) of residual only
     const int64_t first = accumulate ? 0 : begin, last = accumulate ? d : end;
-    for (int64_t i = first + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < last;
-         i += int64_t{gridDim.x} * blockDim.x) {
-        const T value = accumulate ? residual[i] + gradient[i] : residual[i];
-        if (accumulate) residual[i] = value;
-        if (clear_gradient && accumulate) gradient[i] = T(0);
-        if (i < begin || i >= end) continue;
-        const KeyOf<T> key = magnitude_key(value);
-        if (key < bins.base) continue;
-        const int64_t bin = bins.of(key);
-        if (shared_bins) {
-            atomicAdd(&block_bins[bin], 1u);
-        } else {
-            atomicAdd(&histogram[bin], u64{1});
+    const CountedEntries<T> entries{gradient, residual, first, clear_gradient};
+    detail::for_each_tile<T>(entries, last - first, [&](const detail::TileItems<T>& items) {
+#pragma unroll
+        for (int j = 0; j < detail::kItems<T>; ++j) {
+            const int64_t i = first + items.position(j);
+            if (!items.valid[j] || i < begin || i >= end) continue;
+            const KeyOf<T> key = magnitude_key(items.value[j]);
+            if (key < bins.base) continue;
+            const int64_t bin = bins.of(key);
+            if (shared_bins) {
+                atomicAdd(&block_bins[bin], 1u);
+            } else {
+                atomicAdd(&histogram[bin], u64{1});
+            }
+            mine += key >= threshold ? 1u : 0u;
         }
-        mine += key >= threshold ? 1u : 0u;
-    }
+    });
     if (mine != 0) atomicAdd(&block_selected, mine);
     __syncthreads();
     if (shared_bins) {
