@@ -3,7 +3,8 @@
 `kernel_opcodes(binary, wanted)` extracts the cubins of `binary` (the built extension, or a
 cubin) with cuobjdump, picks the kernels whose mangled names match the regular expression
 `wanted`, and returns each one's opcodes in address order ("LDG.E", "STG.E.64", ...), keyed by
-its mangled name (`demangle` for messages).
+(cubin, mangled name): a kernel built for two architectures is there once for each (`demangle`
+for messages).
 
 Two measures of how a pass over d keeps memory busy, both over the opcodes in address order
 (every copy of a loop body the compiler made, branches not followed):
@@ -41,15 +42,16 @@ def cuobjdump() -> str | None:
         (str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/cuobjdump"))), None)
 
 
-def kernel_opcodes(binary: Path, wanted: str, tool: str) -> dict[str, list[str]]:
-    """{mangled kernel name: its opcodes in address order} for the kernels of `binary` whose
-    mangled names match `wanted`."""
+def kernel_opcodes(binary: Path, wanted: str, tool: str) -> dict[tuple[str, str], list[str]]:
+    """{(cubin, mangled kernel name): its opcodes in address order} for the kernels of `binary`
+    whose mangled names match `wanted`; empty when it holds no machine code (a PTX-only build:
+    cuobjdump then extracts no cubin)."""
     pattern = re.compile(rb"_Z[A-Za-z0-9_]*(?:" + wanted.encode() + rb")[A-Za-z0-9_]*")
-    kernels: dict[str, list[str]] = {}
+    kernels: dict[tuple[str, str], list[str]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([tool, "-xelf", "all", str(binary.resolve())], cwd=folder, check=True,
-                       capture_output=True, timeout=120)
-        cubins = sorted(Path(folder).glob("*.cubin")) or [binary]
+        subprocess.run([tool, "-xelf", "all", str(binary.resolve())], cwd=folder,
+                       capture_output=True, timeout=120)  # exits non-zero when there is none
+        cubins = sorted(Path(folder).glob("*.cubin"))
         for cubin in cubins:
             names = sorted({m.decode() for m in pattern.findall(cubin.read_bytes())})
             if not names:
@@ -60,7 +62,7 @@ def kernel_opcodes(binary: Path, wanted: str, tool: str) -> dict[str, list[str]]
                                   ).stdout
             parts = _FUNCTION.split(sass)
             for name, body in zip(parts[1::2], parts[2::2], strict=True):
-                kernels[name] = _OPCODE.findall(body)
+                kernels[cubin.name, name] = _OPCODE.findall(body)
     return kernels
 
 
