@@ -14,6 +14,9 @@ buckets of both dtypes. Checks, on every rank:
   restore    a state pickled (torch.save) or saved as tensors (state_dict, weights_only=True)
              mid-training, restored into a new model under a new DDP (whose first iteration
              has DDP's construction-time buckets), continues exactly as the uninterrupted run
+  no_sync    gradient accumulation with DDP's no_sync(): the hook sees each bucket once an
+             iteration, holding the gradient summed over the iteration's micro-batches (equal to
+             a model without DDP that ran the same micro-batches), and counts iterations only
   transport  transport="torch" (the process-wide transport over the default group) trains
              bit for bit as the default (a TorchDistributedTransport over DDP's group), every
              bucket's step on the transport resolved; with a process group of other workers
@@ -22,6 +25,7 @@ buckets of both dtypes. Checks, on every rank:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
@@ -254,6 +258,43 @@ def check_restore(route: str) -> None:
     pickle.loads(pickle.dumps(restored))  # a restored state saves again
 
 
+# -- gradient accumulation with no_sync ------------------------------------------------------
+
+def check_no_sync(micro: int = 3, steps: int = 5) -> None:
+    model = ddp(make_model(4))
+    plain = make_model(4)  # the same parameters without DDP: the micro-batches' summed gradient
+    expected = dict(zip((id(p) for p in model.module.parameters()), plain.parameters()))
+    state = GTopkHookState(density=0.01)
+    calls: list[int] = []
+
+    def checking_hook(hook_state, bucket):  # no annotations: DDP checks them as objects
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients()):
+            assert torch.equal(gradient, expected[id(parameter)].grad), (
+                f"no_sync iteration {len(calls) - 1}: a bucket's gradient is not the "
+                "micro-batches' sum")
+        calls[-1] += 1
+        return gtopk_hook(hook_state, bucket)
+
+    model.register_comm_hook(state, checking_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        calls.append(0)
+        optimizer.zero_grad()
+        plain.load_state_dict(model.module.state_dict())
+        plain.zero_grad()
+        for m in range(micro):
+            images, labels = batch(100 + micro * step + m)
+            F.cross_entropy(plain(images), labels).backward()
+            syncing = m == micro - 1
+            with contextlib.nullcontext() if syncing else model.no_sync():
+                F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    assert state.iter == steps, f"no_sync: {state.iter} iterations counted, {steps} ran"
+    assert len(state.buckets) >= 3 and all(
+        count == len(state.buckets) for count in calls[state.start_iter:]), calls
+    check_same_everywhere(model, "no_sync")
+
+
 # -- transport= ---------------------------------------------------------------------------
 
 def check_transport() -> None:
@@ -287,6 +328,7 @@ def main() -> None:
         check_replay(reduction)
     check_restore("pickle")
     check_restore("state_dict")
+    check_no_sync()
     check_transport()
     dist.barrier()
     if dist.get_rank() == 0:
