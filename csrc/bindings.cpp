@@ -844,6 +844,16 @@ void bind_cuda(py::module_& m) {
                                         as_pointer(selected), n_selected, as_pointer(stream),
                                         static_cast<const int32_t*>(as_pointer(skip)));
     }, "residual[index[j]] += value[j] where index[j] is not in the sorted `selected`.");
+    m.def("cuda_take_at", [](ValueType value_type, IndexType index_type, uintptr_t residual,
+                             uintptr_t index, int64_t n, uintptr_t taken_index,
+                             uintptr_t taken_value, int64_t n_taken, uintptr_t out,
+                             uintptr_t stream, uintptr_t skip) {
+        py::gil_scoped_release release;
+        gtopk::cuda::take_at(value_type, index_type, as_pointer(residual), as_pointer(index), n,
+                             as_pointer(taken_index), as_pointer(taken_value), n_taken,
+                             as_pointer(out), as_pointer(stream),
+                             static_cast<const int32_t*>(as_pointer(skip)));
+    }, "out = residual[index] (+ the taken values there); residual[index] = 0 unless skipped.");
     m.def("cuda_write_sparse", [](ValueType value_type, IndexType index_type, uintptr_t dest,
                                   int64_t d, uintptr_t index, uintptr_t value, int64_t n,
                                   bool zeroed, uintptr_t stream, uintptr_t skip) {

@@ -34,6 +34,8 @@ __all__ = [
     "segmented_accumulate_select",
     "merge_topk",
     "write_sparse",
+    "take_at",
+    "restore_unselected",
     "restore_residual",
     "mark_survivors",
     "all_finite",
@@ -840,6 +842,68 @@ def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
         return
     unselected = ~mark_survivors(indices, selected)
     restore_residual(residual, indices, values, unselected, skip)
+
+
+def take_at(residual: Any, indices: Any, taken: tuple[Any, Any] | None = None,
+            skip: Any = None) -> Any:
+    """The accumulated values at a global set, taken out of the residual (in place):
+
+        values[j] = residual[indices[j]] (+ taken_values[m] where taken_indices[m] == indices[j])
+        residual[indices] = 0                        (left as it is when the skip flag is set)
+
+    Returns values, residual's dtype, where residual lives. indices: sorted, distinct; taken =
+    (taken_indices, taken_values): entries already taken out of this residual (standing in for
+    it there), index-sorted, distinct, indices of `indices`' dtype; entries of taken not in
+    indices are ignored. Each value found in taken is one rounding, residual + taken. skip: as
+    `accumulate_select`'s. CUDA (contiguous float32 / float64, built kernels):
+    `_C.cuda_take_at`, one launch (a binary search per entry), no host wait; other CUDA tensors:
+    a gather, a search and an index add, then `zero_at`; host: numpy."""
+    if is_cuda(residual):
+        return _cuda_take_at(residual, indices, taken, skip)
+    view = as_numpy(residual, "residual", writeable=True)
+    index = as_numpy(indices, "indices", values=False).array
+    values = view.array[index]
+    if taken is not None:
+        taken_index = as_numpy(taken[0], "taken indices", values=False).array
+        taken_values = as_numpy(taken[1], "taken values").array
+        position = np.searchsorted(index, taken_index)
+        inside = position < index.size
+        inside[inside] = index[position[inside]] == taken_index[inside]
+        values[position[inside]] += taken_values[inside]
+    if skip is None or not flag_set(skip):
+        view.array[index] = 0
+    return like(values, view)
+
+
+def _cuda_take_at(residual: Any, indices: Any, taken: tuple[Any, Any] | None,
+                  skip: Any) -> Any:
+    """take_at of CUDA tensors (its docstring)."""
+    import torch
+
+    n = int(indices.numel())
+    if taken is None or not taken[0].numel():
+        taken = (indices[:0], residual[:0])
+    if (_sparse_write_kernels_take(residual, taken[1], taken[0])
+            and taken[0].dtype == indices.dtype and indices.is_contiguous()):
+        for tensor, what in ((indices, "indices"), (taken[0], "taken indices"),
+                             (taken[1], "taken values")):
+            _cuda_check(tensor, what, residual.device)
+        values = torch.empty(n, dtype=residual.dtype, device=residual.device)
+        with _on_device(residual.device):
+            _C.cuda_take_at(_cuda_value_type(residual.dtype), _cuda_index_type(indices.dtype),
+                            residual.data_ptr(), indices.data_ptr(), n, taken[0].data_ptr(),
+                            taken[1].data_ptr(), taken[0].numel(), values.data_ptr(),
+                            _stream(residual.device), _flag_address(skip, residual))
+        return values
+    # Entries taken but not in indices go to a spare slot past the end: nothing waits for a count.
+    values = torch.empty(n + 1, dtype=residual.dtype, device=residual.device)
+    torch.index_select(residual, 0, indices, out=values[:n])
+    if taken[0].numel() and n:
+        position = torch.searchsorted(indices, taken[0])
+        found = indices[position.clamp(max=n - 1)] == taken[0]
+        values.index_add_(0, torch.where(found, position, n), taken[1])
+    zero_at(residual, indices, skip)
+    return values[:n]
 
 
 def restore_residual(residual: Any, indices: Any, values: Any, restore: Any,

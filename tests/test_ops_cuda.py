@@ -773,6 +773,48 @@ def test_cuda_write_sparse_with_and_without_the_skip_flag(dtype: str, index_dtyp
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n,share", [(0, 0.5), (1, 0.0), (1, 1.0), (1000, 0.5), (1 << 16, 0.9)])
+@pytest.mark.parametrize("taken_kind", ["none", "empty", "some"])
+@pytest.mark.parametrize("flag", [None, 0, 1])
+def test_cuda_take_at_equals_the_host_and_reads_the_skip_flag(
+        dtype: str, index_dtype: torch.dtype, n: int, share: float, taken_kind: str,
+        flag: int | None) -> None:
+    """`ops.take_at` on the device (one launch, a binary search per entry) against its host
+    side on the same data bit for bit: the values at the set with the taken values added (taken
+    entries outside the set ignored), the set cleared, or kept when the flag is set; and with
+    a non-contiguous set (the framework operations' path) the same."""
+    d = 1 << 20
+    rng = np.random.default_rng([n, int(share * 10), len(taken_kind)])
+    indices = np.sort(rng.choice(d, n, replace=False))
+    taken = None
+    if taken_kind != "none":
+        count = int(share * n) if taken_kind == "some" else 0
+        inside = rng.choice(indices, count, replace=False) if n else indices
+        outside = rng.choice(np.setdiff1d(np.arange(0, d, 97), indices), 300, replace=False)
+        taken_indices = np.union1d(inside, outside) if taken_kind == "some" else inside
+        taken = (taken_indices, rng.standard_normal(taken_indices.size))
+    residual = rng.standard_normal(d)
+    host_residual = residual.astype(dtype)
+    host_flag = None if flag is None else np.array([flag], np.int32)
+    want = ops.take_at(host_residual, indices.astype(np.int64),
+                       None if taken is None else (taken[0].astype(np.int64),
+                                                   taken[1].astype(dtype)), host_flag)
+    skip = None if flag is None else torch.full((1,), flag, dtype=torch.int32, device="cuda")
+    for contiguous in (True, False):
+        device_residual = on_gpu(residual, dtype)
+        device_indices = torch.from_numpy(indices).to(index_dtype).cuda()
+        if not contiguous:
+            device_indices = torch.stack([device_indices, device_indices], dim=1)[:, 0]
+        device_taken = None if taken is None else (
+            torch.from_numpy(taken[0]).to(index_dtype).cuda(), on_gpu(taken[1], dtype))
+        got = ops.take_at(device_residual, device_indices, device_taken, skip)
+        assert got.device == device_residual.device
+        assert got.cpu().numpy().tobytes() == want.tobytes()
+        assert device_residual.cpu().numpy().tobytes() == host_residual.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n,share", [(0, 0.5), (1, 0.0), (1, 1.0), (1000, 0.5), (1 << 16, 0.9)])
 @pytest.mark.parametrize("flag", [None, 0, 1])
 def test_cuda_restore_unselected_equals_the_mask_path_and_reads_the_skip_flag(
         dtype: str, index_dtype: torch.dtype, n: int, share: float, flag: int | None) -> None:

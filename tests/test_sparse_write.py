@@ -1,5 +1,6 @@
 """The step's writes of a sparse set into dense vectors, on the host (numpy and CPU tensors):
-`ops.write_sparse` (its `zeroed` hint, its skip flag) and `ops.restore_unselected` against numpy,
+`ops.write_sparse` (its `zeroed` hint, its skip flag), `ops.restore_unselected` and `ops.take_at`
+against numpy,
 and the contract the `zeroed` hint rests on: every scheme, asked to clear the gradient, leaves it
 all zeros, so `SparseStep.update` writing over the gradient it was given need not zero it again.
 The CUDA kernels are checked against the same references in tests/test_ops_cuda.py."""
@@ -73,6 +74,46 @@ def test_restore_unselected_adds_back_what_the_global_set_dropped(
     ops.restore_unselected(got, as_kind(indices, kind), as_kind(values, kind),
                            as_kind(selected, kind), flag)
     assert host(got).tobytes() == expected.tobytes()
+
+
+def take_at_reference(residual: np.ndarray, indices: np.ndarray, taken: tuple | None,
+                      skip: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(values, residual after) of `ops.take_at`, entry by entry."""
+    residual = residual.copy()
+    found = {} if taken is None else dict(zip(taken[0].tolist(), taken[1]))
+    values = np.array([residual[i] + found[i] if i in found else residual[i]
+                       for i in indices.tolist()], residual.dtype)
+    if not skip:
+        residual[indices] = 0
+    return values, residual
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("taken_share", [None, 0.0, 0.4, 1.0])
+@pytest.mark.parametrize("skip", [None, 0, 1])
+def test_take_at_gathers_the_set_adds_what_was_taken_and_clears_it(
+        kind: str, dtype: type, taken_share: float | None, skip: int | None) -> None:
+    """`ops.take_at` against an entry-by-entry reference: the residual's values at the set,
+    plus the taken value where an index was taken (taken entries outside the set ignored), the
+    set cleared unless the flag is set."""
+    d, n = 5_003, 300
+    indices, _ = sparse_set(d, n, dtype)
+    taken = None
+    if taken_share is not None:
+        inside = RNG.choice(indices, int(taken_share * n), replace=False)
+        outside = np.setdiff1d(np.arange(d), indices)[::97][:20]
+        taken_indices = np.union1d(inside, outside).astype(np.int32)
+        taken = (taken_indices, RNG.standard_normal(taken_indices.size).astype(dtype))
+    residual = RNG.standard_normal(d).astype(dtype)
+    want_values, want_residual = take_at_reference(residual, indices, taken, bool(skip))
+    got = as_kind(residual, kind)
+    flag = None if skip is None else as_kind(np.array([skip], np.int32), kind)
+    values = ops.take_at(got, as_kind(indices, kind),
+                         None if taken is None else tuple(as_kind(t, kind) for t in taken), flag)
+    assert type(values) is type(got)
+    assert host(values).tobytes() == want_values.tobytes()
+    assert host(got).tobytes() == want_residual.tobytes()
 
 
 CLEARING = {**{name: make for name, make in MEMORY_SCHEMES.items()},

@@ -136,27 +136,31 @@ struct KeepNothing {
     template <typename T> __device__ void operator()(int64_t, T) const {}
 };
 
-// Calls visit(items) for each tile of the chunk [begin, end); load(i) reads entry i without a
-// side effect, and keep(i, v) writes back what reading it changed, once every load of the tile
-// was issued (as for_each_tile's entries.keep, and for the same reason). Every thread of the
+// A chunk's entries as select_engine's visit_tile reads them: value(i) = load(i), with no side
+// effect; keep(i, v) writes back what reading entry i changed.
+template <typename T, typename Load, typename Keep> struct ChunkEntries {
+    Load& read;
+    Keep& write_back;
+    __device__ T value(int64_t i) const { return read(i); }
+    __device__ void keep(int64_t i, T v) const { write_back(i, v); }
+};
+
+// Calls visit(items) for each tile of the chunk [begin, end): select_engine's visit_tile (every
+// load of a tile issued before keep writes any back, and a full tile visited without bound
+// checks), over the chunk instead of the block's share of every tile. Every thread of the
 // block makes the same calls, so visit may synchronise.
 template <typename T, typename Load, typename Keep, typename Visit>
 __device__ __forceinline__ void for_each_chunk_tile(int64_t begin, int64_t end, Load&& load,
                                                     Keep&& keep, Visit&& visit) {
+    const ChunkEntries<T, std::remove_reference_t<Load>, std::remove_reference_t<Keep>> entries{
+        load, keep};
     for (int64_t start = begin; start < end; start += kTile<T>) {
-        TileItems<T> items;
-        items.first = start + threadIdx.x;
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            const int64_t i = items.position(j);
-            items.valid[j] = i < end;
-            items.value[j] = items.valid[j] ? load(i) : T{};
+        const int64_t first = start + threadIdx.x;
+        if (start + kTile<T> <= end) {
+            detail::visit_tile<true, T>(entries, end, first, visit);
+        } else {
+            detail::visit_tile<false, T>(entries, end, first, visit);
         }
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            if (items.valid[j]) keep(items.position(j), items.value[j]);
-        }
-        visit(items);
     }
 }
 

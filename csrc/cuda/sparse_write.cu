@@ -1,13 +1,17 @@
-// write_sparse and restore_unselected (gtopk/cuda_ops.h): a sparse set written into a dense
-// vector on the device, each in one call of at most two launches, reading the skip flag there.
+// write_sparse, restore_unselected and take_at (gtopk/cuda_ops.h): a sparse set written into
+// or taken out of a dense vector on the device, each in one call of at most two launches,
+// reading the skip flag there.
 //
 //   write_sparse:        dest = 0 except dest[index[j]] = value[j]     (all NaN when skipped)
 //   restore_unselected:  residual[index[j]] += value[j] for each j whose index is not in the
 //                        sorted set `selected`                         (nothing when skipped)
+//   take_at:             out[j] = residual[index[j]] (+ the taken value at index[j]), then
+//                        residual[index[j]] = 0                        (kept when skipped)
 //
-// Both replace sequences of framework operations (a fill, a where, an index cast, an index
-// put; a search, a clamp, a gather, a compare, a mask, a cast, a restore) whose launches, not
-// their bytes, were the cost at the sizes of a step's set.
+// Each replaces a sequence of framework operations (a fill, a where, an index cast, an index
+// put; a search, a clamp, a gather, a compare, a mask, a cast, a restore; a gather, a search, a
+// clamp, a compare, a where, an index add, a clear) whose launches, not their bytes, were the
+// cost at the sizes of a step's set.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,19 +56,26 @@ __global__ void __launch_bounds__(kThreads) scatter_kernel(T* dest, const Index*
     if (j < n) dest[index[j]] = value[j];
 }
 
-// Whether `x` is in selected[0, n) (sorted ascending): a lower-bound binary search.
+// The first position p in sorted[0, n) (ascending) with sorted[p] >= x (n if none).
 template <typename Index>
-__device__ __forceinline__ bool contains(const Index* selected, int64_t n, Index x) {
+__device__ __forceinline__ int64_t lower_bound(const Index* sorted, int64_t n, Index x) {
     int64_t low = 0, high = n;
     while (low < high) {
         const int64_t middle = low + (high - low) / 2;
-        if (selected[middle] < x) {
+        if (sorted[middle] < x) {
             low = middle + 1;
         } else {
             high = middle;
         }
     }
-    return low < n && selected[low] == x;
+    return low;
+}
+
+// Whether `x` is in selected[0, n) (sorted ascending).
+template <typename Index>
+__device__ __forceinline__ bool contains(const Index* selected, int64_t n, Index x) {
+    const int64_t p = lower_bound(selected, n, x);
+    return p < n && selected[p] == x;
 }
 
 template <typename T, typename Index>
@@ -74,6 +85,23 @@ __global__ void __launch_bounds__(kThreads) restore_unselected_kernel(
     if (flag_set(skip)) return;
     const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
     if (j < n && !contains(selected, n_selected, index[j])) residual[index[j]] += value[j];
+}
+
+// Thread j: out[j] = residual[i] (+ taken_value[m] if taken_index[m] == i), i = index[j]; then
+// residual[i] = 0 unless the flag is set. Each i is one thread's (index is distinct), so the
+// clear cannot change what another thread reads.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) take_at_kernel(
+    T* residual, const Index* index, int64_t n, const Index* taken_index, const T* taken_value,
+    int64_t n_taken, T* out, const int32_t* skip) {
+    const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+    if (j >= n) return;
+    const Index i = index[j];
+    T value = residual[i];
+    const int64_t m = lower_bound(taken_index, n_taken, i);
+    if (m < n_taken && taken_index[m] == i) value += taken_value[m];
+    out[j] = value;
+    if (!flag_set(skip)) residual[i] = T(0);
 }
 
 int blocks_for(int64_t n, int64_t most) {
@@ -110,6 +138,18 @@ void restore_unselected_typed(void* residual, const void* index, const void* val
         static_cast<T*>(residual), static_cast<const Index*>(index),
         static_cast<const T*>(value), n, static_cast<const Index*>(selected), n_selected, skip);
     GTOPK_CUDA_CHECK_LAUNCH("restore_unselected_kernel");
+}
+
+template <typename T, typename Index>
+void take_at_typed(void* residual, const void* index, int64_t n, const void* taken_index,
+                   const void* taken_value, int64_t n_taken, void* out, cudaStream_t stream,
+                   const int32_t* skip) {
+    take_at_kernel<T, Index><<<blocks_for(n, std::numeric_limits<int>::max()), kThreads, 0,
+                               stream>>>(
+        static_cast<T*>(residual), static_cast<const Index*>(index), n,
+        static_cast<const Index*>(taken_index), static_cast<const T*>(taken_value), n_taken,
+        static_cast<T*>(out), skip);
+    GTOPK_CUDA_CHECK_LAUNCH("take_at_kernel");
 }
 
 // f(T{}, Index{}) for the float32 / float64 values and int32 / int64 indices these take.
@@ -149,6 +189,17 @@ void restore_unselected(ValueType value_type, IndexType index_type, void* residu
     with_value_and_index(value_type, index_type, "restore_unselected", [&](auto v, auto i) {
         restore_unselected_typed<decltype(v), decltype(i)>(residual, index, value, n, selected,
                                                            n_selected, s, skip);
+    });
+}
+
+void take_at(ValueType value_type, IndexType index_type, void* residual, const void* index,
+             int64_t n, const void* taken_index, const void* taken_value, int64_t n_taken,
+             void* out, void* stream, const int32_t* skip) {
+    if (n <= 0) return;
+    const auto s = static_cast<cudaStream_t>(stream);
+    with_value_and_index(value_type, index_type, "take_at", [&](auto v, auto i) {
+        take_at_typed<decltype(v), decltype(i)>(residual, index, n, taken_index, taken_value,
+                                                std::max<int64_t>(n_taken, 0), out, s, skip);
     });
 }
 

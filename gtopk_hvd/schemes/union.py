@@ -183,27 +183,15 @@ def sum_counted_tensors(transport: Transport, tensor: Any, stats: ReductionStats
 
 def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: ReductionStats,
                    taken: tuple[Any, Any] | None = None, skip: Any = None) -> Any:
-    """`sum_at` on tensors: V[j] = sum over workers of acc[I[j]]; residual[I] = 0 after.
+    """`sum_at` on tensors: V[j] = sum over workers of acc[I[j]]; residual[I] = 0.
 
     residual: float32 tensor; indices: I, a sorted tensor of indices on its device, the same on
     every worker; taken = (indices, values): this worker's entries already taken out of the
     residual, index-sorted tensors there (indices of I's dtype). V is a new float32 tensor
-    there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken):
-    the taken entry is found by binary search and added in place (each found once, so one
-    rounding, as on the host), the entries not in I added to a spare slot past V's end, so
-    nothing waits for a count.
+    there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken,
+    found by binary search: one rounding): the gather, the add and the clear are one call
+    (`ops.take_at`: on a GPU one launch, no host wait), then V is summed.
     skip: a device skip flag (`gtopk_hvd.core.device_skip`): when set, residual[I] keeps its
     values (chosen on the device)."""
-    import torch
-
-    n = int(indices.numel())
-    values = torch.empty(n + 1, dtype=torch.float32, device=residual.device)
-    torch.index_select(residual, 0, indices, out=values[:n])
-    if taken is not None and taken[0].numel() and n:
-        position = torch.searchsorted(indices, taken[0])
-        found = indices[position.clamp(max=n - 1)] == taken[0]
-        values.index_add_(0, torch.where(found, position, n), taken[1])
-    values = values[:n]
-    sum_counted_tensors(transport, values, stats)
-    ops.zero_at(residual, indices, skip)
-    return values
+    values = ops.take_at(residual, indices, taken, skip)
+    return sum_counted_tensors(transport, values, stats)

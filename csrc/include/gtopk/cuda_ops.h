@@ -100,6 +100,18 @@ void restore_unselected(ValueType value_type, IndexType index_type, void* residu
                         const void* index, const void* value, int64_t n, const void* selected,
                         int64_t n_selected, void* stream, const int32_t* skip = nullptr);
 
+// The union schemes' gather at a global set, in one launch: for each j < n,
+//   out[j] = residual[index[j]] (+ taken_value[m] where taken_index[m] == index[j])
+//   residual[index[j]] = 0                                  (left as it is when skip is set)
+// index: sorted ascending, distinct; taken_index[0, n_taken): sorted ascending, distinct, of
+// the same index type (a binary search per entry; entries taken but not in index are ignored).
+// The sum is one rounding, residual + taken, as the framework sequence it replaces (a gather, a
+// search, a clamp, a compare, a where, an index add, a clear). float32 / float64 values, int32 /
+// int64 indices. No scratch, no host wait.
+void take_at(ValueType value_type, IndexType index_type, void* residual, const void* index,
+             int64_t n, const void* taken_index, const void* taken_value, int64_t n_taken,
+             void* out, void* stream, const int32_t* skip = nullptr);
+
 // dest[0, d) = 0 except dest[index[j]] = value[j] for j < n (indices distinct): a fill and a
 // scatter, at most two launches. zeroed: dest already holds zeros, so the fill is left out. When
 // the skip flag (as accumulate_select's) is set, dest is all NaN instead (read on the device:
