@@ -857,19 +857,27 @@ def take_at(residual: Any, indices: Any, taken: tuple[Any, Any] | None = None,
     indices are ignored. Each value found in taken is one rounding, residual + taken. skip: as
     `accumulate_select`'s. CUDA (contiguous float32 / float64, built kernels):
     `_C.cuda_take_at`, one launch (a binary search per entry), no host wait; other CUDA tensors:
-    a gather, a search and an index add, then `zero_at`; host: numpy."""
+    a gather, a search and an index add (atomics: float32 subnormal sums flush to zero), then
+    `zero_at`; host: numpy."""
     if is_cuda(residual):
         return _cuda_take_at(residual, indices, taken, skip)
     view = as_numpy(residual, "residual", writeable=True)
+    if view.value_type not in ("float32", "float64"):
+        raise TypeError(f"take_at: the residual must be float32 or float64, got "
+                        f"{view.value_type}")
     index = as_numpy(indices, "indices", values=False).array
     values = view.array[index]
     if taken is not None:
         taken_index = as_numpy(taken[0], "taken indices", values=False).array
         taken_values = as_numpy(taken[1], "taken values").array
+        if taken_values.dtype != values.dtype:
+            raise TypeError(f"take_at: the taken values are {taken_values.dtype}, the residual "
+                            f"{values.dtype}")
         position = np.searchsorted(index, taken_index)
         inside = position < index.size
         inside[inside] = index[position[inside]] == taken_index[inside]
-        values[position[inside]] += taken_values[inside]
+        with np.errstate(invalid="ignore", over="ignore"):  # Inf - Inf is NaN, as on a GPU
+            values[position[inside]] += taken_values[inside]
     if skip is None or not flag_set(skip):
         view.array[index] = 0
     return like(values, view)

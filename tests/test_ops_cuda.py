@@ -777,13 +777,13 @@ def test_cuda_write_sparse_with_and_without_the_skip_flag(dtype: str, index_dtyp
 @pytest.mark.parametrize("flag", [None, 0, 1])
 def test_cuda_take_at_equals_the_host_and_reads_the_skip_flag(
         dtype: str, index_dtype: torch.dtype, n: int, share: float, taken_kind: str,
-        flag: int | None) -> None:
+        flag: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """`ops.take_at` on the device (one launch, a binary search per entry) against its host
     side on the same data bit for bit: the values at the set with the taken values added (taken
     entries outside the set ignored), the set cleared, or kept when the flag is set; and with
-    a non-contiguous set (the framework operations' path) the same."""
+    a non-contiguous set (the framework operations' path, not the kernel) the same."""
     d = 1 << 20
-    rng = np.random.default_rng([n, int(share * 10), len(taken_kind)])
+    rng = np.random.default_rng([n, int(share * 10), ["none", "empty", "some"].index(taken_kind)])
     indices = np.sort(rng.choice(d, n, replace=False))
     taken = None
     if taken_kind != "none":
@@ -799,6 +799,8 @@ def test_cuda_take_at_equals_the_host_and_reads_the_skip_flag(
                        None if taken is None else (taken[0].astype(np.int64),
                                                    taken[1].astype(dtype)), host_flag)
     skip = None if flag is None else torch.full((1,), flag, dtype=torch.int32, device="cuda")
+    kernel, calls = ops._C.cuda_take_at, []
+    monkeypatch.setattr(ops._C, "cuda_take_at", lambda *args: calls.append(1) or kernel(*args))
     for contiguous in (True, False):
         device_residual = on_gpu(residual, dtype)
         device_indices = torch.from_numpy(indices).to(index_dtype).cuda()
@@ -806,10 +808,32 @@ def test_cuda_take_at_equals_the_host_and_reads_the_skip_flag(
             device_indices = torch.stack([device_indices, device_indices], dim=1)[:, 0]
         device_taken = None if taken is None else (
             torch.from_numpy(taken[0]).to(index_dtype).cuda(), on_gpu(taken[1], dtype))
+        calls.clear()
         got = ops.take_at(device_residual, device_indices, device_taken, skip)
+        assert len(calls) == int(device_indices.is_contiguous())  # the kernel, or the fallback
         assert got.device == device_residual.device
         assert got.cpu().numpy().tobytes() == want.tobytes()
         assert device_residual.cpu().numpy().tobytes() == host_residual.tobytes()
+
+
+@pytest.mark.parametrize("skip", [None, 0, 1])
+def test_cuda_take_at_does_not_wait_for_the_device(skip: int | None) -> None:
+    """Behind a busy stream the call returns at once (the flag read and the search on the
+    device); the result is the host's."""
+    residual = torch.arange(1, 1001, dtype=torch.float32, device="cuda")
+    indices = torch.tensor([3, 9, 400], dtype=torch.int64, device="cuda")
+    taken = (torch.tensor([9, 500], device="cuda"), torch.tensor([0.5, 7.0], device="cuda"))
+    flag = None if skip is None else torch.tensor([skip], dtype=torch.int32, device="cuda")
+    ops.take_at(residual.clone(), indices, taken, flag)  # loads the kernel first
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time (as the zero_at test above)
+    got = ops.take_at(residual, indices, taken, flag)
+    assert not torch.cuda.current_stream().query(), "take_at waited for the stream"
+    np.testing.assert_array_equal(got.cpu().numpy(), np.array([4.0, 10.5, 401.0], np.float32))
+    want = np.arange(1, 1001, dtype=np.float32)
+    if skip != 1:
+        want[[3, 9, 400]] = 0
+    np.testing.assert_array_equal(residual.cpu().numpy(), want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

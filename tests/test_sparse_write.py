@@ -90,20 +90,23 @@ def take_at_reference(residual: np.ndarray, indices: np.ndarray, taken: tuple | 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("taken_share", [None, 0.0, 0.4, 1.0])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n,taken_share", [(300, None), (300, 0.0), (300, 0.4), (300, 1.0),
+                                           (0, None), (0, 0.4)])
 @pytest.mark.parametrize("skip", [None, 0, 1])
 def test_take_at_gathers_the_set_adds_what_was_taken_and_clears_it(
-        kind: str, dtype: type, taken_share: float | None, skip: int | None) -> None:
+        kind: str, dtype: type, index_dtype: type, n: int, taken_share: float | None,
+        skip: int | None) -> None:
     """`ops.take_at` against an entry-by-entry reference: the residual's values at the set,
     plus the taken value where an index was taken (taken entries outside the set ignored), the
-    set cleared unless the flag is set."""
-    d, n = 5_003, 300
-    indices, _ = sparse_set(d, n, dtype)
+    set cleared unless the flag is set; an empty set, an empty taken set."""
+    d = 5_003
+    indices = sparse_set(d, n, dtype)[0].astype(index_dtype)
     taken = None
     if taken_share is not None:
         inside = RNG.choice(indices, int(taken_share * n), replace=False)
         outside = np.setdiff1d(np.arange(d), indices)[::97][:20]
-        taken_indices = np.union1d(inside, outside).astype(np.int32)
+        taken_indices = np.union1d(inside, outside).astype(index_dtype)
         taken = (taken_indices, RNG.standard_normal(taken_indices.size).astype(dtype))
     residual = RNG.standard_normal(d).astype(dtype)
     want_values, want_residual = take_at_reference(residual, indices, taken, bool(skip))
@@ -114,6 +117,15 @@ def test_take_at_gathers_the_set_adds_what_was_taken_and_clears_it(
     assert type(values) is type(got)
     assert host(values).tobytes() == want_values.tobytes()
     assert host(got).tobytes() == want_residual.tobytes()
+
+
+def test_take_at_refuses_values_it_cannot_add() -> None:
+    residual = torch.zeros(10, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="float32 or float64, got bfloat16"):
+        ops.take_at(residual, torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="taken values are float64, the residual float32"):
+        ops.take_at(np.zeros(10, np.float32), np.array([1, 2]),
+                    (np.array([1]), np.array([1.0])))
 
 
 CLEARING = {**{name: make for name, make in MEMORY_SCHEMES.items()},

@@ -239,7 +239,7 @@ int grid_for(int64_t count) {
     return static_cast<int>(std::min(resident, detail::blocks_for(count, kThreads)));
 }
 
-constexpr int kBatch = 4;  // entries a thread loads before it uses (or writes back) them
+constexpr int kBatch = 8;  // entries a thread loads before it uses (or writes back) them
 
 // This thread's entries of [0, d), grid-strided, kBatch at a time: load(i) for every entry of a
 // batch first, then use(i, value) for each. A store between two loads that may alias it would

@@ -31,7 +31,7 @@ __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(
 
 // A thread loads kBatch entries of both arrays before it writes any: a store between two loads
 // that may alias it would hold the later load behind the earlier one's round trip.
-constexpr int kBatch = 4;
+constexpr int kBatch = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) momentum_kernel(T* velocity, const T* gradient,

@@ -105,9 +105,10 @@ void restore_unselected(ValueType value_type, IndexType index_type, void* residu
 //   residual[index[j]] = 0                                  (left as it is when skip is set)
 // index: sorted ascending, distinct; taken_index[0, n_taken): sorted ascending, distinct, of
 // the same index type (a binary search per entry; entries taken but not in index are ignored).
-// The sum is one rounding, residual + taken, as the framework sequence it replaces (a gather, a
-// search, a clamp, a compare, a where, an index add, a clear). float32 / float64 values, int32 /
-// int64 indices. No scratch, no host wait.
+// The sum is one rounding, residual + taken, as on the host (the framework sequence it replaces,
+// a gather, a search, a clamp, a compare, a where, an index add and a clear, added with
+// atomics, which flush float32 subnormals to zero). float32 / float64 values, int32 / int64
+// indices. No scratch, no host wait.
 void take_at(ValueType value_type, IndexType index_type, void* residual, const void* index,
              int64_t n, const void* taken_index, const void* taken_value, int64_t n_taken,
              void* out, void* stream, const int32_t* skip = nullptr);
