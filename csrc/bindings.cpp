@@ -844,6 +844,12 @@ void bind_cuda(py::module_& m) {
                                         as_pointer(selected), n_selected, as_pointer(stream),
                                         static_cast<const int32_t*>(as_pointer(skip)));
     }, "residual[index[j]] += value[j] where index[j] is not in the sorted `selected`.");
+    m.def("cuda_zero_at", [](ValueType value_type, IndexType index_type, uintptr_t x,
+                             uintptr_t index, int64_t n, uintptr_t stream, uintptr_t skip) {
+        py::gil_scoped_release release;
+        gtopk::cuda::zero_at(value_type, index_type, as_pointer(x), as_pointer(index), n,
+                             as_pointer(stream), static_cast<const int32_t*>(as_pointer(skip)));
+    }, "x[index] = 0 unless the skip flag is set.");
     m.def("cuda_take_at", [](ValueType value_type, IndexType index_type, uintptr_t residual,
                              uintptr_t index, int64_t n, uintptr_t taken_index,
                              uintptr_t taken_value, int64_t n_taken, uintptr_t out,

@@ -1033,10 +1033,19 @@ def skipped_here(skip: Any, gradient: Any, clear_gradient: bool) -> bool:
 
 def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
     """x[indices] = 0 in place (indices may repeat); left as it is where the skip flag (as
-    `accumulate_select`'s) is set: on a GPU chosen on the device (a gather and a scatter of
-    len(indices) values, no host wait). On a torch tensor the zero is made where x lives: a
-    Python 0.0 put at tensor indices is copied from the host, and on a GPU that copy waits for
-    the stream (torch's index_put_)."""
+    `accumulate_select`'s) is set. CUDA (contiguous float32 / float64, contiguous int32 / int64
+    indices there, built kernels): `_C.cuda_zero_at`, one launch reading the flag, no host
+    wait; other CUDA tensors: with a flag a gather and a scatter of len(indices) values chosen
+    on the device. On a torch tensor the zero is made where x lives: a Python 0.0 put at tensor
+    indices is copied from the host, and on a GPU that copy waits for the stream (torch's
+    index_put_)."""
+    if is_cuda(x) and _zero_at_kernel_takes(x, indices):
+        _cuda_check(indices, "indices", x.device)
+        with _on_device(x.device):
+            _C.cuda_zero_at(_cuda_value_type(x.dtype), _cuda_index_type(indices.dtype),
+                            x.data_ptr(), indices.data_ptr(), indices.numel(), _stream(x.device),
+                            _flag_address(skip, x))
+        return
     if skip is not None and is_cuda(x):  # chosen on the device
         import torch
 
@@ -1051,6 +1060,14 @@ def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
         x[indices] = torch.zeros((), dtype=x.dtype, device=x.device)
     else:
         x[indices] = 0.0
+
+
+def _zero_at_kernel_takes(x: Any, indices: Any) -> bool:
+    """Whether `_C.cuda_zero_at` takes x and indices: built kernels, contiguous float32 /
+    float64 x, contiguous int32 / int64 CUDA indices."""
+    return (cuda_built and dtype_name(x.dtype) in ("float32", "float64") and x.is_contiguous()
+            and is_cuda(indices) and dtype_name(indices.dtype) in ("int32", "int64")
+            and indices.is_contiguous())
 
 
 class LaterFlag:

@@ -547,6 +547,37 @@ def test_cuda_zero_at_does_not_wait_for_the_device(skip: int | None) -> None:
     np.testing.assert_array_equal(x.cpu().numpy(), want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [0, 1, 5000])
+@pytest.mark.parametrize("flag", [None, 0, 1])
+def test_cuda_zero_at_equals_numpy_in_one_launch(dtype: str, index_dtype: torch.dtype, n: int,
+                                                 flag: int | None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ops.zero_at` by its kernel (contiguous indices, repeats among them) and by the
+    framework's operations (strided indices): numpy's x[indices] = 0 bit for bit, nothing
+    cleared when the flag is set."""
+    d = 1 << 16
+    rng = np.random.default_rng([n, d])
+    x = rng.standard_normal(d)
+    indices = np.sort(rng.integers(0, d, n))  # with repeats
+    want = x.astype(dtype)
+    if not flag:
+        want[indices] = 0
+    skip = None if flag is None else torch.full((1,), flag, dtype=torch.int32, device="cuda")
+    kernel, calls = ops._C.cuda_zero_at, []
+    monkeypatch.setattr(ops._C, "cuda_zero_at", lambda *args: calls.append(1) or kernel(*args))
+    for contiguous in (True, False):
+        device_indices = torch.from_numpy(indices).to(index_dtype).cuda()
+        if not contiguous:
+            device_indices = torch.stack([device_indices, device_indices], dim=1)[:, 0]
+        got = on_gpu(x, dtype)
+        calls.clear()
+        ops.zero_at(got, device_indices, skip)
+        assert len(calls) == int(device_indices.is_contiguous())
+        assert got.cpu().numpy().tobytes() == want.tobytes()
+
+
 def test_cuda_mark_nonfinite_makes_no_temporary_of_its_size() -> None:
     x = on_gpu(np.random.default_rng(12).standard_normal(1 << 22), "float32")
     flag = ops.nonfinite_flag(x)

@@ -1,8 +1,9 @@
-// write_sparse, restore_unselected and take_at (gtopk/cuda_ops.h): a sparse set written into
-// or taken out of a dense vector on the device, each in one call of at most two launches,
-// reading the skip flag there.
+// write_sparse, restore_unselected, zero_at and take_at (gtopk/cuda_ops.h): a sparse set
+// written into or taken out of a dense vector on the device, each in one call of at most two
+// launches, reading the skip flag there.
 //
 //   write_sparse:        dest = 0 except dest[index[j]] = value[j]     (all NaN when skipped)
+//   zero_at:             x[index[j]] = 0                               (nothing when skipped)
 //   restore_unselected:  residual[index[j]] += value[j] for each j whose index is not in the
 //                        sorted set `selected`                         (nothing when skipped)
 //   take_at:             out[j] = residual[index[j]] (+ the taken value at index[j]), then
@@ -10,8 +11,9 @@
 //
 // Each replaces a sequence of framework operations (a fill, a where, an index cast, an index
 // put; a search, a clamp, a gather, a compare, a mask, a cast, a restore; a gather, a search, a
-// clamp, a compare, a where, an index add, a clear) whose launches, not their bytes, were the
-// cost at the sizes of a step's set.
+// clamp, a compare, a where, an index add, a clear; a zero made on the device, a gather, a
+// compare, a where, an index put) whose launches, not their bytes, were the cost at the sizes
+// of a step's set.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -87,6 +89,14 @@ __global__ void __launch_bounds__(kThreads) restore_unselected_kernel(
     if (j < n && !contains(selected, n_selected, index[j])) residual[index[j]] += value[j];
 }
 
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) zero_at_kernel(T* x, const Index* index, int64_t n,
+                                                           const int32_t* skip) {
+    if (flag_set(skip)) return;
+    const int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+    if (j < n) x[index[j]] = T(0);
+}
+
 // Thread j: out[j] = residual[i] (+ taken_value[m] if taken_index[m] == i), i = index[j]; then
 // residual[i] = 0 unless the flag is set. Each i is one thread's (index is distinct), so the
 // clear cannot change what another thread reads.
@@ -141,6 +151,15 @@ void restore_unselected_typed(void* residual, const void* index, const void* val
 }
 
 template <typename T, typename Index>
+void zero_at_typed(void* x, const void* index, int64_t n, cudaStream_t stream,
+                   const int32_t* skip) {
+    zero_at_kernel<T, Index><<<blocks_for(n, std::numeric_limits<int>::max()), kThreads, 0,
+                               stream>>>(static_cast<T*>(x), static_cast<const Index*>(index),
+                                         n, skip);
+    GTOPK_CUDA_CHECK_LAUNCH("zero_at_kernel");
+}
+
+template <typename T, typename Index>
 void take_at_typed(void* residual, const void* index, int64_t n, const void* taken_index,
                    const void* taken_value, int64_t n_taken, void* out, cudaStream_t stream,
                    const int32_t* skip) {
@@ -189,6 +208,15 @@ void restore_unselected(ValueType value_type, IndexType index_type, void* residu
     with_value_and_index(value_type, index_type, "restore_unselected", [&](auto v, auto i) {
         restore_unselected_typed<decltype(v), decltype(i)>(residual, index, value, n, selected,
                                                            n_selected, s, skip);
+    });
+}
+
+void zero_at(ValueType value_type, IndexType index_type, void* x, const void* index, int64_t n,
+             void* stream, const int32_t* skip) {
+    if (n <= 0) return;
+    const auto s = static_cast<cudaStream_t>(stream);
+    with_value_and_index(value_type, index_type, "zero_at", [&](auto v, auto i) {
+        zero_at_typed<decltype(v), decltype(i)>(x, index, n, s, skip);
     });
 }
 

@@ -100,6 +100,12 @@ void restore_unselected(ValueType value_type, IndexType index_type, void* residu
                         const void* index, const void* value, int64_t n, const void* selected,
                         int64_t n_selected, void* stream, const int32_t* skip = nullptr);
 
+// x[index[j]] = 0 for each j < n (indices may repeat), in one launch; nothing when the skip flag
+// (as accumulate_select's) is set. float32 / float64 values, int32 / int64 indices. No scratch,
+// no host wait.
+void zero_at(ValueType value_type, IndexType index_type, void* x, const void* index, int64_t n,
+             void* stream, const int32_t* skip = nullptr);
+
 // The union schemes' gather at a global set, in one launch: for each j < n,
 //   out[j] = residual[index[j]] (+ taken_value[m] where taken_index[m] == index[j])
 //   residual[index[j]] = 0                                  (left as it is when skip is set)
