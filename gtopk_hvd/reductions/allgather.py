@@ -38,7 +38,7 @@ def allgather_sets(transport: Transport, indices: np.ndarray, values: np.ndarray
     stats = ReductionStats(rounds=transport.size - 1)
     if transport.size == 1 and bool(np.all(indices[1:] > indices[:-1])):
         return SparseResult(indices, values + np.float32(0.0), np.ones(indices.size, bool),
-                            stats)
+                            stats, all_survived=True)
     start = time.perf_counter()
     counts = transport.allgather(np.array([indices.size], dtype=np.int64))[:, 0]
     ready = time.perf_counter()
@@ -59,7 +59,7 @@ def allgather_sets(transport: Transport, indices: np.ndarray, values: np.ndarray
     if transport.size > 1:
         stats.bytes_sent = int(entry * forwarded + 8 * (transport.size - 1))
     stats.messages_sent = 3 * (transport.size - 1)
-    return SparseResult(union, summed, np.ones(indices.size, bool), stats)
+    return SparseResult(union, summed, np.ones(indices.size, bool), stats, all_survived=True)
 
 
 def allgather_tensors(transport: Transport, indices: Any, values: Any) -> SparseResult:
@@ -74,7 +74,7 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
     stats = ReductionStats(rounds=size - 1)
     survived = torch.ones(k, dtype=torch.bool, device=values.device)  # every entry is summed
     if size == 1:
-        return SparseResult(indices, values + 0.0, survived, stats)
+        return SparseResult(indices, values + 0.0, survived, stats, all_survived=True)
     all_indices = torch.empty(size * k, dtype=indices.dtype, device=indices.device)
     all_values = torch.empty(size * k, dtype=values.dtype, device=values.device)
     start = time.perf_counter()
@@ -90,7 +90,7 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
     entry = indices.element_size() + 4
     stats.bytes_received = stats.bytes_sent = entry * k * (size - 1)
     stats.messages_sent = 2 * (size - 1)
-    return SparseResult(union, summed + 0.0, survived, stats)
+    return SparseResult(union, summed + 0.0, survived, stats, all_survived=True)
 
 
 @REDUCTIONS.register("allgather")

@@ -46,3 +46,6 @@ class SparseResult:
     # reduction: the caller restores with `ops.restore_unselected`, a search per entry, instead)
     survived: np.ndarray | None
     stats: ReductionStats = field(default_factory=ReductionStats)
+    # every local entry is in `indices` by construction (the all-gather sums every set): there
+    # is nothing to restore, and the caller need not read `survived`
+    all_survived: bool = False

@@ -110,12 +110,12 @@ class SelectReduce(Scheme):
         host_indices, host_values = to_host(local_indices), to_host(local_values)
         result = self.reduction.reduce(host_indices, host_values, budget.k)
         if not self.config.exact:
-            ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+            _restore_dropped(residual, local_indices, local_values, result)
             return Exchange(result.indices, result.values, local_indices, result.stats,
                             select_seconds)
         values = sum_at(self.transport, self.backend, residual, result.indices,
                            result.stats, taken=(host_indices, host_values))
-        ops.restore_residual(residual, local_indices, local_values, ~result.survived)
+        _restore_dropped(residual, local_indices, local_values, result)
         taken = ops.sorted_union(host_indices.astype(self.index_dtype, copy=False),
                                  result.indices.astype(self.index_dtype, copy=False))
         return Exchange(result.indices, values, self.backend.index(taken), result.stats,
@@ -142,9 +142,12 @@ class SelectReduce(Scheme):
 
 
 def _restore_dropped(residual: Any, local_indices: Any, local_values: Any, result: Any,
-                     skip: Any) -> None:
-    """r[j] += V_p[j] for j in I_p not in I (module docstring): by the reduction's mask where it
-    marked one, else by a search of each local index in I (`ops.restore_unselected`)."""
+                     skip: Any = None) -> None:
+    """r[j] += V_p[j] for j in I_p not in I (module docstring): nothing where every local entry
+    is in I by construction (the all-gather), by the reduction's mask where it marked one, else
+    by a search of each local index in I (`ops.restore_unselected`)."""
+    if result.all_survived:
+        return
     if result.survived is None:
         ops.restore_unselected(residual, local_indices, local_values, result.indices, skip)
     else:
