@@ -783,7 +783,7 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
 
         values = torch.as_tensor(values, device=dest.device)
         indices = torch.as_tensor(indices, device=dest.device)
-        if _sparse_write_kernels_take(dest, values, indices):
+        if _sparse_kernels_take(dest, indices, values):
             _cuda_check(indices, "indices", dest.device)
             with _on_device(dest.device):
                 _C.cuda_write_sparse(_cuda_value_type(dest.dtype),
@@ -810,13 +810,19 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
     _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
 
 
-def _sparse_write_kernels_take(values_like: Any, values: Any, indices: Any) -> bool:
-    """Whether the CUDA sparse-write kernels take these tensors: built kernels, contiguous
-    float32 / float64 values of one dtype, contiguous int32 / int64 indices."""
-    return (cuda_built and dtype_name(values_like.dtype) in ("float32", "float64")
-            and values.dtype == values_like.dtype and dtype_name(indices.dtype) in
-            ("int32", "int64") and values_like.is_contiguous() and values.is_contiguous()
-            and indices.is_contiguous() and values.numel() == indices.numel())
+def _sparse_kernels_take(x: Any, indices: Any, values: Any = None,
+                         same_indices: tuple[Any, ...] = ()) -> bool:
+    """Whether the CUDA kernels at a set (write_sparse, restore_unselected, take_at, zero_at)
+    take these tensors: built kernels; x contiguous float32 / float64; values, if given,
+    contiguous of x's dtype, one per index; indices and each of same_indices contiguous int32 /
+    int64 CUDA tensors of one dtype."""
+    index_sets = (indices, *same_indices)
+    return (cuda_built and dtype_name(x.dtype) in ("float32", "float64") and x.is_contiguous()
+            and dtype_name(indices.dtype) in ("int32", "int64")
+            and all(is_cuda(i) and i.dtype == indices.dtype and i.is_contiguous()
+                    for i in index_sets)
+            and (values is None or (values.dtype == x.dtype and values.is_contiguous()
+                                    and values.numel() == indices.numel())))
 
 
 def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
@@ -828,9 +834,7 @@ def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
     skip: as `accumulate_select`'s (nothing is restored when set). CUDA (contiguous float32 /
     float64, built kernels): `_C.cuda_restore_unselected`, one launch (a binary search per
     entry), no host wait; elsewhere the mask, then the restore."""
-    if (is_cuda(residual) and is_cuda(indices) and is_cuda(selected)
-            and _sparse_write_kernels_take(residual, values, indices)
-            and selected.dtype == indices.dtype and selected.is_contiguous()):
+    if is_cuda(residual) and _sparse_kernels_take(residual, indices, values, (selected,)):
         for tensor, what in ((indices, "indices"), (values, "values"), (selected, "selected")):
             _cuda_check(tensor, what, residual.device)
         with _on_device(residual.device):
@@ -891,8 +895,7 @@ def _cuda_take_at(residual: Any, indices: Any, taken: tuple[Any, Any] | None,
     n = int(indices.numel())
     if taken is None or not taken[0].numel():
         taken = (indices[:0], residual[:0])
-    if (_sparse_write_kernels_take(residual, taken[1], taken[0])
-            and taken[0].dtype == indices.dtype and indices.is_contiguous()):
+    if _sparse_kernels_take(residual, taken[0], taken[1], (indices,)):
         for tensor, what in ((indices, "indices"), (taken[0], "taken indices"),
                              (taken[1], "taken values")):
             _cuda_check(tensor, what, residual.device)
@@ -1039,7 +1042,7 @@ def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
     on the device. On a torch tensor the zero is made where x lives: a Python 0.0 put at tensor
     indices is copied from the host, and on a GPU that copy waits for the stream (torch's
     index_put_)."""
-    if is_cuda(x) and _zero_at_kernel_takes(x, indices):
+    if is_cuda(x) and _sparse_kernels_take(x, indices):
         _cuda_check(indices, "indices", x.device)
         with _on_device(x.device):
             _C.cuda_zero_at(_cuda_value_type(x.dtype), _cuda_index_type(indices.dtype),
@@ -1060,14 +1063,6 @@ def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
         x[indices] = torch.zeros((), dtype=x.dtype, device=x.device)
     else:
         x[indices] = 0.0
-
-
-def _zero_at_kernel_takes(x: Any, indices: Any) -> bool:
-    """Whether `_C.cuda_zero_at` takes x and indices: built kernels, contiguous float32 /
-    float64 x, contiguous int32 / int64 CUDA indices."""
-    return (cuda_built and dtype_name(x.dtype) in ("float32", "float64") and x.is_contiguous()
-            and is_cuda(indices) and dtype_name(indices.dtype) in ("int32", "int64")
-            and indices.is_contiguous())
 
 
 class LaterFlag:

@@ -108,21 +108,19 @@ def _count_allreduce(stats: ReductionStats, size: int, nbytes: int) -> None:
 def sum_at(transport: Transport, backend: ArrayBackend, residual: Any, indices: np.ndarray,
            stats: ReductionStats, taken: tuple[np.ndarray, np.ndarray] | None = None
            ) -> np.ndarray:
-    """V[j] = sum over workers of acc[I[j]]; residual[I] = 0 after.
+    """V[j] = sum over workers of acc[I[j]]; residual[I] = 0.
 
     indices: I, host, sorted, the same on every worker. acc is the residual, except at the
     entries this worker already took out of it (taken = (indices, values), host, sorted: the
-    values stand in for the residual there).
+    values stand in for the residual there). The gather, the add and the clear are
+    `ops.take_at` where the residual lies (the sets brought there), then V, on the host, is
+    summed.
     """
-    index = backend.index(indices)
-    values = backend.to_host(residual[index]).astype(np.float32, copy=True)
-    if taken is not None and taken[0].size:
-        position = np.searchsorted(indices, taken[0])
-        inside = position < indices.size
-        inside[inside] = indices[position[inside]] == taken[0][inside]
-        values[position[inside]] += taken[1][inside]
+    if taken is not None:
+        taken = (backend.index(taken[0]), backend.from_host(taken[1]))
+    values = ops.take_at(residual, backend.index(indices), taken)
+    values = backend.to_host(values).astype(np.float32, copy=False)
     sum_counted(transport, values, stats)
-    ops.zero_at(residual, index)
     return values
 
 
