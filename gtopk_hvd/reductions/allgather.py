@@ -67,14 +67,14 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
     (or any device for one worker): one all-gather of the indices and one of the values, there,
     then the sets merged in rank order by `ops.merge_topk` with room for every entry, so each
     value is the sum of the workers' values in rank order, bit for bit the host result (whose
-    sums start from +0.0: the final + 0.0 turns a lone -0.0 into +0.0 as there)."""
+    sums start from +0.0: the final + 0.0 turns a lone -0.0 into +0.0 as there). Nothing is
+    marked (`survived` is None): every entry is in the global set (`all_survived`)."""
     import torch
 
     size, k = transport.size, len(values)
     stats = ReductionStats(rounds=size - 1)
-    survived = torch.ones(k, dtype=torch.bool, device=values.device)  # every entry is summed
     if size == 1:
-        return SparseResult(indices, values + 0.0, survived, stats, all_survived=True)
+        return SparseResult(indices, values + 0.0, None, stats, all_survived=True)
     all_indices = torch.empty(size * k, dtype=indices.dtype, device=indices.device)
     all_values = torch.empty(size * k, dtype=values.dtype, device=values.device)
     start = time.perf_counter()
@@ -90,7 +90,7 @@ def allgather_tensors(transport: Transport, indices: Any, values: Any) -> Sparse
     entry = indices.element_size() + 4
     stats.bytes_received = stats.bytes_sent = entry * k * (size - 1)
     stats.messages_sent = 2 * (size - 1)
-    return SparseResult(union, summed + 0.0, survived, stats, all_survived=True)
+    return SparseResult(union, summed + 0.0, None, stats, all_survived=True)
 
 
 @REDUCTIONS.register("allgather")

@@ -43,7 +43,8 @@ class SparseResult:
     indices: np.ndarray
     values: np.ndarray  # float32 sums over workers
     # bool, one per local entry: its index is in `indices`; None where not marked (the device
-    # reduction: the caller restores with `ops.restore_unselected`, a search per entry, instead)
+    # reduction: the caller restores with `ops.restore_unselected`, a search per entry, instead;
+    # the all-gather on tensors: `all_survived`)
     survived: np.ndarray | None
     stats: ReductionStats = field(default_factory=ReductionStats)
     # every local entry is in `indices` by construction (the all-gather sums every set): there
