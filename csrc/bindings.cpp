@@ -1,4 +1,4 @@
-// Python bindings (module gtopk_hvd._C). The Python layer (gtopk_hvd/ops.py) turns numpy arrays,
+// Python bindings (module gtopk_hvd._C). The Python layer (gtopk_hvd/ops/) turns numpy arrays,
 // torch and TF tensors into the forms taken here and checks devices; this layer checks what
 // the kernels rely on (dtype, contiguity, lengths, sortedness) and releases the GIL to compute.
 #include <pybind11/numpy.h>
@@ -616,7 +616,7 @@ void bind_types(py::module_& m) {
 }
 
 #ifdef GTOPK_WITH_CUDA
-// CUDA entry points take device pointers as integers; gtopk_hvd/ops.py allocates the outputs
+// CUDA entry points take device pointers as integers; gtopk_hvd/ops/ allocates the outputs
 // and the workspace (workspace 0: the cached one) and passes the current stream.
 void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 

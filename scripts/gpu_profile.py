@@ -140,7 +140,7 @@ def sketch_select_case(device: torch.device, d: int, density: float, row_filter:
     table = ops.sketch_table(None, residual, keys, columns)
     if device.type != "cuda":  # the dry run: the CPU has one selection
         return lambda: ops.sketch_select(table, keys, k, d=d)
-    return lambda: ops._cuda_sketch_select(table, keys, columns, k, d, None,
+    return lambda: ops.sketch._cuda_sketch_select(table, keys, columns, k, d, None,
                                            row_filter=row_filter)
 
 

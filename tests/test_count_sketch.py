@@ -397,8 +397,8 @@ def cuda_select(table: np.ndarray, keys: np.ndarray, k: int, d: int,
 
     gpu_table = torch.from_numpy(table).cuda()
     if row_filter:
-        indices, values = ops._cuda_sketch_select(gpu_table, keys, table.shape[1], k, d, None,
-                                                  row_filter=True)
+        indices, values = ops.sketch._cuda_sketch_select(gpu_table, keys, table.shape[1], k, d,
+                                                         None, row_filter=True)
     else:
         indices, values = ops.sketch_select(gpu_table, keys, k, d=d)
     assert indices.is_cuda and values.is_cuda

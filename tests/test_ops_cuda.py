@@ -625,7 +625,7 @@ def test_cuda_threshold_indices_with_a_bound_equals_the_cpu_kernel(dtype: str) -
     key = ops.magnitude_key(1.5, dtype)
     count = ops.threshold_indices(x, 0, x.size, key).size
     room = torch.full((count + 100,), -7, dtype=torch.int32, device="cuda")
-    written = ops._cuda_threshold_indices_into(room[:count // 2], gpu, 0, x.size, key)
+    written = ops.threshold._cuda_threshold_indices_into(room[:count // 2], gpu, 0, x.size, key)
     assert written == count
     assert bool((room[count // 2:] == -7).all())
     np.testing.assert_array_equal(room[:count // 2].cpu().numpy(),

@@ -145,7 +145,7 @@ def test_threshold_indices_refuses_a_bound_below_the_count(kind: str) -> None:
 
 def test_torch_operations_in_blocks_equal_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """The torch path of a build without CUDA kernels, with blocks smaller than the range."""
-    monkeypatch.setattr(ops, "_TORCH_BLOCK", 1000)
+    monkeypatch.setattr(ops.threshold, "_TORCH_BLOCK", 1000)
     rng = np.random.default_rng(5)
     g = rng.standard_normal(10_500).astype(np.float32)
     r = rng.standard_normal(10_500).astype(np.float32)
@@ -156,15 +156,15 @@ def test_torch_operations_in_blocks_equal_the_kernels(monkeypatch: pytest.Monkey
     want = ops.accumulate_threshold(g.copy(), want_r, 333, 9_876, key,
                                     **window.kernel_arguments())
     tg, tr = torch.from_numpy(g.copy()), torch.from_numpy(r.copy())
-    got = ops._torch_accumulate_threshold(tg, tr, 333, 9_876, key, clear_gradient=True,
+    got = ops.threshold._torch_accumulate_threshold(tg, tr, 333, 9_876, key, clear_gradient=True,
                                           **window.kernel_arguments())
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(tr.numpy(), want_r)
     assert not tg.any()
-    np.testing.assert_array_equal(ops._torch_threshold_indices(tr, 5, 10_400, key).numpy(),
-                                  ops.threshold_indices(want_r, 5, 10_400, key))
-    assert ops._torch_threshold_indices(tr, 7, 7, key).numel() == 0
+    got = ops.threshold._torch_threshold_indices(tr, 5, 10_400, key)
+    np.testing.assert_array_equal(got.numpy(), ops.threshold_indices(want_r, 5, 10_400, key))
+    assert ops.threshold._torch_threshold_indices(tr, 7, 7, key).numel() == 0
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and ops.cuda_built),

@@ -473,9 +473,9 @@ def test_the_fused_pass_and_the_threshold_read_match_numpy(dtype: type, begin: i
             read = ops.threshold_indices(r, begin, end, threshold_key)
         else:
             g, r = torch.from_numpy(g), torch.from_numpy(r)
-            indices, histogram = ops._torch_accumulate_threshold(
+            indices, histogram = ops.threshold._torch_accumulate_threshold(
                 g, r, begin, end, threshold_key, base_key, shift, 41, True)
-            read = ops._torch_threshold_indices(r, begin, end, threshold_key)
+            read = ops.threshold._torch_threshold_indices(r, begin, end, threshold_key)
             g, r, indices, read = g.numpy(), r.numpy(), indices.numpy(), read.numpy()
         np.testing.assert_array_equal(r, acc)
         assert not np.any(g)
@@ -523,7 +523,7 @@ def test_the_fused_pass_histogram_bins_match_numpy(dtype: type, layout: tuple) -
     _, histogram = ops.accumulate_threshold(np.zeros(d, dtype), residual, 0, d, base_key,
                                             base_key, shift, n_bins, False, n_fine, coarse_shift)
     np.testing.assert_array_equal(histogram, want)
-    _, histogram = ops._torch_accumulate_threshold(
+    _, histogram = ops.threshold._torch_accumulate_threshold(
         torch.zeros(d, dtype=torch.float64 if dtype == np.float64 else torch.float32),
         torch.from_numpy(residual.copy()), 0, d, base_key, base_key, shift, n_bins, False,
         n_fine, coarse_shift)

@@ -30,10 +30,16 @@ from gtopk_hvd.backend import TorchBackend
 KERNEL_LAYER = ("gtopk_hvd.ops", "gtopk_hvd._arrays")
 
 
+def in_kernel_layer(module: str) -> bool:
+    """Whether a module is the kernel layer: `gtopk_hvd._arrays`, or `gtopk_hvd.ops` or one of its
+    modules."""
+    return module in KERNEL_LAYER or module.startswith("gtopk_hvd.ops.")
+
+
 def _called_from_kernel_layer() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_globals.get("__name__") in KERNEL_LAYER:
+        if in_kernel_layer(frame.f_globals.get("__name__", "")):
             return True
         frame = frame.f_back
     return False

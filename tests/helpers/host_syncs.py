@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from gtopk_hvd import ops
-from helpers.device_like import KERNEL_LAYER, DeviceLikeTensor
+from helpers.device_like import DeviceLikeTensor, in_kernel_layer
 
 SYNCING = frozenset({"item", "tolist", "nonzero", "argwhere", "masked_select", "unique",
                      "unique_consecutive", "__bool__", "__int__", "__float__", "__index__",
@@ -67,7 +67,7 @@ def _where(kernel_layer_too: bool = False) -> str | None:
     found = None
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if name in KERNEL_LAYER and not kernel_layer_too:
+        if in_kernel_layer(name) and not kernel_layer_too:
             return None
         if found is None and name.startswith("gtopk_hvd"):
             found = f"{name}.{frame.f_code.co_name}:{frame.f_lineno}"

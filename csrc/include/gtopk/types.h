@@ -1,6 +1,6 @@
 // What the kernels and the Python layer must agree on: the index width rule and the type codes
 // of the CUDA entry points. bindings.cpp exports them (_C.INT32_INDEX_LIMIT,
-// _C.int32_indices_fit, _C.ValueType, _C.IndexType); gtopk_hvd/ops.py uses only those.
+// _C.int32_indices_fit, _C.ValueType, _C.IndexType); gtopk_hvd/ops/ uses only those.
 #pragma once
 
 #include <cstdint>
