@@ -348,7 +348,8 @@ stage_tests() {
     fi
     [[ -n $filter ]] && args+=(-k "$filter")
     [[ -n ${GPU_CHECK_TEST_FILES:-} ]] && read -r -a files <<<"$GPU_CHECK_TEST_FILES"
-    "$PY" -m pytest "${args[@]}" "${files[@]}"
+    rm -f "$FIG/test_figures.jsonl"  # what tests measure on the GPU (tests/helpers/figures.py)
+    GTOPK_TEST_FIGURES="$FIG/test_figures.jsonl" "$PY" -m pytest "${args[@]}" "${files[@]}"
 }
 
 export -f stage_machine nccl_home stage_horovod_build stage_build e2e_arguments stage_ddp_e2e \

@@ -5,7 +5,8 @@
 Reads what scripts/gpu_check.sh leaves in WORK_DIR (any of it may be missing: a stage that did
 not run or was cut short): stages.tsv (one line per stage: name, status, exit code, seconds,
 time box, note), machine.json, build.json, e2e.json, step.json, topk.json, select.json,
-horovod.json, logs/*.log. Writes the Markdown report and one JSON with the stages, the target
+horovod.json, test_figures.jsonl (figures the CUDA tests measured: tests/helpers/figures.py),
+logs/*.log. Writes the Markdown report and one JSON with the stages, the target
 rows and every figure. Runs on the standard library alone (no torch), so it can always run,
 and the check script runs it after every stage.
 """
@@ -110,6 +111,19 @@ def tests_summary(work: Path) -> dict | None:
     return counts
 
 
+def test_figures(work: Path) -> list[dict]:
+    """The JSON lines of test_figures.jsonl (a line cut short by a killed test is dropped)."""
+    path = work / "test_figures.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
 def baseline_comparison(e2e: dict, baseline: dict | None) -> list[str]:
     """Markdown rows: each configuration's median step on the baseline's Python and on this
     tree's, measured in one call (the baseline stage), and the change."""
@@ -152,6 +166,7 @@ class Report:
                         ("machine", "build", "e2e", "e2e_baseline", "step", "step_baseline",
                          "topk", "select", "horovod", "profile")}
         self.figures["tests"] = tests_summary(work)
+        self.figures["test_figures"] = test_figures(work)
         self.targets: list[dict] = []
 
     # -- target rows ---------------------------------------------------------------------
@@ -171,6 +186,7 @@ class Report:
         self.step_targets()
         self.topk_targets()
         self.ddp_targets()
+        self.hook_sync_targets()
         self.horovod_target()
 
     def build_target(self) -> None:
@@ -309,6 +325,19 @@ class Report:
         for target in ("ddp_step", "ddp_amp_trains", "host_syncs"):
             if not any(row["target"] == target for row in self.targets):
                 self.missing(target, "ddp_e2e")
+
+    def hook_sync_targets(self) -> None:
+        """The hook's host synchronisations as tests/test_ddp_hook_cuda.py counted them: what
+        torch saw wait on the GPU, each iteration, against the CPU tests' model (its bound)."""
+        for row in self.figures["test_figures"]:
+            if row.get("figure") != "hook_host_syncs":
+                continue
+            seen, model = row.get("torch_on_gpu", []), row.get("cpu_model", [])
+            self.add("host_syncs", f"DDP hook test, 3 buckets, {row.get('scheme')}",
+                     f"torch-visible {seen} per iteration {row.get('iterations')} (CPU model "
+                     f"{model}; iteration {row.get('skipped_iteration')} skipped)",
+                     "<= the CPU model", len(seen) == len(model) and all(
+                         a <= b for a, b in zip(seen, model)))
 
     def horovod_target(self) -> None:
         horovod = self.figures["horovod"]

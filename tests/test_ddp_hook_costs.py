@@ -107,6 +107,27 @@ def test_one_sparse_iteration_reads_the_host_once(one_worker: None, device_like_
     assert state.nonfinite.flags == {}
 
 
+@pytest.mark.parametrize("scheme", ["micro", "exdyna"])
+def test_a_threshold_scheme_iteration_reads_the_host_three_times(
+        one_worker: None, device_like_buckets: None, scheme: str) -> None:
+    """MiCRO and ExDyna read the device twice a step (their histogram, then every worker's
+    count); the hook steps the held buckets in lockstep, so an iteration of three buckets
+    reads three times in all (the flag, then the two phases: `ops.read_to_host`), not
+    1 + 2 per bucket; a skipped iteration reads the flag only."""
+    state = GTopkHookState(compression=getattr(Compression, scheme)(0.02), start_iter=2)
+    parameters = [split(n, 4, torch.float32) for n in SIZES]
+    for step in range(4):
+        run_hook(state, make_buckets(step, parameters, torch.float32))
+    for step in range(4, 7):
+        buckets = make_buckets(step, parameters, torch.float32, bad=step == 5)
+        with count_host_syncs() as outside, count_kernel_host_reads() as kernels:
+            run_hook(state, buckets)
+        reads = {"read_flag": 1} if step == 5 else {"read_flag": 1, "read_to_host": 2}
+        assert outside.total == 0, dict(outside)
+        assert {name: n for (name, _), n in kernels.items()} == reads, dict(kernels)
+        assert state.last_iteration_skipped == (step == 5)
+
+
 def test_a_failed_iteration_leaves_no_flag_behind(one_worker: None) -> None:
     """A NaN in an iteration that then fails (a bucket refused midway) does not skip the
     next one: the held flags are dropped with the held futures."""

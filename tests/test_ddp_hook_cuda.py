@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_ddp import Bucket
+from helpers.device_like import device_like, device_like_cpu
+from helpers.figures import record_figure
+from helpers.host_syncs import count_host_syncs, count_kernel_host_reads, torch_sync_warnings
+from test_ddp import Bucket, run_hook
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
@@ -117,3 +120,66 @@ def test_cuda_buckets_of_a_threshold_scheme_step_in_lockstep_as_the_host(one_wor
     for index, bucket in host_state.buckets.items():
         residual = cuda_state.buckets[index].step.residual
         assert residual.cpu().numpy().tobytes() == bucket.step.residual.tobytes()
+
+
+SYNC_SCHEMES = {
+    "gtopk": lambda: Compression.gtopk(0.02),
+    "gtopk-momentum": lambda: Compression.gtopk(0.02, momentum_correction=True),
+    "topk": lambda: Compression.topk(0.02),
+    "gtopk-exact": lambda: Compression.gtopk(0.02, exact=True),
+    "micro": lambda: Compression.micro(0.02),
+    "exdyna": lambda: Compression.exdyna(0.02),
+    "sketch": lambda: Compression.sketch(0.02),
+}
+COUNTED = range(4, 7)  # sparse iterations, the NaN at 5
+
+
+def syncs_per_iteration(scheme: str, device_like_model: bool) -> list[int]:
+    """The host synchronisations of each COUNTED iteration of the hook over SIZES' buckets:
+    on the GPU, those torch reports; on DeviceLikeTensors (the model the CPU tests hold the
+    code to: tests/helpers/host_syncs.py), those made outside the kernel layer plus the
+    kernel layer's host reads. Both decide the skip where a CUDA state does (the device)."""
+    state = GTopkHookState(compression=SYNC_SCHEMES[scheme](), start_iter=2,
+                           skip_on_device=True)
+    device = "cpu" if device_like_model else "cuda"
+    parameters = [[torch.zeros(n, device=device)] for n in SIZES]
+    counts = []
+    for step in range(max(COUNTED) + 1):
+        buckets = []
+        for i, values in enumerate(gradients(step)):
+            buffer = torch.from_numpy(values).to(device)
+            buckets.append(Bucket(i, parameters[i],
+                                  device_like(buffer) if device_like_model else buffer,
+                                  last=i == len(SIZES) - 1))
+        if step not in COUNTED:
+            run_hook(state, buckets)
+        elif device_like_model:
+            with count_host_syncs() as outside, count_kernel_host_reads() as kernels:
+                run_hook(state, buckets)
+            counts.append(outside.total + kernels.total)
+        else:
+            with torch_sync_warnings() as seen:
+                run_hook(state, buckets)
+            counts.append(len(seen))
+    # read after the loop (a read is a wait): the flag of step 5 reached the host in step 6
+    assert not state.last_iteration_skipped, state.iter
+    return counts
+
+
+@pytest.mark.parametrize("scheme", list(SYNC_SCHEMES))
+def test_host_synchronisations_per_iteration_within_the_cpu_model(
+        one_worker: None, monkeypatch: pytest.MonkeyPatch, scheme: str) -> None:
+    """What torch sees wait on the GPU in one iteration of the hook (three buckets, P = 1 on
+    NCCL) is at most what the CPU tests count for the same iteration on DeviceLikeTensors
+    (tests/test_ddp_hook_costs.py, tests/test_lockstep.py): a wait that only a real device
+    makes (a host tensor indexing a device one, a pageable copy) fails here. The counts go to
+    the GPU check's report (helpers/figures.py)."""
+    on_gpu = syncs_per_iteration(scheme, device_like_model=False)
+    from gtopk_hvd.torch import ddp
+
+    monkeypatch.setattr(ddp, "_step_device", lambda device: device)
+    with device_like_cpu():
+        model = syncs_per_iteration(scheme, device_like_model=True)
+    record_figure("hook_host_syncs", scheme=scheme, iterations=list(COUNTED),
+                  skipped_iteration=5, torch_on_gpu=on_gpu, cpu_model=model)
+    assert all(seen <= bound for seen, bound in zip(on_gpu, model)), (on_gpu, model)

@@ -51,6 +51,10 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Path:
                "--json", str(work / "profile.json"))
     run_script(str(SCRIPTS / "gpu_machine.py"), "build", str(work / "build.json"))
     (work / "logs" / "tests.log").write_text("....\n4 passed, 1 skipped in 3.2s\n")
+    (work / "test_figures.jsonl").write_text(
+        json.dumps({"figure": "hook_host_syncs", "scheme": "micro", "iterations": [4, 5, 6],
+                    "skipped_iteration": 5, "torch_on_gpu": [2, 0, 2],
+                    "cpu_model": [3, 1, 3]}) + "\n" + '{"figure": "hook_host_sy')  # cut short
     (work / "stages.tsv").write_text(
         "machine\tskipped\t99\t0\t30\tnot in this test\n"
         "ddp_e2e\tok\t0\t10\t200\t\n"
@@ -109,6 +113,7 @@ def test_the_report_has_every_stage_and_target(figures: Path, tmp_path: Path) ->
         assert any(row["target"] == target for row in report["targets"]), target
     verdicts = {(row["target"], row["figure"]): row["met"] for row in report["targets"]}
     assert verdicts["tests", "pytest"] is True
+    assert verdicts["host_syncs", "DDP hook test, 3 buckets, micro"] is True
     assert verdicts["build", "ops.cuda_built"] is not None
     assert any(t == "ddp_step" and met is not None for (t, _), met in verdicts.items())
     assert any(t == "step_vs_fused" and met is not None for (t, _), met in verdicts.items())

@@ -15,8 +15,11 @@ makes the same call). The kernel layer's own synchronisations
 (a count its CUDA side brings back) are not seen by `count_host_syncs`: the GPU check counts
 those (scripts/gpu_e2e.py --syncs). `count_kernel_host_reads` counts them by the contract's
 shape instead: a public `gtopk_hvd.ops` function called (not from inside the kernel layer) with
-a DeviceLikeTensor that returns a host value (a Python bool, int or float, a numpy array or
-scalar, or a tuple holding one) must have brought it from the device, so it waited.
+a tensor (or a list of tensors) that returns a host value (a Python bool, int or float, a numpy
+array or scalar, or a tuple holding one) must have brought it from the device, so it waited.
+On a GPU, `torch_sync_warnings` lists what torch itself sees; the sum of the two counts above
+must bound it (tests/test_ddp_hook_cuda.py checks that, scheme by scheme, so that a wait this
+model misses shows up on the next GPU).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,6 +134,24 @@ DeviceLikeTensor.cpu = _counted_cpu
 
 
 @contextmanager
+def torch_sync_warnings() -> Iterator[list[str]]:
+    """On a GPU, while open: the first line of each host synchronisation that torch itself
+    reports (`torch.cuda.set_sync_debug_mode("warn")`: a value read on the host, `.cpu()`, an
+    operation whose output size depends on the data, a stream's `synchronize()`, a blocking
+    copy). Waits made inside gtopk_hvd's extension are not torch's and are not seen."""
+    lines: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield lines
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    lines.extend(str(w.message).splitlines()[0] for w in caught
+                 if "synchroniz" in str(w.message).lower())
+
+
+@contextmanager
 def count_host_syncs() -> Iterator[HostSyncs]:
     """While open, the host synchronisations made outside the kernel layer on DeviceLikeTensors
     (module docstring), by (operation, where); this thread's calls only."""
@@ -147,8 +169,18 @@ def _host_value(result: Any) -> bool:
     return isinstance(result, (bool, int, float, np.ndarray, np.generic))
 
 
-def _device_like_argument(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(a, DeviceLikeTensor) for a in (*args, *kwargs.values()))
+def _holds_a_tensor(value: Any) -> bool:
+    """A tensor, or a list or tuple holding one (read_to_host's). Any tensor: in the kernel
+    layer's CPU branches a tensor made from a device state's values (e.g. a histogram made
+    with numpy, then `torch.from_numpy(...).to(device)`) is a plain tensor, where on a GPU it
+    lies on the device."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_a_tensor(item) for item in value)
+    return isinstance(value, torch.Tensor)
+
+
+def _tensor_argument(args: tuple, kwargs: dict) -> bool:
+    return _holds_a_tensor((*args, *kwargs.values()))
 
 
 @contextmanager
@@ -169,7 +201,7 @@ def count_kernel_host_reads() -> Iterator[HostSyncs]:
                 result = function(*args, **kwargs)
             finally:
                 depth.n -= 1
-            if outer and _device_like_argument(args, kwargs) and _host_value(result):
+            if outer and _tensor_argument(args, kwargs) and _host_value(result):
                 counter[(name, "gtopk_hvd.ops")] += 1
             return result
         return wrapper
