@@ -8,7 +8,7 @@
     trainer = Trainer(strategy=DDPStrategy(ddp_comm_state=state, ddp_comm_hook=gtopk_hook),
                       callbacks=[GTopkHookCallback(state)], ...)
 
-The callback does two things Lightning does not:
+The callback does three things Lightning does not:
 
 - Registration on every device. Lightning's `DDPStrategy` registers `ddp_comm_hook` only when
   the model is on a CUDA device, and otherwise trains with DDP's dense all-reduce without a
@@ -23,6 +23,14 @@ The callback does two things Lightning does not:
   not have loads rank 0's without residuals (`GTopkHookState.load_state_dict`'s
   `keep_residuals=False`), so a job resumed on another number of workers runs the same
   collectives on every worker.
+- A skipped iteration is not applied. With nonfinite="propagate" an iteration in which some
+  worker's gradient held a NaN/Inf comes back all NaN on every worker. A GradScaler
+  (`precision="16-mixed"`) then skips the step; without one (`"bf16-mixed"`, `"32-true"`)
+  nothing would, so before the optimizer's step the callback sets the gradients of that
+  optimizer's parameters to None when the hook skipped the iteration: torch's optimizers pass
+  over a parameter without a gradient, so no weight, moment or step count changes, on every
+  worker alike. This reads the skip on the host once an iteration (a wait for the device after
+  backward), as gtopk_hvd.torch.DistributedOptimizer's step does.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Any
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 
 from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
 
@@ -60,6 +69,17 @@ class GTopkHookCallback(Callback):
             raise RuntimeError("the DDP strategy registered another communication hook or "
                                "state than GTopkHookCallback's: give DDPStrategy "
                                "ddp_comm_hook=gtopk_hook and this callback's state, or neither")
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule,
+                                 optimizer: Optimizer) -> None:
+        """A skipped iteration's step changes nothing where no scaler skips it (module
+        docstring)."""
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        if self.state.last_iteration_skipped:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule,
                            checkpoint: dict[str, Any]) -> None:
