@@ -161,7 +161,7 @@ def syncs_per_iteration(scheme: str, device_like_model: bool) -> list[int]:
             with torch_sync_warnings() as seen:
                 run_hook(state, buckets)
             counts.append(len(seen))
-    # read after the loop (a read is a wait): the flag of step 5 reached the host in step 6
+    # read after the loop, outside every count (reading the skip is a wait)
     assert not state.last_iteration_skipped, state.iter
     return counts
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_ddp import Bucket, run_hook
-from test_ddp_hook_costs import one_worker  # noqa: F401, F811 (fixture)
+from test_ddp_hook_costs import one_worker  # noqa: F401 (fixture)
 
 from gtopk_hvd.torch.ddp import GTopkHookState
 
@@ -32,9 +32,9 @@ def iteration(state: GTopkHookState, model: torch.nn.Linear, step: int, bad: boo
         offset += p.numel()
 
 
+@pytest.mark.usefixtures("one_worker")
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
-def test_a_skipped_iteration_is_not_applied_without_a_scaler(one_worker: None,  # noqa: F811
-                                                             precision: str) -> None:
+def test_a_skipped_iteration_is_not_applied_without_a_scaler(precision: str) -> None:
     trainer = Trainer(accelerator="cpu", devices=1, precision=precision, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False)
     assert getattr(trainer.precision_plugin, "scaler", None) is None
@@ -59,7 +59,8 @@ def test_a_skipped_iteration_is_not_applied_without_a_scaler(one_worker: None,  
             assert not any(torch.equal(a, b) for a, b in zip(before, after))
 
 
-def test_with_a_scaler_the_step_is_left_to_it(one_worker: None) -> None:  # noqa: F811
+@pytest.mark.usefixtures("one_worker")
+def test_with_a_scaler_the_step_is_left_to_it() -> None:
     """The gradients stay (all NaN): GradScaler's unscale_ found them and its step skips."""
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False)

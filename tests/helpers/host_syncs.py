@@ -179,9 +179,6 @@ def _holds_a_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _tensor_argument(args: tuple, kwargs: dict) -> bool:
-    return _holds_a_tensor((*args, *kwargs.values()))
-
 
 @contextmanager
 def count_kernel_host_reads() -> Iterator[HostSyncs]:
@@ -201,7 +198,7 @@ def count_kernel_host_reads() -> Iterator[HostSyncs]:
                 result = function(*args, **kwargs)
             finally:
                 depth.n -= 1
-            if outer and _tensor_argument(args, kwargs) and _host_value(result):
+            if outer and _holds_a_tensor((*args, *kwargs.values())) and _host_value(result):
                 counter[(name, "gtopk_hvd.ops")] += 1
             return result
         return wrapper
