@@ -12,7 +12,9 @@ none: Lightning's DDP without a hook. A checkpoint is written at the end of ever
 (`epoch=N.ckpt`, N from 0). Every worker prints at the end its hook's iterations (HOOK_ITERS)
 and a checksum of its weights (CHECKSUM); rank 0 the test accuracy (TEST_ACCURACY).
 --drop-hook-state resumes without the saved hook states (every residual zero), to show what
-they carry.
+they carry. `--optimizer adamw --freeze-variance-after N` is AdamW with the frozen second moment
+(the callback gives the state Lightning's optimizer and its gradient_clip_val, --clip, as each
+worker's clip in the sparse phase); `--precision bf16-mixed` Lightning's bf16 autocast.
 """
 
 from __future__ import annotations
@@ -46,15 +48,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoints", type=Path, default=None,
                         help="write epoch=N.ckpt here at the end of every epoch")
     parser.add_argument("--resume", type=Path, default=None, help="a checkpoint to go on from")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum 0.9, or AdamW (weight decay 0.01)")
+    parser.add_argument("--freeze-variance-after", type=int, default=None, metavar="N",
+                        help="--optimizer adamw: N dense steps, then Adam's second moment "
+                             "frozen and the preconditioned gradient reduced (the state's "
+                             "freeze_variance_after)")
+    parser.add_argument("--precision", default="32-true", help="Lightning's, e.g. bf16-mixed")
+    parser.add_argument("--clip", type=float, default=None,
+                        help="Lightning's gradient_clip_val (by norm)")
     parser.add_argument("--drop-hook-state", action="store_true",
                         help="resume without the saved hook states (zero residuals)")
     return parser.parse_args()
 
 
 class DigitsMLP(pl.LightningModule):
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, optimizer: str = "sgd") -> None:
         super().__init__()
-        self.lr = lr
+        self.lr, self.optimizer_name = lr, optimizer
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(),
                                  nn.Linear(128, 10))
 
@@ -66,6 +77,8 @@ class DigitsMLP(pl.LightningModule):
         return nn.functional.cross_entropy(self(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.optimizer_name == "adamw":
+            return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
@@ -86,7 +99,7 @@ def main() -> None:
     x_train, y_train, x_test, y_test = digits_common.load_digits_split((64,))
     train = DataLoader(TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)),
                        batch_size=args.batch_size, shuffle=True)
-    model = DigitsMLP(args.lr)
+    model = DigitsMLP(args.lr, args.optimizer)
     callbacks: list[pl.Callback] = []
     if args.checkpoints is not None:
         callbacks.append(ModelCheckpoint(dirpath=args.checkpoints, filename="{epoch}",
@@ -95,13 +108,15 @@ def main() -> None:
     if args.compression == "none":
         strategy = DDPStrategy(process_group_backend="gloo")
     else:
-        state = GTopkHookState(compression=getattr(Compression, args.compression)(args.density))
+        state = GTopkHookState(compression=getattr(Compression, args.compression)(args.density),
+                               freeze_variance_after=args.freeze_variance_after)
         strategy = DDPStrategy(ddp_comm_state=state, ddp_comm_hook=gtopk_hook,
                                process_group_backend="gloo")
         callbacks.append((ZeroResidualsOnResume if args.drop_hook_state
                           else GTopkHookCallback)(state))
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy,
                          max_epochs=args.epochs, callbacks=callbacks, logger=False,
+                         precision=args.precision, gradient_clip_val=args.clip,
                          enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=args.checkpoints is not None)
     trainer.fit(model, train, ckpt_path=args.resume)
@@ -111,7 +126,8 @@ def main() -> None:
         accuracy = (model(torch.from_numpy(x_test)).argmax(1) == torch.from_numpy(y_test))
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
     if state is not None:
-        print(f"HOOK_ITERS rank={rank} {state.iter}", flush=True)
+        print(f"HOOK_ITERS rank={rank} {state.iter} preconditioned={state.preconditioned}",
+              flush=True)
     print(f"CHECKSUM rank={rank} {digest.hexdigest()}", flush=True)
     if rank == 0:
         print(f"TEST_ACCURACY {accuracy.float().mean().item():.4f}", flush=True)

@@ -31,10 +31,9 @@ import sys
 import time
 from functools import partial
 from types import ModuleType
-from typing import Optional
+from typing import Any, Optional
 
 import digits_common
-import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -44,7 +43,19 @@ from step_timing import StepTimer, timed_step
 from torch import nn
 from tqdm import tqdm
 
-import gtopk_hvd.torch as gtopk  # before hvd.init(): under mpirun it loads MPI first
+# horovod.torch and gtopk_hvd.torch, imported by `train` (examples/ddp_transformer.py uses this
+# module's corpus, windows and evaluation without Horovod).
+hvd: Any = None
+gtopk: Any = None
+
+
+def import_horovod() -> None:
+    """Imports Horovod and gtopk_hvd.torch (before hvd.init(): under mpirun it loads MPI)."""
+    global hvd, gtopk
+    import horovod.torch as horovod_torch
+
+    import gtopk_hvd.torch as gtopk_torch
+    hvd, gtopk = horovod_torch, gtopk_torch
 
 EVAL_BATCH = 10
 
@@ -137,6 +148,15 @@ def batchify(tokens: np.ndarray, batch: int) -> torch.Tensor:
     return torch.from_numpy(tokens[:rows * batch].astype(np.int64)).view(batch, rows).t()
 
 
+def run_length(args: argparse.Namespace, steps_per_epoch: int) -> tuple[int, int]:
+    """(steps of the run, steps between validations): --epochs epochs, at most --max-steps,
+    a validation every --eval-every steps (0: once per epoch)."""
+    total_steps = args.epochs * steps_per_epoch
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
+    return total_steps, args.eval_every or steps_per_epoch
+
+
 def worker_shard(tokens: np.ndarray, rank: int, workers: int) -> np.ndarray:
     """This worker's contiguous 1/P of the tokens."""
     bounds = np.linspace(0, len(tokens), workers + 1).astype(int)
@@ -216,6 +236,7 @@ def train(args: argparse.Namespace, recipe: ModuleType) -> None:
     optimizer and the learning rate come from `recipe` (a module with build_model,
     build_optimizer and learning_rate); a model takes (tokens, state) and returns (logits,
     state), its `initial_hidden(batch)` the state carried between windows."""
+    import_horovod()
     hvd.init()
     torch.set_num_threads(1)
     rank, workers = hvd.rank(), hvd.size()
@@ -223,10 +244,7 @@ def train(args: argparse.Namespace, recipe: ModuleType) -> None:
     corpus = load_corpus(args.vocab_size)
     data = batchify(worker_shard(corpus.train, rank, workers), args.batch_size)
     steps_per_epoch = (data.size(0) - 1) // args.bptt
-    total_steps = args.epochs * steps_per_epoch
-    if args.max_steps:
-        total_steps = min(total_steps, args.max_steps)
-    eval_every = args.eval_every or steps_per_epoch
+    total_steps, eval_every = run_length(args, steps_per_epoch)
 
     torch.manual_seed(args.seed)
     model = recipe.build_model(args, len(corpus.vocab))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import pytorch_lm
 import torch
@@ -113,8 +113,13 @@ class GPTDecoder(nn.Module):
         return ()
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: Optional[list[str]] = None,
+               more: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+               description: str = __doc__.splitlines()[0]) -> argparse.Namespace:
+    """This example's arguments, and those `more` adds (examples/ddp_transformer.py's)."""
+    parser = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(parser)
     pytorch_lm.add_scheme_arguments(parser, density=0.01)
     parser.add_argument("--size", type=int, default=192, help="embedding and model width")
     parser.add_argument("--layers", type=int, default=4)

@@ -136,10 +136,7 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
     shards = [pytorch_lm.batchify(pytorch_lm.worker_shard(corpus.train, rank, workers),
                                   args.batch_size) for rank in range(workers)]
     steps_per_epoch = min((shard.size(0) - 1) // args.bptt for shard in shards)
-    total_steps = args.epochs * steps_per_epoch
-    if args.max_steps:
-        total_steps = min(total_steps, args.max_steps)
-    eval_every = args.eval_every or steps_per_epoch
+    total_steps, eval_every = pytorch_lm.run_length(args, steps_per_epoch)
 
     torch.manual_seed(args.seed)
     model = recipe.build_model(args, len(corpus.vocab))

@@ -42,7 +42,7 @@ def test_the_hook_trains_under_lightning_and_resumes_from_its_checkpoint(
     full = run("--epochs", str(EPOCHS), "--checkpoints", str(tmp_path))
     sums = checksums(full)
     assert len(set(sums.values())) == 1, sums
-    steps = [int(n) for n in re.findall(r"HOOK_ITERS rank=\d (\d+)", full)]
+    steps = [int(n) for n in re.findall(r"HOOK_ITERS rank=\d (\d+) ", full)]
     assert len(steps) == 2 and steps[0] == steps[1] == EPOCHS * 23, steps  # 719 / 32 per worker
     accuracy = float(re.search(r"TEST_ACCURACY ([\d.]+)", full).group(1))
     assert accuracy >= margins.floor("lightning"), full[-3000:]
@@ -58,3 +58,22 @@ def test_the_hook_trains_under_lightning_and_resumes_from_its_checkpoint(
     assert checksums(resumed) == sums
     zeroed = run("--epochs", str(EPOCHS), "--resume", str(first), "--drop-hook-state")
     assert checksums(zeroed)[0] != sums[0]
+
+
+@pytest.mark.mpi
+def test_adamw_with_the_frozen_variance_in_bf16_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """AdamW with freeze_variance_after through the callback (the optimizer attached from
+    Lightning, the frozen rule's step taken after the closure's backward, Lightning's clip as
+    each worker's clip after the freeze), bf16 autocast: the sparse phase is reached, the
+    replicas agree, and a resume from the first epoch's checkpoint (in the sparse phase) ends
+    bitwise where the run that went on did."""
+    common = ("--epochs", "3", "--optimizer", "adamw", "--lr", "0.003",
+              "--freeze-variance-after", "10", "--precision", "bf16-mixed", "--clip", "1.0")
+    full = run(*common, "--checkpoints", str(tmp_path))
+    sums = checksums(full)
+    assert len(set(sums.values())) == 1, sums
+    assert re.findall(r"HOOK_ITERS rank=\d \d+ preconditioned=(\w+)", full) == ["True"] * 2
+    accuracy = float(re.search(r"TEST_ACCURACY ([\d.]+)", full).group(1))
+    assert accuracy >= 0.8, full[-3000:]  # 10 classes: chance is 0.1
+    resumed = run(*common, "--resume", str(tmp_path / "epoch=0.ckpt"))
+    assert checksums(resumed) == sums

@@ -130,6 +130,13 @@ class BucketRemap:
         return {int(index): [pieces[c][q] for c, q in record["places"][index]]
                 for index in sorted(record["places"])}
 
+    def parameters(self) -> dict[int, list[torch.Tensor]]:
+        """Like `gradients`: each saved bucket's parameters, in its order."""
+        record = self.saved_record
+        held = [list(b.parameters()) for b, _, _ in self.held]
+        return {int(index): [held[c][q] for c, q in record["places"][index]]
+                for index in sorted(record["places"])}
+
     def release(self, error: BaseException | None = None) -> None:
         """Completes every held future with its bucket's buffer, or fails it with `error`;
         holds nothing after."""

@@ -80,6 +80,7 @@ group left to the interpreter's exit can abort a finished program.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any, NamedTuple
@@ -95,6 +96,7 @@ from gtopk_hvd.lockstep import Phases, drive, run_in_lockstep
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
+from gtopk_hvd.torch.hook_optimizer import HookOptimizer
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
 from gtopk_hvd.transports.base import check_same_workers
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport, end_process_group
@@ -132,7 +134,12 @@ class GTopkHookState:
     the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device; the
     sketch on tensors), True
     on any device where the steps keep torch state and the scheme can (the same results; CPU
-    buckets keep numpy state, so there it changes nothing), False never.
+    buckets keep numpy state, so there it changes nothing), False never. optimizer: the
+    optimizer the updates go to (or a client's wrapper of it; also `attach_optimizer`): a
+    skipped iteration is then not applied. freeze_variance_after=N (Adam or AdamW, N >=
+    start_iter): N dense steps, then Adam's second moment frozen and the preconditioned
+    gradient reduced, the optimizer's step taken over by the rule; max_grad_norm: each worker's
+    clip of its own gradient in that sparse phase (`gtopk_hvd.torch.hook_optimizer`).
 
     Fields (public; set process_group and transport before the first iteration):
 
@@ -164,6 +171,9 @@ class GTopkHookState:
     active_transport  the Transport resolved from `transport` at the first hook call
                     (`get_transport`), None before
     last_stats      (property) each bucket's last sparse step
+    optimizer_link  `HookOptimizer`: the optimizer attached, freeze_variance_after's rule and
+                    clip, the step hooks
+    preconditioned  (property) whether this iteration reduces the preconditioned gradient
 
     Pickling (`__getstate__`) and `state_dict()` keep compression, iter, start_iter, the
     buckets' residuals, velocities and step counts and the remap's record; the rest lives in
@@ -171,14 +181,17 @@ class GTopkHookState:
     """
 
     __slots__ = ("_iter", "_last_skipped", "_unresolved", "active_transport", "buckets",
-                 "compression", "nonfinite", "pending", "process_group", "remap",
-                 "restored_buckets", "restored_indices", "seen_buckets", "skip_on_device",
-                 "start_iter", "transport")
+                 "compression", "model_parameters", "nonfinite", "optimizer_link", "pending",
+                 "process_group",
+                 "remap", "restored_buckets", "restored_indices", "seen_buckets",
+                 "skip_on_device", "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
                  start_iter: int = 2, transport: Transport | str | None = None,
-                 skip_on_device: bool | None = None, **options: Any) -> None:
+                 skip_on_device: bool | None = None, optimizer: Any = None,
+                 freeze_variance_after: int | None = None, max_grad_norm: float | None = None,
+                 **options: Any) -> None:
         if compression is None:
             compression = sparse_config(reduction or "gtopk",
                                         0.01 if density is None else density,
@@ -209,6 +222,10 @@ class GTopkHookState:
         self.transport = transport
         self.compression = compression
         self.start_iter = start_iter
+        self.optimizer_link = _optimizer_link(compression, freeze_variance_after, max_grad_norm,
+                                              start_iter)
+        if optimizer is not None:
+            self.attach_optimizer(optimizer)
         self._iter = 0
         self.reset_process_state()
         if isinstance(transport, Transport) and dist.is_available() and dist.is_initialized():
@@ -226,6 +243,7 @@ class GTopkHookState:
         self.restored_buckets: dict[int, dict] = {}
         self.restored_indices: set[int] = set()
         self.remap = BucketRemap()
+        self.model_parameters: set[int] | None = None  # id() of the model's, in this process
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
         self.nonfinite = NonfiniteFlags()
 
@@ -255,10 +273,24 @@ class GTopkHookState:
             self._iter -= int(self._last_skipped)
 
     def in_dense_start(self) -> bool:
-        """Whether this iteration is one of the first start_iter (DDP's all-reduce). Needs no
-        flag read: an iteration skipped on the device was a sparse one, so taking it back
-        cannot bring iter below start_iter."""
-        return self._iter < self.start_iter
+        """Whether this iteration is one of the first start_iter (DDP's all-reduce), or of
+        freeze_variance_after's dense start (the optimizer's steps). Needs no flag read: an
+        iteration skipped on the device was a sparse one, so taking it back cannot bring iter
+        below start_iter."""
+        return self._iter < self.start_iter or self.optimizer_link.dense
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """The optimizer the hook's updates go to (or a client's wrapper of it), before the
+        first backward: a skipped iteration is then not applied, and freeze_variance_after's
+        rule takes over its step (`gtopk_hvd.torch.hook_optimizer`)."""
+        self.optimizer_link.attach(optimizer)
+
+    @property
+    def preconditioned(self) -> bool:
+        """Whether this iteration reduces Adam's preconditioned gradient
+        (freeze_variance_after's sparse phase): then do not clip after backward (the
+        gradients are the reduced update; `max_grad_norm` clips each worker's own)."""
+        return self.optimizer_link.preconditioned
 
     def end_iteration(self, skipped: bool | DeviceSkip) -> None:
         """Counts the iteration whose last bucket has just been stepped: in iter unless it was
@@ -271,6 +303,26 @@ class GTopkHookState:
         else:
             self._iter += int(not skipped)
             self._last_skipped = bool(skipped)
+
+    def check_same_model(self, bucket: Any, layout: Layout) -> None:
+        """Raises if the bucket holds a parameter that this process's first iteration did not
+        (the state registered on a second DDP model): one state serves one model."""
+        ids = [id(p) for p in bucket.parameters()]
+        if self.model_parameters is None:
+            self.model_parameters = set()
+        if not self.remap.first_iteration_done:
+            self.model_parameters.update(ids)
+            return
+        if self.model_parameters.issuperset(ids):
+            return
+        index = bucket.index()
+        known = self.buckets[index].layout if index in self.buckets else layout
+        change = (f"DDP bucket {index} changed from {_describe(known)} to {_describe(layout)} "
+                  "and holds" if known != layout else f"DDP bucket {index} holds")
+        raise RuntimeError(
+            f"gtopk_hook: {change} parameters that this state's first model did not: this "
+            "GTopkHookState is registered on a second DDP model; make one GTopkHookState per "
+            "DDP model (each keeps its own residuals)")
 
     def fail_held(self, error: BaseException) -> None:
         """Fails every bucket future the hook holds (this iteration's, and a restored state's
@@ -299,7 +351,8 @@ class GTopkHookState:
                               **{key: torch.from_numpy(value) if hasattr(value, "dtype")
                                  else value for key, value in saved.items()}}
         return {"iter": self.iter, "start_iter": self.start_iter, "buckets": buckets,
-                "construction": self.remap.record(restoring=bool(self.restored_buckets))}
+                "construction": self.remap.record(restoring=bool(self.restored_buckets)),
+                "compression_fields": _fields(self.compression)}
 
     def load_state_dict(self, state: dict, *, keep_residuals: bool = True) -> None:
         """Restores what state_dict() returned (the compression must be the saved one's); what
@@ -312,6 +365,16 @@ class GTopkHookState:
         every worker issues the same collectives. A bucket saved with another number of workers
         keeps its residual, velocity and step count; its scheme's own state (MiCRO's partition
         and threshold, ExDyna's boundaries) was for the old P and starts again."""
+        saved = state.get("compression_fields")
+        if saved is not None and saved != _fields(self.compression):
+            mine = _fields(self.compression)
+            differ = ", ".join(f"{name}={saved.get(name)!r} (this state: {mine.get(name)!r})"
+                               for name in sorted(set(saved) | set(mine))
+                               if saved.get(name) != mine.get(name))
+            raise ValueError(
+                f"gtopk_hook: the saved state was made with another compression: {differ}. "
+                "Build the GTopkHookState with the saved configuration (its residuals, "
+                "velocities and scheme state are that configuration's) before loading it")
         self.reset_process_state()
         self.iter = int(state["iter"])
         self.start_iter = int(state["start_iter"])
@@ -332,12 +395,15 @@ class GTopkHookState:
         the remap's bookkeeping and the resolved transport are rebuilt in the loading process.
         """
         dropped = [name for name, value in (("process_group", self.process_group),
-                                            ("transport", self.transport))
+                                            ("transport", self.transport),
+                                            ("optimizer", self.optimizer_link.optimizer))
                    if value is not None and not isinstance(value, str)]
         if dropped:
             logger.warning("NOTE: GTopkHookState's %s cannot be pickled and is excluded from "
                            "the saved state", " and ".join(dropped))
+        link = self.optimizer_link
         return {"compression": self.compression, "skip_on_device": self.skip_on_device,
+                "freeze_variance_after": link.after, "max_grad_norm": link.max_grad_norm,
                 "transport": self.transport if isinstance(self.transport, str) else None,
                 **self.state_dict(), "dropped": dropped}
 
@@ -350,6 +416,10 @@ class GTopkHookState:
         self.skip_on_device = state.get("skip_on_device")
         self.transport = state.get("transport")
         self.compression = state["compression"]
+        self.optimizer_link = _optimizer_link(self.compression,
+                                              state.get("freeze_variance_after"),
+                                              state.get("max_grad_norm"),
+                                              int(state["start_iter"]))
         self.load_state_dict(state)
         if state.get("dropped"):
             logger.warning("NOTE: GTopkHookState's %s was not saved: None after loading (the "
@@ -493,6 +563,17 @@ def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
     """DDP communication hook: the bucket's gradient becomes the sparse update averaged over
     the workers (module docstring); plain all-reduce for the first state.start_iter
     iterations. If it raises, every future it held fails with the error first."""
+    if not isinstance(state, GTopkHookState):
+        raise TypeError(
+            f"gtopk_hook's state must be a GTopkHookState, got {type(state).__name__}: "
+            "model.register_comm_hook(GTopkHookState(compression=...), gtopk_hook)"
+            + (" (the compression goes into the state)"
+               if isinstance(state, SparseCompression) else ""))
+    if isinstance(bucket, tuple):
+        raise NotImplementedError(
+            "gtopk_hook: DDP called the hook with one parameter's gradient, not a bucket "
+            "(torch._dynamo.config.optimize_ddp = \"python_reducer\" with compiled autograd); "
+            "the hook keeps a residual per DDP bucket: compile with the default optimize_ddp")
     try:
         return _hook(state, bucket)
     except BaseException as error:
@@ -505,6 +586,9 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
     buffer = bucket.buffer()
     layout = _layout(bucket)
     state.get_transport()  # resolved and checked at the first call
+    link = state.optimizer_link
+    link.check_ready()
+    state.check_same_model(bucket, layout)
     remap = state.remap
     first_iteration_here = not remap.first_iteration_done
     remap.observe(bucket, layout)
@@ -513,7 +597,8 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
         state.note_final_bucket(bucket, layout)
     skipped: bool | DeviceSkip = False  # the iteration's decision, once its last bucket is in
     if dense:
-        future = _allreduce_average(state.process_group, buffer)
+        future = _allreduce_average(state.process_group, buffer,
+                                    divide_after=link.rule is not None)
     elif remap.applies(bucket.index(), layout, state.restored_buckets):
         future = _future(buffer)
         remap.hold(bucket, buffer, future)
@@ -523,15 +608,19 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
         raise RuntimeError(f"gtopk_hook: DDP bucket {bucket.index()} of the first iteration is "
                            "not one of the construction-time buckets the restored state "
                            "recorded")
-    elif state.compression.nonfinite == "propagate":
-        future, skipped = _hold_for_check(state, state.sparse_step_for(bucket, layout), buffer,
-                                          bucket.is_last())
     else:
-        drive(_step_in_place(state.sparse_step_for(bucket, layout), buffer))
-        future = _done(buffer)
+        sparse = state.sparse_step_for(bucket, layout)
+        if link.preconditioned:
+            link.arrive(buffer, list(bucket.parameters()), bucket.index())
+        if state.compression.nonfinite == "propagate":
+            future, skipped = _hold_for_check(state, sparse, buffer, bucket.is_last())
+        else:
+            drive(_step_in_place(sparse, buffer))
+            future = _done(buffer)
     if bucket.is_last():
         state.end_iteration(skipped)  # a skipped iteration does not count (module docstring)
         remap.end_iteration()
+        link.end_iteration(not dense, lambda: state.last_iteration_skipped)
     return future
 
 
@@ -553,6 +642,7 @@ def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Ten
     state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
         return future, False
+    state.optimizer_link.clip_([held_buffer for _, held_buffer, _ in state.pending])
     skipped = state.step_together([(held, held_buffer) for held, held_buffer, _ in
                                    state.pending], checked=True)
     pending, state.pending = state.pending, []
@@ -567,11 +657,17 @@ def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
     (`BucketRemap`), run together; then every held future completes. Returns whether the
     iteration was skipped (`step_together`)."""
     steps = []
+    link = state.optimizer_link
+    parameters = state.remap.parameters()
     for index, views in state.remap.gradients().items():
         saved = state.restored_buckets.pop(index)
         sparse = state.new_sparse_step(index, _layout_of_saved(saved), list(saved["sizes"]),
                                        views[0].device, saved)
-        steps.append((sparse, gather(views), views))
+        flat = gather(views)
+        if link.preconditioned:
+            link.arrive(flat, parameters[index], index)
+        steps.append((sparse, flat, views))
+    link.clip_([flat for _, flat, _ in steps])
     skipped = state.step_together([(sparse, flat) for sparse, flat, _ in steps])
     for _, flat, views in steps:
         scatter(flat, views)
@@ -613,11 +709,30 @@ def _in_own_buffer(buffer: torch.Tensor) -> bool:
     return buffer.dtype == torch.float32 and buffer.is_contiguous()
 
 
-def _allreduce_average(process_group: Any, buffer: torch.Tensor) -> torch.futures.Future:
-    """DDP's default: the bucket averaged over the workers by one all-reduce."""
-    buffer.div_(dist.get_world_size(process_group))
+def _allreduce_average(process_group: Any, buffer: torch.Tensor,
+                       divide_after: bool = False) -> torch.futures.Future:
+    """DDP's default: the bucket averaged over the workers by one all-reduce, divided by P
+    before it (DDP's order) or, divide_after, after it (the optimizer path's dense start)."""
+    size = dist.get_world_size(process_group)
+    if not divide_after:
+        buffer.div_(size)
     work = dist.all_reduce(buffer, group=process_group, async_op=True)
-    return work.get_future().then(lambda future: future.value()[0])
+    if not divide_after:
+        return work.get_future().then(lambda future: future.value()[0])
+    return work.get_future().then(lambda future: future.value()[0].div_(size))
+
+
+def _optimizer_link(compression: SparseCompression, freeze_variance_after: int | None,
+                    max_grad_norm: float | None, start_iter: int) -> HookOptimizer:
+    """The state's `HookOptimizer`, its settings checked (freeze_variance_after >= start_iter:
+    DDP's first iterations are dense anyway, and the optimizer path counts N dense steps)."""
+    if freeze_variance_after is not None:
+        check_integer("freeze_variance_after", freeze_variance_after, start_iter,
+                      fix=f"the dense start must cover DDP's first start_iter={start_iter} "
+                          "iterations, which the hook all-reduces densely anyway")
+    return HookOptimizer(freeze_variance_after, max_grad_norm,
+                         compression.momentum if compression.momentum_correction else None,
+                         compression.nonfinite == "raise")
 
 
 def _future(buffer: torch.Tensor) -> torch.futures.Future:
@@ -664,6 +779,12 @@ def _check_transport_argument(transport: Any) -> None:
 def _layout(bucket: Any) -> Layout:
     return tuple((tuple(p.shape), str(p.dtype).replace("torch.", ""))
                  for p in bucket.parameters())
+
+
+def _fields(compression: SparseCompression) -> dict[str, Any]:
+    """The compression's fields as plain values (what a checkpoint records and compares)."""
+    return {field.name: getattr(compression, field.name)
+            for field in dataclasses.fields(compression)}
 
 
 def _without_residuals(saved: dict) -> dict:

@@ -48,9 +48,11 @@ import torch
 
 
 class FrozenVariance:
-    """The rule above over `optimizer`'s groups, for `parameters` in the fused order."""
+    """The rule above over `optimizer`'s groups, for `parameters` (the fused order of a caller
+    that preconditions them as one flat gradient; the DDP hook preconditions each bucket's own
+    parameters, `gtopk_hvd.torch.hook_frozen_variance`)."""
 
-    __slots__ = ("after", "momentum_in_exchange", "optimizer", "parameters", "scale")
+    __slots__ = ("after", "momentum_in_exchange", "optimizer", "parameters", "scales")
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor],
                  after: int, momentum_in_exchange: float | None = None) -> None:
@@ -70,7 +72,7 @@ class FrozenVariance:
         self.momentum_in_exchange = momentum_in_exchange is not None
         self.optimizer = optimizer
         self.parameters = parameters
-        self.scale: torch.Tensor | None = None
+        self.scales: dict[object, torch.Tensor] = {}  # s of each flat gradient, by its key
 
     def steps_taken(self) -> int:
         """The wrapped optimizer's step count (0 before its first step)."""
@@ -85,29 +87,44 @@ class FrozenVariance:
         """Whether the next step is one of the dense start's."""
         return self.steps_taken() < self.after
 
-    def precondition_(self, flat_gradient: torch.Tensor) -> None:
-        """flat_gradient *= s (the fused order), in place; at the first sparse step with the
-        momentum in the exchange, plus beta1 / (1 - beta1) m_hat first (module docstring)."""
-        if self.scale is None:
-            self.scale = self._frozen_scale(flat_gradient.device)
-        if self.momentum_in_exchange and self.steps_taken() == self.after:
-            self._add_first_moment_(flat_gradient)
-        flat_gradient.mul_(self.scale)
+    def forget_scales(self) -> None:
+        """Drops every s made (after the optimizer's state was loaded: made again from it)."""
+        self.scales.clear()
 
-    def _add_first_moment_(self, flat_gradient: torch.Tensor) -> None:
+    def precondition_(self, flat_gradient: torch.Tensor,
+                      parameters: list[torch.Tensor] | None = None, key: object = None) -> None:
+        """flat_gradient *= s, in place, for the flat gradient of `parameters` (default: all,
+        in the fused order), its s made once and kept under `key`; at the first sparse step
+        with the momentum in the exchange, plus beta1 / (1 - beta1) m_hat first (module
+        docstring)."""
+        parameters = self.parameters if parameters is None else parameters
+        scale = self.scales.get(key)
+        if scale is None:
+            scale = self.scales[key] = self._frozen_scale(parameters, flat_gradient.device)
+        if scale.numel() != flat_gradient.numel():
+            raise RuntimeError(f"gtopk_hvd: freeze_variance_after: a flat gradient of "
+                               f"{flat_gradient.numel()} values for parameters of "
+                               f"{scale.numel()}")
+        if self.momentum_in_exchange and self.steps_taken() == self.after:
+            self._add_first_moment_(flat_gradient, parameters)
+        flat_gradient.mul_(scale)
+
+    def _add_first_moment_(self, flat_gradient: torch.Tensor,
+                           parameters: list[torch.Tensor]) -> None:
         """flat_gradient += beta1 / (1 - beta1) * exp_avg / (1 - beta1^N), one parameter's
         slice at a time (no temporary of d values)."""
         offset = 0
-        for p, group in self._with_groups():
+        for p, group in self._with_groups(parameters):
             beta1 = group["betas"][0]
             weight = beta1 / ((1.0 - beta1) * (1.0 - beta1 ** self.after))
             part = flat_gradient[offset:offset + p.numel()]
             part.add_(self.optimizer.state[p]["exp_avg"].reshape(-1).to(part), alpha=weight)
             offset += p.numel()
 
-    def _frozen_scale(self, device: torch.device) -> torch.Tensor:
+    def _frozen_scale(self, parameters: list[torch.Tensor],
+                      device: torch.device) -> torch.Tensor:
         parts = []
-        for p, group in self._with_groups():
+        for p, group in self._with_groups(parameters):
             state = self.optimizer.state.get(p)
             if not state or "exp_avg_sq" not in state:
                 raise RuntimeError(
@@ -118,11 +135,19 @@ class FrozenVariance:
             parts.append((1.0 / (v_hat.sqrt() + eps)).reshape(-1).to(device))
         return torch.cat(parts)
 
-    def _with_groups(self) -> list[tuple[torch.Tensor, dict[str, Any]]]:
-        """(parameter, its optimizer group) in the fused order."""
+    def _with_groups(self, parameters: list[torch.Tensor]
+                     ) -> list[tuple[torch.Tensor, dict[str, Any]]]:
+        """(parameter, its optimizer group) in the given order."""
         group_of = {id(p): group for group in self.optimizer.param_groups
                     for p in group["params"]}
-        return [(p, group_of[id(p)]) for p in self.parameters]
+        missing = [tuple(p.shape) for p in parameters if id(p) not in group_of]
+        if missing:
+            raise RuntimeError(
+                f"gtopk_hvd: freeze_variance_after: parameters of shapes {missing[:5]} get "
+                "gradients but are not in the optimizer given, so they have no second moment: "
+                "give the optimizer every parameter that trains (or set requires_grad=False "
+                "on the others before DDP is built)")
+        return [(p, group_of[id(p)]) for p in parameters]
 
     @torch.no_grad()
     def step(self) -> None:

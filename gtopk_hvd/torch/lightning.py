@@ -69,12 +69,32 @@ class GTopkHookCallback(Callback):
             raise RuntimeError("the DDP strategy registered another communication hook or "
                                "state than GTopkHookCallback's: give DDPStrategy "
                                "ddp_comm_hook=gtopk_hook and this callback's state, or neither")
+        link = self.state.optimizer_link
+        if link.optimizer is None and len(trainer.optimizers) == 1:
+            self.state.attach_optimizer(trainer.optimizers[0])
+        elif link.after is not None and link.optimizer is None:
+            raise RuntimeError(f"GTopkHookCallback: freeze_variance_after needs the optimizer "
+                               f"and the module configured {len(trainer.optimizers)}: give it "
+                               "to the state (state.attach_optimizer(optimizer))")
+        if link.after is not None and link.max_grad_norm is None and trainer.gradient_clip_val:
+            if trainer.gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError("GTopkHookCallback: freeze_variance_after clips each worker's "
+                                 "own gradient by its norm in the sparse phase; "
+                                 f"gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}"
+                                 " is not supported there (use \"norm\")")
+            link.max_grad_norm = float(trainer.gradient_clip_val)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule,
                                  optimizer: Optimizer) -> None:
         """A skipped iteration's step changes nothing where no scaler skips it (module
         docstring)."""
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return  # the scaler skips the step, or calls it and its pre-hook applies
+        if self.state.optimizer_link.optimizer is not None:
+            # step() runs the backward in its closure, after the optimizer's pre-hook: the
+            # frozen rule's step (or the skip) is taken here, and Lightning's clip and the
+            # optimizer's own step then find no gradient.
+            self.state.optimizer_link.apply()
             return
         if self.state.last_iteration_skipped:
             for group in optimizer.param_groups:

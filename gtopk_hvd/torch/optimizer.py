@@ -237,7 +237,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         sparse = state_dict.pop("gtopk", None)
         super(self.__class__, self).load_state_dict(state_dict)
         if self._frozen is not None:
-            self._frozen.scale = None  # made again from the loaded second moment
+            self._frozen.forget_scales()  # made again from the loaded second moment
         if sparse is not None:
             self._sparse.load_state_dict(sparse)  # tensors on any device, or numpy arrays
 
