@@ -81,8 +81,10 @@ group left to the interpreter's exit can abort a finished program.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
+import time
 from typing import Any, NamedTuple
 
 import torch
@@ -94,6 +96,7 @@ from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats, count_workers
 from gtopk_hvd.core.device_skip import DeviceSkip
 from gtopk_hvd.lockstep import Phases, drive, run_in_lockstep
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
+from gtopk_hvd.scheme_names import call_for
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
 from gtopk_hvd.torch.hook_optimizer import HookOptimizer
@@ -180,7 +183,8 @@ class GTopkHookState:
     this process only.
     """
 
-    __slots__ = ("_iter", "_last_skipped", "_unresolved", "active_transport", "buckets",
+    __slots__ = ("_iter", "_last_skipped", "_registration", "_unresolved", "active_transport",
+                 "buckets",
                  "compression", "model_parameters", "nonfinite", "optimizer_link", "pending",
                  "process_group",
                  "remap", "restored_buckets", "restored_indices", "seen_buckets",
@@ -193,6 +197,7 @@ class GTopkHookState:
                  freeze_variance_after: int | None = None, max_grad_norm: float | None = None,
                  **options: Any) -> None:
         if compression is None:
+            _check_reduction_is_not_a_scheme(reduction, density)
             compression = sparse_config(reduction or "gtopk",
                                         0.01 if density is None else density,
                                         choice="GTopkHookState", **options)
@@ -244,6 +249,7 @@ class GTopkHookState:
         self.restored_indices: set[int] = set()
         self.remap = BucketRemap()
         self.model_parameters: set[int] | None = None  # id() of the model's, in this process
+        self._registration: WorkerCount | None = None  # the workers whose hook has run
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
         self.nonfinite = NonfiniteFlags()
 
@@ -589,6 +595,8 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
     link = state.optimizer_link
     link.check_ready()
     state.check_same_model(bucket, layout)
+    if state._registration is None:
+        state._registration = WorkerCount.start(state.process_group)
     remap = state.remap
     first_iteration_here = not remap.first_iteration_done
     remap.observe(bucket, layout)
@@ -600,6 +608,7 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
         future = _allreduce_average(state.process_group, buffer,
                                     divide_after=link.rule is not None)
     elif remap.applies(bucket.index(), layout, state.restored_buckets):
+        state._registration.check_every_worker(first_iteration_here)
         future = _future(buffer)
         remap.hold(bucket, buffer, future)
         if bucket.is_last():
@@ -609,6 +618,7 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
                            "not one of the construction-time buckets the restored state "
                            "recorded")
     else:
+        state._registration.check_every_worker(first_iteration_here)  # before any sparse one
         sparse = state.sparse_step_for(bucket, layout)
         if link.preconditioned:
             link.arrive(buffer, list(bucket.parameters()), bucket.index())
@@ -720,6 +730,67 @@ def _allreduce_average(process_group: Any, buffer: torch.Tensor,
     if not divide_after:
         return work.get_future().then(lambda future: future.value()[0])
     return work.get_future().then(lambda future: future.value()[0].div_(size))
+
+
+class WorkerCount:
+    """Whether every worker of the process group runs the hook: each worker counts itself in
+    the group's store at its first hook call, and before the first sparse collective the count
+    must be the group's size. A worker without the hook runs DDP's all-reduce, which matches
+    the hook's dense start but not its sparse steps; so the workers with the hook raise there,
+    naming the fix, instead of a backend's size mismatch. By the first sparse iteration after
+    a dense start every worker's first call is long done (the dense all-reduces needed them);
+    a restored state's first iteration is sparse, and waits up to WAIT_S for the count."""
+
+    WAIT_S = 300.0
+    _made = itertools.count()  # the same sequence on every worker (states made alike)
+
+    __slots__ = ("checked", "key", "size", "store")
+
+    def __init__(self, store: Any, key: str, size: int) -> None:
+        self.store, self.key, self.size, self.checked = store, key, size, store is None
+
+    @classmethod
+    def start(cls, process_group: Any) -> WorkerCount:
+        number = next(cls._made)
+        size = dist.get_world_size(process_group)
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+        except (AttributeError, RuntimeError, ValueError):  # no store to count in
+            return cls(None, "", size)
+        key = f"gtopk_hvd/hook/{number}/{'-'.join(map(str, ranks))}"
+        store.add(key, 1)
+        return cls(store, key, size)
+
+    def check_every_worker(self, wait: bool) -> None:
+        """Raises unless every worker has counted itself; wait: up to WAIT_S for them (this
+        process's first iteration, where the others may not have reached their first call)."""
+        if self.checked:
+            return
+        deadline = time.monotonic() + (self.WAIT_S if wait else 0.0)
+        count = self.store.add(self.key, 0)
+        while count < self.size and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = self.store.add(self.key, 0)
+        if count != self.size:
+            raise RuntimeError(
+                f"gtopk_hook runs on {count} of the process group's {self.size} workers: "
+                "register it (model.register_comm_hook(state, gtopk_hook), with a state of "
+                "its own) on every rank, before the first backward; the others run DDP's "
+                "all-reduce, which does not match the hook's sparse steps")
+        self.checked = True
+
+
+def _check_reduction_is_not_a_scheme(reduction: Any, density: float | None) -> None:
+    """reduction= names the gTop-k / Top-k step's reduction; a scheme's name there (e.g.
+    "micro") is told to use compression=."""
+    if isinstance(reduction, str) and reduction in SCHEME_NAMES and reduction != "gtopk":
+        arguments = f"{0.01 if density is None else density}"
+        raise OptionError(
+            f"gtopk_hvd: reduction={reduction!r} is a scheme, not a reduction: "
+            f"GTopkHookState(compression={call_for(reduction, arguments)}); reduction= picks "
+            "the reduction of gTop-k's select-and-reduce step: \"gtopk\" (the default) or "
+            "\"allgather\" (Top-k)")
 
 
 def _optimizer_link(compression: SparseCompression, freeze_variance_after: int | None,

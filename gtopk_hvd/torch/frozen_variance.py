@@ -173,7 +173,9 @@ class FrozenVariance:
 def check_adam_group(group: dict[str, Any], name: str) -> None:
     """Raises ValueError unless `group` is one of Adam's or AdamW's that the rule covers."""
     if "betas" not in group or "eps" not in group:
-        raise ValueError(f"freeze_variance_after needs Adam or AdamW; got {name}")
+        raise ValueError(f"freeze_variance_after needs Adam or AdamW; got {name} (the rule "
+                         "freezes Adam's second moment: leave freeze_variance_after out with "
+                         "another optimizer)")
     if group.get("amsgrad") or group.get("maximize"):
         raise ValueError("freeze_variance_after: amsgrad and maximize are not supported")
     decoupled = name == "AdamW" or group.get("decoupled_weight_decay", False)
