@@ -58,6 +58,9 @@ def perplexity(model: nn.Module, tokens: object, bptt: int) -> float:
 def main() -> None:
     args = pytorch_transformer.parse_args(more=more_arguments,
                                           description=__doc__.splitlines()[0])
+    if "LOCAL_RANK" not in os.environ:
+        sys.exit("examples/ddp_transformer.py runs under torchrun: torchrun --standalone "
+                 "--nproc_per_node N examples/ddp_transformer.py ...")
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank, workers = dist.get_rank(), dist.get_world_size()
@@ -130,7 +133,4 @@ def bytes_per_step(state: GTopkHookState | None, params: int, workers: int) -> i
 
 
 if __name__ == "__main__":
-    if "LOCAL_RANK" not in os.environ:
-        sys.exit("examples/ddp_transformer.py runs under torchrun: torchrun --standalone "
-                 "--nproc_per_node N examples/ddp_transformer.py ...")
     main()
