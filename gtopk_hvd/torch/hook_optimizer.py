@@ -32,6 +32,10 @@ step count:
    for a NaN/Inf is not applied at all (no weight, moment or step count changes), in either
    phase, on every worker alike: without the remedy too, once the state knows its optimizer.
 
+With a GradScaler (float16) the hook sees the scaled gradient: the scaler's `unscale_` and
+`step` work as always (the pre-hook runs inside the scaler's step, on unscaled updates), but
+`max_grad_norm` would clip the scaled gradient, so leave it None there.
+
 Clip the client's way only in the dense start (`GTopkHookState.preconditioned` is False): after
 it the gradients are no gradients but the reduced update. Lightning and Trainer do this for
 you (`gtopk_hvd.torch.lightning`, `gtopk_hvd.torch.hf`). The state to checkpoint is the
