@@ -9,11 +9,12 @@ update; one DDP bucket, so that each selection is over the whole gradient as the
 is):
 
 - at P = 1 ends with the same weights bit for bit, Top-k and gTop-k, the first moment after
-  the exchange and in it (--momentum-correction), with a clip that binds in the dense start only
-  (a binding clip in the sparse phase, each worker's own, moves the last bits: the hook's norm
-  is over the bucket, clip_grad_norm_'s over the parameters);
-- at P = 3 within float rounding: the dense start's all-reduce sums in its backend's order
-  (Gloo's under torchrun, MPI's under mpirun), the rest is the same arithmetic. The bound
+  the exchange and in it (--momentum-correction), with a clip that never binds (--clip 1e6: both
+  paths multiply by exactly 1; a binding clip in the sparse phase, each worker's own, moves the
+  last bits: the hook's norm is over the bucket, clip_grad_norm_'s over the parameters);
+- at P = 3, with a clip that binds (--clip 1), within float rounding: the dense start's
+  all-reduce sums in its backend's order (Gloo's under torchrun, MPI's under mpirun), the
+  clip's norm in the sparse phase is over the bucket; the rest is the same arithmetic. The bound
   measured at 4885f5b+ (x86-64): 3.3e-6 on weights of magnitude up to 1.0, the validation
   perplexity equal to two decimals.
 """

@@ -85,6 +85,7 @@ import itertools
 import logging
 import math
 import time
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -248,7 +249,8 @@ class GTopkHookState:
         self.restored_buckets: dict[int, dict] = {}
         self.restored_indices: set[int] = set()
         self.remap = BucketRemap()
-        self.model_parameters: set[int] | None = None  # id() of the model's, in this process
+        # The first model's parameters (id -> weak reference), in this process.
+        self.model_parameters: dict[int, weakref.ref] | None = None
         self._registration: WorkerCount | None = None  # the workers whose hook has run
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
         self.nonfinite = NonfiniteFlags()
@@ -312,19 +314,23 @@ class GTopkHookState:
 
     def check_same_model(self, bucket: Any, layout: Layout) -> None:
         """Raises if the bucket holds a parameter that this process's first iteration did not
-        (the state registered on a second DDP model): one state serves one model."""
-        ids = [id(p) for p in bucket.parameters()]
+        while that iteration's parameters all live (the state registered on a second DDP
+        model): one state serves one model."""
+        parameters = list(bucket.parameters())
         if self.model_parameters is None:
-            self.model_parameters = set()
+            self.model_parameters = {}
+        known = self.model_parameters
         if not self.remap.first_iteration_done:
-            self.model_parameters.update(ids)
+            known.update((id(p), weakref.ref(p)) for p in parameters)
             return
-        if self.model_parameters.issuperset(ids):
+        if all(id(p) in known and known[id(p)]() is p for p in parameters):
             return
+        if any(reference() is None for reference in known.values()):
+            return  # the first model is gone: nothing to confuse the state with
         index = bucket.index()
-        known = self.buckets[index].layout if index in self.buckets else layout
-        change = (f"DDP bucket {index} changed from {_describe(known)} to {_describe(layout)} "
-                  "and holds" if known != layout else f"DDP bucket {index} holds")
+        was = self.buckets[index].layout if index in self.buckets else layout
+        change = (f"DDP bucket {index} changed from {_describe(was)} to {_describe(layout)} "
+                  "and holds" if was != layout else f"DDP bucket {index} holds")
         raise RuntimeError(
             f"gtopk_hook: {change} parameters that this state's first model did not: this "
             "GTopkHookState is registered on a second DDP model; make one GTopkHookState per "
@@ -371,12 +377,11 @@ class GTopkHookState:
         every worker issues the same collectives. A bucket saved with another number of workers
         keeps its residual, velocity and step count; its scheme's own state (MiCRO's partition
         and threshold, ExDyna's boundaries) was for the old P and starts again."""
-        saved = state.get("compression_fields")
-        if saved is not None and saved != _fields(self.compression):
-            mine = _fields(self.compression)
-            differ = ", ".join(f"{name}={saved.get(name)!r} (this state: {mine.get(name)!r})"
-                               for name in sorted(set(saved) | set(mine))
-                               if saved.get(name) != mine.get(name))
+        saved, mine = state.get("compression_fields") or {}, _fields(self.compression)
+        differ = ", ".join(f"{name}={saved[name]!r} (this state: {mine[name]!r})"
+                           for name in sorted(set(saved) & set(mine))
+                           if saved[name] != mine[name])  # fields both versions have
+        if differ:
             raise ValueError(
                 f"gtopk_hook: the saved state was made with another compression: {differ}. "
                 "Build the GTopkHookState with the saved configuration (its residuals, "
@@ -668,8 +673,9 @@ def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
     iteration was skipped (`step_together`)."""
     steps = []
     link = state.optimizer_link
-    parameters = state.remap.parameters()
-    for index, views in state.remap.gradients().items():
+    gradients = state.remap.gradients()  # checks the held buckets against the record first
+    parameters = state.remap.parameters() if link.preconditioned else {}
+    for index, views in gradients.items():
         saved = state.restored_buckets.pop(index)
         sparse = state.new_sparse_step(index, _layout_of_saved(saved), list(saved["sizes"]),
                                        views[0].device, saved)

@@ -75,12 +75,10 @@ class FrozenVariance:
         self.scales: dict[object, torch.Tensor] = {}  # s of each flat gradient, by its key
 
     def steps_taken(self) -> int:
-        """The wrapped optimizer's step count (0 before its first step)."""
-        for p in self.parameters:
-            state = self.optimizer.state.get(p)
-            if state and "step" in state:
-                return int(state["step"])
-        return 0
+        """The wrapped optimizer's step count (0 before its first step): the largest of its
+        parameters' (a parameter without a gradient in some steps counts fewer)."""
+        return max((int(state["step"]) for p in self.parameters
+                    if (state := self.optimizer.state.get(p)) and "step" in state), default=0)
 
     @property
     def dense(self) -> bool:

@@ -22,12 +22,14 @@ did not have reads rank 0's without residuals (`load_state_dict(keep_residuals=F
 job resumed on another number of workers issues the same collectives on every worker.
 
 Trainer: the callback registers at `on_train_begin` (after the Trainer built DDP and loaded a
-checkpoint), saves at `on_save` into output_dir/checkpoint-{global_step}, and loads where the
-Trainer loads the optimizer (its `_load_optimizer_and_scheduler(checkpoint)`, wrapped on this
-trainer). With freeze_variance_after, the Trainer's gradient clipping (max_grad_norm) applies to
-the dense start's reduced gradient only; in the sparse phase it becomes the state's
-`max_grad_norm` (each worker clips its own gradient inside the hook) and the Trainer's is set to
-0 for those steps (restored when training ends).
+checkpoint); the state is saved and loaded where the Trainer saves and loads the optimizer, in
+the checkpoint's folder, on every rank (its `_save_optimizer_and_scheduler(folder)` and
+`_load_optimizer_and_scheduler(folder)`, wrapped on this trainer). With freeze_variance_after,
+the Trainer's gradient clipping (max_grad_norm) applies to the dense start's reduced gradient
+only; in the sparse phase it becomes the state's
+`max_grad_norm` (each worker clips its own gradient inside the hook; not with fp16's GradScaler,
+whose scaled gradient the hook sees: no clip there) and the Trainer's is set to 0 for those
+steps (restored when training ends).
 
 accelerate: `save_state` / `load_state` run the registered pre-hooks on every process, which
 write and read the files. Clip with `accelerator.clip_grad_norm_` only while
@@ -81,6 +83,7 @@ def load_worker_state(state: GTopkHookState, directory: str) -> None:
 
 
 def _register(model: Any, state: GTopkHookState, optimizer: Any, client: str) -> None:
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper of the DDP model
     if not isinstance(state, GTopkHookState):
         raise TypeError(f"gtopk_hvd: {client} takes the GTopkHookState for the hook, got "
                         f"{type(state).__name__}")
@@ -138,11 +141,13 @@ def trainer_callback(trainer: Any, state: GTopkHookState) -> Any:
     if not isinstance(state, GTopkHookState):
         raise TypeError(f"gtopk_hvd: register_on_trainer takes the GTopkHookState for the hook, "
                         f"got {type(state).__name__}")
+    save = getattr(trainer, "_save_optimizer_and_scheduler", None)
     load = getattr(trainer, "_load_optimizer_and_scheduler", None)
-    if load is None:
+    if save is None or load is None:
         raise RuntimeError("gtopk_hvd: register_on_trainer: this transformers Trainer has no "
-                           "_load_optimizer_and_scheduler, where the hook state is loaded on "
-                           "resume; use transformers 4.30 to 5.x")
+                           "_save_optimizer_and_scheduler / _load_optimizer_and_scheduler, "
+                           "where the hook state is saved into each checkpoint's folder and "
+                           "loaded on resume; use transformers 4.30 to 5.x")
 
     class GTopkTrainerCallback(TrainerCallback):
         """The hook on the Trainer's DDP model, its state in the Trainer's checkpoints."""
@@ -161,8 +166,10 @@ def trainer_callback(trainer: Any, state: GTopkHookState) -> Any:
                     "loaded no hook state: the checkpoint was saved without "
                     "register_on_trainer, so the workers' residuals are lost")
             link = state.optimizer_link
-            if link.after is not None and args.max_grad_norm and link.max_grad_norm is None:
-                link.max_grad_norm = float(args.max_grad_norm)
+            scaled = bool(getattr(args, "fp16", False))  # a GradScaler: the hook would clip
+            if (link.after is not None and args.max_grad_norm and args.max_grad_norm > 0
+                    and link.max_grad_norm is None and not scaled):
+                link.set_clip(float(args.max_grad_norm))
             self.trainer_clip = args.max_grad_norm
 
         def on_step_begin(self, args: Any, trainer_state: Any, control: Any,
@@ -175,11 +182,11 @@ def trainer_callback(trainer: Any, state: GTopkHookState) -> Any:
                          **kwargs: Any) -> None:
             args.max_grad_norm = self.trainer_clip
 
-        def on_save(self, args: Any, trainer_state: Any, control: Any, **kwargs: Any) -> None:
-            directory = os.path.join(args.output_dir, f"checkpoint-{trainer_state.global_step}")
-            save_worker_state(state, directory)
-
     callback = GTopkTrainerCallback()
+
+    def save_with_hook_state(directory: str) -> None:
+        save(directory)
+        save_worker_state(state, directory)
 
     def load_with_hook_state(checkpoint: str | None) -> None:
         load(checkpoint)
@@ -187,6 +194,7 @@ def trainer_callback(trainer: Any, state: GTopkHookState) -> Any:
             load_worker_state(state, checkpoint)
             callback.loaded_from = checkpoint
 
+    trainer._save_optimizer_and_scheduler = save_with_hook_state
     trainer._load_optimizer_and_scheduler = load_with_hook_state
     return callback
 

@@ -33,8 +33,10 @@ step count:
    phase, on every worker alike: without the remedy too, once the state knows its optimizer.
 
 With a GradScaler (float16) the hook sees the scaled gradient: the scaler's `unscale_` and
-`step` work as always (the pre-hook runs inside the scaler's step, on unscaled updates), but
-`max_grad_norm` would clip the scaled gradient, so leave it None there.
+`step` work as always (the pre-hook runs inside the scaler's step; for a fused optimizer, which
+the scaler leaves `grad_scale` and `found_inf` to, the rule divides by the first and skips on
+the second), but `max_grad_norm` would clip the scaled gradient: the clients take their clip
+over only without a scaler; leave it None with one.
 
 Clip the client's way only in the dense start (`GTopkHookState.preconditioned` is False): after
 it the gradients are no gradients but the reduced update. Lightning and Trainer do this for
@@ -194,9 +196,10 @@ class HookOptimizer:
         from the optimizer's own step. Returns whether it took the step over."""
         pending, self.pending = self.pending, None
         if pending is not None:
-            if pending():
+            if pending() or self._scaler_found_inf():
                 self.skipped_steps += 1
             elif self.rule is not None:
+                self._unscale_for_fused_step()
                 self.rule.step()
             else:
                 return False
@@ -211,6 +214,36 @@ class HookOptimizer:
             self._hide_gradients()
             return True
         return False
+
+    def _scaler_found_inf(self) -> bool:
+        """A GradScaler that lets a fused optimizer unscale (`grad_scale`, `found_inf` set on
+        the optimizer for its step) found a NaN/Inf: the step is skipped."""
+        found = getattr(self.optimizer, "found_inf", None)
+        return found is not None and bool(found.item() > 0)
+
+    def _unscale_for_fused_step(self) -> None:
+        """Divides the reduced update by the scale a GradScaler left to a fused optimizer's
+        kernel (the rule's step does not read it)."""
+        scale = getattr(self.optimizer, "grad_scale", None)
+        if scale is None:
+            return
+        for parameter in self._parameters():
+            if parameter.grad is not None:
+                parameter.grad.div_(scale.to(parameter.grad.device))
+
+    def set_clip(self, max_grad_norm: float | None) -> None:
+        """max_grad_norm as the constructor checks it (a client's clip taken over)."""
+        if max_grad_norm is not None:
+            check_number("max_grad_norm", max_grad_norm, 0.0, float("inf"), low_open=True)
+            if self.raise_nonfinite:
+                raise ValueError("max_grad_norm needs nonfinite=\"propagate\" (the default): "
+                                 "the clip needs every bucket of the iteration, which the "
+                                 "hook holds only then")
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+
+    def serves(self, optimizer: Any) -> bool:
+        """Whether `optimizer` (or a client's wrapper) is the one attached."""
+        return self.optimizer is not None and innermost_optimizer(optimizer) is self.optimizer
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # A closure runs the backward inside step(), after this hook: its caller applies

@@ -76,26 +76,32 @@ class GTopkHookCallback(Callback):
             raise RuntimeError(f"GTopkHookCallback: freeze_variance_after needs the optimizer "
                                f"and the module configured {len(trainer.optimizers)}: give it "
                                "to the state (state.attach_optimizer(optimizer))")
-        if link.after is not None and link.max_grad_norm is None and trainer.gradient_clip_val:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if (link.after is not None and link.max_grad_norm is None and trainer.gradient_clip_val
+                and scaler is None):  # with a scaler the hook would clip the scaled gradient
             if trainer.gradient_clip_algorithm not in (None, "norm"):
                 raise ValueError("GTopkHookCallback: freeze_variance_after clips each worker's "
                                  "own gradient by its norm in the sparse phase; "
                                  f"gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}"
                                  " is not supported there (use \"norm\")")
-            link.max_grad_norm = float(trainer.gradient_clip_val)
+            link.set_clip(float(trainer.gradient_clip_val))
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule,
                                  optimizer: Optimizer) -> None:
         """A skipped iteration's step changes nothing where no scaler skips it (module
         docstring)."""
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            return  # the scaler skips the step, or calls it and its pre-hook applies
-        if self.state.optimizer_link.optimizer is not None:
-            # step() runs the backward in its closure, after the optimizer's pre-hook: the
-            # frozen rule's step (or the skip) is taken here, and Lightning's clip and the
-            # optimizer's own step then find no gradient.
-            self.state.optimizer_link.apply()
+        link = self.state.optimizer_link
+        if link.optimizer is not None:
+            if link.serves(optimizer):
+                # step() runs the backward in its closure, after the optimizer's pre-hook: the
+                # frozen rule's step (or the skip) is taken here, on gradients a scaler has
+                # already unscaled, and Lightning's clip and the optimizer's own step then find
+                # no gradient (a scaler that found a NaN/Inf skips a step that then changes
+                # nothing: the hook's skip saw the same NaN/Inf).
+                link.apply()
             return
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return  # the scaler skips the step
         if self.state.last_iteration_skipped:
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
