@@ -108,11 +108,9 @@ def main() -> None:
 
     test_ppl = perplexity(model, corpus.test, args.bptt)
     if rank == 0:
-        if args.history:
-            with open(args.history, "w") as file:
-                json.dump({"params": params, "workers": workers, "steps": total_steps,
-                           "steps_per_epoch": steps_per_epoch, "test_perplexity": test_ppl,
-                           "evaluations": history}, file, indent=1)
+        pytorch_lm.write_history(args.history, params=params, workers=workers,
+                                 steps=total_steps, steps_per_epoch=steps_per_epoch,
+                                 test_perplexity=test_ppl, evaluations=history)
         digits_common.emit(
             f"RESULT compression={args.compression} workers={workers} steps={total_steps} "
             f"valid_perplexity={history[-1]['valid_perplexity']:.2f} "

@@ -289,11 +289,9 @@ def train(args: argparse.Namespace, recipe: ModuleType) -> None:
 
     test_ppl = perplexity(model, corpus.test, args.bptt)
     if rank == 0:
-        if args.history:
-            with open(args.history, "w") as file:
-                json.dump({"params": params, "workers": workers, "steps": total_steps,
-                           "steps_per_epoch": steps_per_epoch, "test_perplexity": test_ppl,
-                           "evaluations": history, "sparse_steps": sparse_steps}, file, indent=1)
+        write_history(args.history, params=params, workers=workers, steps=total_steps,
+                      steps_per_epoch=steps_per_epoch, test_perplexity=test_ppl,
+                      evaluations=history, sparse_steps=sparse_steps)
         digits_common.emit(
             f"RESULT compression={args.compression} density={history[-1]['density']:g} "
             f"workers={workers} steps={total_steps} valid_perplexity="
@@ -302,6 +300,13 @@ def train(args: argparse.Namespace, recipe: ModuleType) -> None:
         if args.save:
             save_parameters(args.save, model)
     digits_common.emit(digits_common.checksum_line(rank, parameters_checksum(model)))
+
+
+def write_history(path: Optional[str], **run: Any) -> None:
+    """--history: the run's figures and evaluations as JSON at `path` (nothing if None)."""
+    if path:
+        with open(path, "w") as file:
+            json.dump(run, file, indent=1)
 
 
 def parameters_checksum(model: nn.Module) -> str:

@@ -185,11 +185,9 @@ class GTopkHookState:
     """
 
     __slots__ = ("_iter", "_last_skipped", "_registration", "_unresolved", "active_transport",
-                 "buckets",
-                 "compression", "model_parameters", "nonfinite", "optimizer_link", "pending",
-                 "process_group",
-                 "remap", "restored_buckets", "restored_indices", "seen_buckets",
-                 "skip_on_device", "start_iter", "transport")
+                 "buckets", "compression", "model_parameters", "nonfinite", "optimizer_link",
+                 "pending", "process_group", "remap", "restored_buckets", "restored_indices",
+                 "seen_buckets", "skip_on_device", "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
@@ -733,9 +731,20 @@ def _allreduce_average(process_group: Any, buffer: torch.Tensor,
     if not divide_after:
         buffer.div_(size)
     work = dist.all_reduce(buffer, group=process_group, async_op=True)
-    if not divide_after:
-        return work.get_future().then(lambda future: future.value()[0])
-    return work.get_future().then(lambda future: future.value()[0].div_(size))
+    return work.get_future().then(
+        lambda future: future.value()[0].div_(size) if divide_after else future.value()[0])
+
+
+def register_once(model: Any, state: GTopkHookState, fix: str) -> None:
+    """Registers gtopk_hook with `state` on the DDP `model` unless it has them already (a
+    client's own registration); another hook or state there is refused, `fix` saying what to
+    give instead."""
+    hooks = getattr(model, "_comm_hooks", [])
+    if not hooks:
+        model.register_comm_hook(state, gtopk_hook)
+    elif any(hook is not gtopk_hook or held is not state for hook, held in hooks):
+        raise RuntimeError(f"gtopk_hvd: the DDP model already has another communication hook "
+                           f"or state than the one given: {fix}")
 
 
 class WorkerCount:
@@ -886,4 +895,4 @@ def _describe(layout: Layout) -> str:
 
 
 __all__ = ["GTopkHookState", "HookBucket", "check_matches_process_group", "end_process_group",
-           "gtopk_hook"]
+           "gtopk_hook", "register_once"]

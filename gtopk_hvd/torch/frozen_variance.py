@@ -50,7 +50,7 @@ import torch
 class FrozenVariance:
     """The rule above over `optimizer`'s groups, for `parameters` (the fused order of a caller
     that preconditions them as one flat gradient; the DDP hook preconditions each bucket's own
-    parameters, `gtopk_hvd.torch.hook_frozen_variance`)."""
+    parameters, `gtopk_hvd.torch.hook_optimizer`)."""
 
     __slots__ = ("after", "momentum_in_exchange", "optimizer", "parameters", "scales")
 

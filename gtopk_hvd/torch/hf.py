@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, register_once
 
 STATE_FILE = "gtopk_hook_rank{rank}.pt"
 """Each worker's hook state in a checkpoint's folder."""
@@ -92,12 +92,7 @@ def _register(model: Any, state: GTopkHookState, optimizer: Any, client: str) ->
             f"gtopk_hvd: {client}: the model is a {type(model).__name__}, not DDP: run under "
             "torchrun with more than one process (a single process has no DDP and nothing to "
             "reduce), and not with FSDP or DeepSpeed")
-    hooks = getattr(model, "_comm_hooks", [])
-    if not hooks:
-        model.register_comm_hook(state, gtopk_hook)
-    elif any(hook is not gtopk_hook or held is not state for hook, held in hooks):
-        raise RuntimeError(f"gtopk_hvd: {client}: the DDP model already has another "
-                           "communication hook or state")
+    register_once(model, state, f"{client} registers gtopk_hook with the state it is given")
     if optimizer is not None:
         state.attach_optimizer(optimizer)
 

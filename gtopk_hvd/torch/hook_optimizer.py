@@ -90,25 +90,12 @@ class HookOptimizer:
 
     def __init__(self, after: int | None, max_grad_norm: float | None,
                  momentum: float | None, raise_nonfinite: bool) -> None:
-        if after is not None and (isinstance(after, bool) or not isinstance(after, int)
-                                  or after < 1):
-            raise ValueError(f"freeze_variance_after must be an integer >= 1 (the dense steps "
-                             f"that estimate Adam's second moment), got {after!r}")
-        if max_grad_norm is not None:
-            if after is None:
-                raise ValueError("max_grad_norm is the clip of each worker's own gradient in "
-                                 "freeze_variance_after's sparse phase; without "
-                                 "freeze_variance_after clip as dense training does (the "
-                                 "hook's update is an averaged gradient)")
-            check_number("max_grad_norm", max_grad_norm, 0.0, float("inf"), low_open=True)
-            if raise_nonfinite:
-                raise ValueError("max_grad_norm needs nonfinite=\"propagate\" (the default): "
-                                 "the clip needs every bucket of the iteration, which the "
-                                 "hook holds only then")
+        """after: freeze_variance_after (checked by the state against its start_iter, and by
+        `FrozenVariance` at `attach`), or None."""
         self.after = after
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
-        self.momentum = momentum
         self.raise_nonfinite = raise_nonfinite
+        self.set_clip(max_grad_norm)
+        self.momentum = momentum
         self.rule: FrozenVariance | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.handles: tuple = ()
@@ -232,8 +219,13 @@ class HookOptimizer:
                 parameter.grad.div_(scale.to(parameter.grad.device))
 
     def set_clip(self, max_grad_norm: float | None) -> None:
-        """max_grad_norm as the constructor checks it (a client's clip taken over)."""
+        """max_grad_norm, checked: each worker's clip in the sparse phase (or None)."""
         if max_grad_norm is not None:
+            if self.after is None:
+                raise ValueError("max_grad_norm is the clip of each worker's own gradient in "
+                                 "freeze_variance_after's sparse phase; without "
+                                 "freeze_variance_after clip as dense training does (the "
+                                 "hook's update is an averaged gradient)")
             check_number("max_grad_norm", max_grad_norm, 0.0, float("inf"), low_open=True)
             if self.raise_nonfinite:
                 raise ValueError("max_grad_norm needs nonfinite=\"propagate\" (the default): "

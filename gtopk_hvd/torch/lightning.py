@@ -1,7 +1,7 @@
 """PyTorch Lightning: the DDP hook in a Trainer, and its state in Lightning's checkpoints.
 
     from lightning.pytorch.strategies import DDPStrategy
-    from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+    from gtopk_hvd.torch.ddp import GTopkHookState, register_once
     from gtopk_hvd.torch.lightning import GTopkHookCallback
 
     state = GTopkHookState(density=0.01)
@@ -42,7 +42,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
+from gtopk_hvd.torch.ddp import GTopkHookState, register_once
 
 CHECKPOINT_KEY = "gtopk_hook"
 
@@ -62,13 +62,8 @@ class GTopkHookCallback(Callback):
         if not isinstance(model, DistributedDataParallel):
             raise RuntimeError(f"GTopkHookCallback needs a DDP strategy (strategy=\"ddp\" or "
                                f"DDPStrategy), the model is a {type(model).__name__}")
-        hooks = getattr(model, "_comm_hooks", [])
-        if not hooks:
-            model.register_comm_hook(self.state, gtopk_hook)
-        elif any(hook is not gtopk_hook or state is not self.state for hook, state in hooks):
-            raise RuntimeError("the DDP strategy registered another communication hook or "
-                               "state than GTopkHookCallback's: give DDPStrategy "
-                               "ddp_comm_hook=gtopk_hook and this callback's state, or neither")
+        register_once(model, self.state, "give DDPStrategy ddp_comm_hook=gtopk_hook and "
+                                         "GTopkHookCallback's state, or neither")
         link = self.state.optimizer_link
         if link.optimizer is None and len(trainer.optimizers) == 1:
             self.state.attach_optimizer(trainer.optimizers[0])
