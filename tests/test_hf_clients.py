@@ -39,4 +39,5 @@ def test_the_client_trains_with_the_hook_and_resumes_bit_for_bit(client: str,
     assert "HOOK_FILES gtopk_hook_rank0.pt gtopk_hook_rank1.pt" in output, output[-3000:]
     first, last = map(float, re.search(r"LOSS run=full rank=0 first=([\d.]+) last=([\d.]+)",
                                        output).groups())
-    assert last < first - 0.3, (first, last)  # measured: 5.96 -> 5.45 (Trainer)
+    # Measured on an AMD EPYC (AVX2): Trainer 5.96 -> 5.45, accelerate 6.20 -> 4.87.
+    assert last < first - 0.3, (first, last)
