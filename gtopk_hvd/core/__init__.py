@@ -4,6 +4,8 @@
     agreement.py       the signature every worker must share, and its check
     passes.py          gradients summed over backward passes (frameworks without .grad)
     stats.py           `StepStats`, what a step did
+    tentative.py       `TentativeStep`: a step run before it is known to count, then
+                       committed or discarded
     warmup_warning.py  the warning for an aggressive density without protection
 
 Beneath it, shared with the schemes: `gtopk_hvd.density` (the density schedule and the k it
@@ -20,5 +22,7 @@ from gtopk_hvd.core.step import (
     count_nonfinite_workers,
     count_workers,
 )
+from gtopk_hvd.core.tentative import TentativeStep, can_step_tentatively
 
-__all__ = ["NonfiniteFlags", "SparseStep", "StepStats", "count_nonfinite_workers", "count_workers"]
+__all__ = ["NonfiniteFlags", "SparseStep", "StepStats", "TentativeStep", "can_step_tentatively",
+           "count_nonfinite_workers", "count_workers"]

@@ -22,9 +22,12 @@ k_b = ceil(density * d_b):
 
 The sparse reduction runs on the state's transport (`transport=`: None, the default, is
 `TorchDistributedTransport(process_group)`; or a registered name such as "torch" or "mpi", or a
-gtopk_hvd Transport; its workers must be the process group's, same rank and size) and blocks
-inside the hook: the returned future is complete once the bucket's step has run (as the bucket
-arrives, or at the iteration's last bucket: below). Buckets of float16, bfloat16 or
+gtopk_hvd Transport; its workers must be the process group's, same rank and size). With
+`overlap=True` (the default), at P > 1, a bucket whose step is on the host runs it on the
+state's thread as the bucket arrives, while backward computes the next buckets
+(`gtopk_hvd.torch.early_steps`: under nonfinite="propagate" as a tentative step, committed or
+discarded at the last bucket); otherwise it blocks inside the hook (as the bucket arrives, or at
+the iteration's last bucket: below). Buckets of float16, bfloat16 or
 float64 gradients are cast to float32 for the step and back. On a GPU with gtopk_hvd's CUDA
 kernels, the selection and the residual stay on the device; without them, the bucket is copied
 to the host and back.
@@ -35,14 +38,16 @@ each bucket once for NaN/Inf as it arrives, on its device (on a GPU the read is 
 the bucket's gradients and its answer stays in a device flag: no host wait, so it overlaps the
 rest of backward), brings that one flag to the host at the last bucket (one wait per iteration,
 not one per bucket), counts the workers that saw one with one all-reduce of one integer, and
-only then runs the buckets' steps (`GTopkHookState.step_together`). If any
+only then runs the held buckets' steps (`GTopkHookState.step_together`); an early bucket's
+tentative step, already exchanged, is committed or discarded by the same count. If any
 worker's bucket was not finite, every bucket of every worker becomes all NaN and no residual,
 velocity or step count changes, so the scaler skips the whole step on every worker and nothing
 is lost: deciding per bucket could not undo the buckets already stepped when a later one
 overflows. `state.iter` does not count such an iteration (the warm-up goes on where it was).
-The steps run at the last bucket instead of as each bucket arrives: they block inside the hook
-either way. nonfinite="raise": each bucket steps as it arrives and every worker raises
-FloatingPointError at the first NaN/Inf.
+Held buckets step at the last bucket instead of as each arrives (a CUDA bucket, a cast one, a
+scheme or momentum correction that cannot step tentatively, a clip that needs every bucket).
+nonfinite="raise": each bucket steps as it arrives (on the thread, with overlap) and every
+worker raises FloatingPointError at the first NaN/Inf.
 
 Without a loss scaler (bfloat16 autocast, or float32), the all-NaN gradients of a skipped
 iteration reach the optimizer, which DDP does not own: step only when the iteration was applied,
@@ -100,6 +105,7 @@ from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, messa
 from gtopk_hvd.scheme_names import call_for
 from gtopk_hvd.schemes import check_config
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
+from gtopk_hvd.torch.early_steps import EarlySteps, starts_early, steps_on_thread
 from gtopk_hvd.torch.hook_optimizer import HookOptimizer
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
 from gtopk_hvd.transports.base import check_same_workers
@@ -144,6 +150,8 @@ class GTopkHookState:
     start_iter): N dense steps, then Adam's second moment frozen and the preconditioned
     gradient reduced, the optimizer's step taken over by the rule; max_grad_norm: each worker's
     clip of its own gradient in that sparse phase (`gtopk_hvd.torch.hook_optimizer`).
+    overlap: at P > 1, host buckets step on the state's thread as they arrive (module
+    docstring; `gtopk_hvd.torch.early_steps`); False: in the hook, as before.
 
     Fields (public; set process_group and transport before the first iteration):
 
@@ -167,8 +175,11 @@ class GTopkHookState:
     restored_indices  the restored state's bucket indices (empty: not restored)
     remap           `BucketRemap`: where parameters lie in DDP's construction-time and final
                     buckets, and a restored state's first iteration on a new model
+    overlap         the constructor's choice (above); may be changed between iterations,
+                    alike on every worker
     pending         nonfinite="propagate": this iteration's buckets so far (SparseStep, buffer,
-                    future), stepped together at the last one
+                    future), stepped together (or committed) at the last one
+    early           `EarlySteps`: this iteration's early steps and the thread that runs them
     nonfinite       nonfinite="propagate": `NonfiniteFlags` of this iteration's buckets so far,
                     each bucket's read enqueued as it arrives (on a GPU no host wait), read on
                     the host once, at the last bucket
@@ -185,16 +196,17 @@ class GTopkHookState:
     """
 
     __slots__ = ("_iter", "_last_skipped", "_registration", "_unresolved", "active_transport",
-                 "buckets", "compression", "model_parameters", "nonfinite", "optimizer_link",
-                 "pending", "process_group", "remap", "restored_buckets", "restored_indices",
-                 "seen_buckets", "skip_on_device", "start_iter", "transport")
+                 "buckets", "compression", "early", "model_parameters", "nonfinite",
+                 "optimizer_link", "overlap", "pending", "process_group", "remap",
+                 "restored_buckets", "restored_indices", "seen_buckets", "skip_on_device",
+                 "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
                  start_iter: int = 2, transport: Transport | str | None = None,
                  skip_on_device: bool | None = None, optimizer: Any = None,
                  freeze_variance_after: int | None = None, max_grad_norm: float | None = None,
-                 **options: Any) -> None:
+                 overlap: bool = True, **options: Any) -> None:
         if compression is None:
             _check_reduction_is_not_a_scheme(reduction, density)
             compression = sparse_config(reduction or "gtopk",
@@ -221,7 +233,10 @@ class GTopkHookState:
         if skip_on_device not in (None, True, False):
             refuse("skip_on_device", "None (on CUDA buckets), True or False", skip_on_device,
                    wrong_type=True)
+        if not isinstance(overlap, bool):
+            refuse("overlap", "True or False", overlap, wrong_type=True)
         self.skip_on_device = skip_on_device
+        self.overlap = overlap
         self.process_group = process_group
         self.transport = transport
         self.compression = compression
@@ -252,6 +267,7 @@ class GTopkHookState:
         self._registration: WorkerCount | None = None  # the workers whose hook has run
         self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
         self.nonfinite = NonfiniteFlags()
+        self.early = EarlySteps()
 
     # -- iterations (one decided on the device is corrected when its flag is read) -----------
 
@@ -339,6 +355,7 @@ class GTopkHookState:
         construction-time ones) with `error`; holds nothing after."""
         pending, self.pending = self.pending, []
         self.nonfinite.clear()
+        self.early.clear()
         for _, _, future in pending:
             if not future.done():
                 future.set_exception(error)
@@ -412,6 +429,7 @@ class GTopkHookState:
                            "the saved state", " and ".join(dropped))
         link = self.optimizer_link
         return {"compression": self.compression, "skip_on_device": self.skip_on_device,
+                "overlap": self.overlap,
                 "freeze_variance_after": link.after, "max_grad_norm": link.max_grad_norm,
                 "transport": self.transport if isinstance(self.transport, str) else None,
                 **self.state_dict(), "dropped": dropped}
@@ -423,6 +441,7 @@ class GTopkHookState:
         iteration)."""
         self.process_group = None
         self.skip_on_device = state.get("skip_on_device")
+        self.overlap = state.get("overlap", True)
         self.transport = state.get("transport")
         self.compression = state["compression"]
         self.optimizer_link = _optimizer_link(self.compression,
@@ -505,16 +524,17 @@ class GTopkHookState:
         return self.new_sparse_step(index, layout, sizes, bucket.buffer().device, saved)
 
     def step_together(self, steps: list[tuple[SparseStep, torch.Tensor]],
-                      checked: bool = False) -> bool | DeviceSkip:
+                      checked: bool = False, skip: bool | DeviceSkip | None = None
+                      ) -> bool | DeviceSkip:
         """Runs the steps of one iteration's buckets in place; returns whether they were
         skipped: a bool, or a `DeviceSkip` when decided on the device. nonfinite="propagate":
         one count of the workers with a NaN/Inf in any bucket first (each bucket read on its
         device into `nonfinite`, already as it arrived if `checked`), and every step skipped
         (all NaN) if there is one: on the device (`skip_on_device`: the flag summed over the
         workers there, and read by the steps' kernels), or on the host (one host read of the
-        flag, then one all-reduce of one integer at P > 1); "raise": each step as it is."""
-        skip: bool | DeviceSkip | None = None
-        if self.compression.nonfinite == "propagate":
+        flag, then one all-reduce of one integer at P > 1); "raise": each step as it is.
+        skip: the decision, when it was counted already (`EarlySteps.decide`)."""
+        if skip is None and self.compression.nonfinite == "propagate":
             if not checked:
                 for _, buffer in steps:
                     self.nonfinite.check(buffer)
@@ -627,7 +647,10 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
             link.arrive(buffer, list(bucket.parameters()), bucket.index())
         if state.compression.nonfinite == "propagate":
             future, skipped = _hold_for_check(state, sparse, buffer, bucket.is_last())
+        elif state.overlap and steps_on_thread(sparse, buffer, state.get_transport().size):
+            future = state.early.later(lambda: drive(_step_in_place(sparse, buffer)), buffer)
         else:
+            state.early.wait()
             drive(_step_in_place(sparse, buffer))
             future = _done(buffer)
     if bucket.is_last():
@@ -646,18 +669,34 @@ gtopk_hook.__annotations__.update(bucket=dist.GradBucket,
 def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Tensor,
                     last: bool) -> tuple[torch.futures.Future, bool | DeviceSkip]:
     """nonfinite="propagate": keeps the bucket in `state.pending` until the iteration's last
-    one, enqueuing its non-finite read now (`state.nonfinite`), then runs every held bucket's
-    step together (`step_together`: the decision on the device, or one host read of the flag
-    for all of them) and completes their futures. Returns the bucket's future and whether the
-    iteration was skipped (False until the last bucket; a `DeviceSkip` if decided there)."""
+    one. A bucket that can (`state.overlap`, `early_steps.starts_early`, no clip to wait for)
+    starts its step now, tentatively, on the state's thread (`state.early`); the others enqueue
+    their non-finite read now (`state.nonfinite`). At the last bucket one count of the workers
+    decides the iteration for all of them (after the early exchanges, or `step_together`'s: on
+    the device, or one host read of the flag), the early steps are committed or discarded, the
+    others stepped with the same decision, and every future completes. Returns the bucket's
+    future and whether the iteration was skipped (False until the last bucket; a `DeviceSkip`
+    if decided there)."""
     future = _future(buffer)
     state.pending.append((sparse, buffer, future))
-    state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
+    link = state.optimizer_link
+    if (not last and state.overlap and link.max_grad_norm is None
+            and starts_early(sparse, buffer, state.get_transport().size)):
+        state.early.start(sparse, buffer)
+    else:
+        state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
         return future, False
-    state.optimizer_link.clip_([held_buffer for _, held_buffer, _ in state.pending])
-    skipped = state.step_together([(held, held_buffer) for held, held_buffer, _ in
-                                   state.pending], checked=True)
+    held = [(step, held_buffer) for step, held_buffer, _ in state.pending
+            if not state.early.holds(step)]
+    if state.early.jobs:
+        skipped: bool | DeviceSkip = state.early.decide(state.get_transport(),
+                                                        state.nonfinite.read())
+        state.early.finish(skipped)
+        state.step_together(held, skip=skipped)
+    else:
+        link.clip_([held_buffer for _, held_buffer in held])
+        skipped = state.step_together(held, checked=True)
     pending, state.pending = state.pending, []
     for _, held_buffer, held_future in pending:
         held_future.set_result(held_buffer)
