@@ -48,6 +48,7 @@ from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm
 
 from gtopk_hvd.simulate import SimulatedCluster
+from gtopk_hvd.torch import ddp_baselines
 from gtopk_hvd.torch.frozen_variance import FrozenVariance
 
 EXAMPLES = {"lm": pytorch_lm, "transformer": pytorch_transformer, "digits": pytorch_digits}
@@ -76,6 +77,15 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
                         help="lm: before this step's reduction, worker --lose-worker's "
                              "residual and velocity become zero, as for a worker that died and "
                              "was replaced by a new one (its unsent gradient is never applied)")
+    parser.add_argument("--baseline", choices=("bf16", "powersgd"), default=None,
+                        help="with --compression none: a DDP user's own compression in place "
+                             "of the dense all-reduce, torch's bf16_compress_hook or "
+                             "powerSGD_hook, as its arithmetic (gtopk_hvd.torch.ddp_baselines) "
+                             "over DDP's default buckets")
+    parser.add_argument("--powersgd-rank", type=int, default=1,
+                        help="PowerSGD's matrix_approximation_rank")
+    parser.add_argument("--powersgd-start-iter", type=int, default=10,
+                        help="PowerSGD's start_powerSGD_iter (plain average before)")
     parser.add_argument("--lose-worker", type=int, default=None,
                         help="the worker whose residual is lost (default: the last)")
     if argv is not None and ("-h" in argv or "--help" in argv):
@@ -100,6 +110,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace,
         rest + ["--batch-size", str(own.global_batch // own.workers)])
     if getattr(example, "backward_passes_per_step", 1) != 1 or getattr(example, "resume", None):
         parser.error("--backward-passes-per-step and --resume are not simulated")
+    if own.baseline and (example.compression != "none" or own.model not in LANGUAGE_MODELS):
+        parser.error("--baseline replaces the dense all-reduce of a language model: give it "
+                     "with --compression none")
     if example.compression == "fp16":
         parser.error("fp16 is Horovod's dense all-reduce of float16 values: simulate "
                      "--compression none")
@@ -156,8 +169,15 @@ def simulate_lm(own: argparse.Namespace, args: argparse.Namespace, recipe: Modul
     if getattr(args, "sparsify", "gradient") == "preconditioned" and not dense:
         frozen = FrozenVariance(optimizer, parameters, args.dense_steps,
                                 args.momentum if args.momentum_correction else None)
+    baseline = None
+    if own.baseline:
+        shapes = [tuple(p.shape) for p in parameters]
+        baseline = (ddp_baselines.Bf16Allreduce(workers, params) if own.baseline == "bf16" else
+                    ddp_baselines.PowerSGD(workers, shapes, ddp_baselines.ddp_buckets(shapes),
+                                           rank=own.powersgd_rank,
+                                           start_iter=own.powersgd_start_iter))
     cluster = SimulatedCluster(None if dense else sparse_compression(args, steps_per_epoch),
-                               [p.numel() for p in parameters], workers)
+                               [p.numel() for p in parameters], workers, baseline=baseline)
 
     hidden = [model.initial_hidden(args.batch_size) for _ in range(workers)]
     lost: dict = {}
@@ -357,14 +377,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     run = simulate_lm(own, args, EXAMPLES[own.model])
     model = run.pop("model")
     last = run["evaluations"][-1]
+    compression = {None: args.compression, "bf16": "bf16",
+                   "powersgd": f"powersgd-r{own.powersgd_rank}"}[own.baseline]
     if args.history:
         with open(args.history, "w") as file:
-            json.dump({**run, "compression": args.compression, "density_asked": args.density,
+            json.dump({**run, "compression": compression, "density_asked": args.density,
                        "lr": args.lr}, file, indent=1)
     if args.save:
         pytorch_lm.save_parameters(args.save, model)
     digits_common.emit(
-        f"RESULT simulated compression={args.compression} density={last['density']:g} "
+        f"RESULT simulated compression={compression} density={last['density']:g} "
         f"workers={own.workers} global_batch={own.global_batch} steps={run['steps']} "
         f"valid_perplexity={last['valid_perplexity']:.2f} "
         f"test_perplexity={run['test_perplexity']:.2f} bytes_per_step={last['bytes_per_step']} "

@@ -14,7 +14,10 @@ calls `reduce()`, and applies the returned update once to its one model:
                returns update_0
 
 Dense S-SGD (`compression=None`): update = sum_r gradients[r] (in rank order) / P for an
-average, the sum for `average=False`; bytes are a ring all-reduce's, 2 (P - 1) / P * 4 d.
+average, the sum for `average=False`; bytes are a ring all-reduce's, 2 (P - 1) / P * 4 d. A DDP
+user's own compression (`baseline=`, with compression=None: an object whose
+`reduce(gradients)` returns the update and `wire()` the (messages, bytes) a worker sends, e.g.
+`gtopk_hvd.torch.ddp_baselines`' bf16 and PowerSGD): update = baseline.reduce(gradients).
 
 The sparse steps, schemes, reductions and byte counts are the ones a real job runs (under
 mpirun the same configuration ends with bitwise the same weights: tests/test_simulate.py);
@@ -42,17 +45,22 @@ class SimulatedCluster:
     sizes: the values of each source (parameter) in the fused order. workers: P.
     average: the update is the average (True) or the sum of the workers' contributions.
     check_replicas: compare every worker's update with worker 0's at each step (raises if one
-    differs); costs one comparison of d values per worker.
+    differs); costs one comparison of d values per worker. baseline: dense's reduction
+    replaced (module docstring).
     """
 
-    __slots__ = ("workers", "d", "average", "check_replicas", "group", "steps", "gradients",
-                 "_updates", "last_stats")
+    __slots__ = ("workers", "d", "average", "baseline", "check_replicas", "group", "steps",
+                 "gradients", "_updates", "last_stats")
 
     def __init__(self, compression: Any, sizes: Sequence[int], workers: int, *,
                  average: bool = True, check_replicas: bool = True,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, baseline: Any = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if baseline is not None and (compression is not None or not average):
+            raise ValueError("a baseline replaces dense's average: give compression=None and "
+                             "average=True with it")
+        self.baseline = baseline
         self.workers = workers
         self.d = int(sum(sizes))
         self.average = average
@@ -71,6 +79,8 @@ class SimulatedCluster:
     @property
     def bytes_sent(self) -> list[int]:
         """What each worker sent in the last step."""
+        if self.baseline is not None:
+            return [int(self.baseline.wire()[1])] * self.workers
         if self.steps is None:
             return [int(2 * (self.workers - 1) / self.workers * 4 * self.d)] * self.workers
         return [stats.bytes_sent for stats in self.last_stats]
@@ -103,6 +113,11 @@ class SimulatedCluster:
 
     def _dense(self) -> np.ndarray:
         update = self._updates[0]
+        if self.baseline is not None:
+            np.copyto(update, self.baseline.reduce(self.gradients))
+            for gradient in self.gradients:
+                gradient.fill(0.0)
+            return update
         np.copyto(update, self.gradients[0])
         for gradient in self.gradients[1:]:
             update += gradient
