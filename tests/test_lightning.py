@@ -72,7 +72,8 @@ def test_adamw_with_the_frozen_variance_in_bf16_resumes_bit_for_bit(tmp_path: Pa
     full = run(*common, "--checkpoints", str(tmp_path))
     sums = checksums(full)
     assert len(set(sums.values())) == 1, sums
-    assert re.findall(r"HOOK_ITERS rank=\d \d+ preconditioned=(\w+)", full) == ["True"] * 2
+    # (True|False): two workers' lines can interleave on the shared pipe
+    assert re.findall(r"HOOK_ITERS rank=\d \d+ preconditioned=(True|False)", full) == ["True"] * 2
     accuracy = float(re.search(r"TEST_ACCURACY ([\d.]+)", full).group(1))
     # Measured 0.8667 on an AMD EPYC (AVX2), one run: the floor leaves 24 of the 360 test
     # images (chance is 0.1); not measured on AVX-512.
