@@ -74,12 +74,18 @@ def beside(function: Callable[[], str]) -> Future:
 
 
 def faulty_and_calm_runs(tmp_path: Path, *options: str, fault: tuple[str, ...],
-                         example: Path = EXAMPLE,
-                         environment: tuple[str, ...] = ()) -> tuple[str, str]:
-    """(output with the fault, output without). The run without starts once the worker is
-    killed (the example writes its marker file then): the survivors of the other run spend the
-    next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm run fills
-    (at the lowest priority, BACKGROUND)."""
+                         example: Path = EXAMPLE, environment: tuple[str, ...] = (),
+                         calm_beside: bool = True) -> tuple[str, str]:
+    """(output with the fault, output without). With calm_beside, the run without starts once
+    the worker is killed (the example writes its marker file then): the survivors of the other
+    run spend the next seconds waiting for Gloo's timeout on the lost peer, idle, which the calm
+    run fills (at the lowest priority, BACKGROUND). Without it, the calm run comes after."""
+    if not calm_beside:
+        faulty = elastic_run(tmp_path, *options, *fault, example=example,
+                             environment=environment)
+        (tmp_path / "calm").mkdir()
+        return faulty, elastic_run(tmp_path / "calm", *options, *CALM, example=example,
+                                   environment=environment)
     faulty = beside(lambda: elastic_run(tmp_path, *options, *fault, example=example,
                                         environment=environment))
     while not faulty.done() and not (tmp_path / "killed").exists():
@@ -122,11 +128,16 @@ KERAS_EXAMPLE = REPO_ROOT / "examples" / "elastic_keras.py"
 @pytest.mark.parametrize("keras, phase", [("keras3", "reduction"), ("tf-keras", "commit")])
 def test_keras_fit_survives_a_killed_worker(tmp_path: Path, keras: str, phase: str) -> None:
     """model.fit under Elastic Horovod with gtopk_hvd's KerasState: a worker killed inside the
-    sparse step (Keras 3) or inside the commit (tf-keras); same checks as for torch."""
+    sparse step (Keras 3) or inside the commit (tf-keras); same checks as for torch.
+
+    The calm run comes after the faulty one, not beside it: the replacement worker imports
+    TensorFlow inside the survivors' rendezvous, which Gloo bounds at 30 s, and four calm
+    workers importing it too (even at the lowest priority) pushed that start past the bound on
+    2 cores (the survivors aborted, then the replacement's connect was refused)."""
     environment = ("TF_USE_LEGACY_KERAS=1",) if keras == "tf-keras" else ()
     faulty, calm = faulty_and_calm_runs(
         tmp_path, "--compression", "gtopk", example=KERAS_EXAMPLE, environment=environment,
-        fault=("--kill-rank", "3", "--kill-at", "10", "--kill-phase", phase))
+        fault=("--kill-rank", "3", "--kill-at", "10", "--kill-phase", phase), calm_beside=False)
     assert f"keras={keras}" in calm and f"keras={keras}" in faulty, faulty[-3000:]
     check_survived_and_replaced(faulty, calm)
 
