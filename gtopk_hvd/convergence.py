@@ -25,17 +25,20 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-RUN_NAME = re.compile(r"lm_(?P<config>[a-z-]+(?:_[0-9.]+)?)_p(?P<workers>\d+)\.json")
+RUN_NAME = re.compile(r"lm_(?P<config>[a-z0-9-]+(?:_[0-9.]+)?)_p(?P<workers>\d+)\.json")
 OTHER_STUDIES = re.compile(r"(lm|digits)_.*")  # the scale study's files that RUN_NAME leaves out
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "results" / "scale"
-"""The scale study's runs in a source checkout (an installed wheel has none: pass a folder)."""
+"""The scale study's runs in a source checkout."""
+TABLE = Path(__file__).resolve().parent / "data" / "convergence_lm.json"
+"""The same runs as shipped in the package: each Run's fields (`write_table`, from
+scripts/convergence_table.py)."""
 
 
 @dataclass(frozen=True)
 class Run:
     """One measured configuration at one P."""
 
-    scheme: str  # Compression.scheme's name, or "dense"
+    scheme: str  # Compression.scheme's name, "dense", or a DDP baseline ("bf16", "powersgd-r2")
     density: float
     workers: int
     params: int
@@ -50,7 +53,7 @@ class Run:
     def name(self) -> str:
         if self.label:
             return self.label
-        return "dense" if self.scheme == "dense" else f"{self.scheme}_{self.density:g}"
+        return self.scheme if is_reference(self.scheme) else f"{self.scheme}_{self.density:g}"
 
     def steps_to(self, target: float) -> int | None:
         """The first evaluated step at or below target; None if the run never got there."""
@@ -73,18 +76,39 @@ def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
                             for e in history["evaluations"] if "valid_perplexity" in e)
         if not evaluations:
             continue
-        scheme = history["compression"]
+        scheme = "dense" if history["compression"] == "none" else history["compression"]
         params = int(history["params"])
+        reference = is_reference(scheme)
         runs.append(Run(
-            scheme="dense" if scheme == "none" else scheme,
-            density=1.0 if scheme == "none" else float(history["density_asked"]),
+            scheme=scheme, density=1.0 if reference else float(history["density_asked"]),
             workers=int(history["workers"]), params=params,
             steps=int(history["steps"]), final=evaluations[-1][1],
             bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
             evaluations=evaluations,
-            label="" if scale_run or scheme == "none" else configuration(path.stem),
-            dense_steps=0 if scheme == "none" else dense_start(history)))
+            label="" if scale_run or reference else configuration(path.stem),
+            dense_steps=0 if reference else dense_start(history)))
     return runs
+
+
+def load(source: Path | str = TABLE) -> list[Run]:
+    """The runs of a folder of histories (`load_runs`) or of a table (`write_table`)."""
+    source = Path(source)
+    if source.is_dir():
+        return load_runs(source)
+    rows = json.loads(source.read_text())["runs"]
+    return [Run(**{**row, "evaluations": tuple(tuple(e) for e in row["evaluations"])})
+            for row in rows]
+
+
+def write_table(runs: list[Run], path: Path | str, source: str) -> None:
+    """The runs as one JSON table (what `load` reads), naming where they came from."""
+    rows = [dict(vars(run), evaluations=[list(e) for e in run.evaluations]) for run in runs]
+    Path(path).write_text(json.dumps({"source": source, "runs": rows}, indent=0) + "\n")
+
+
+def is_reference(scheme: str) -> bool:
+    """Dense and DDP's own compressions (bf16, powersgd-r<rank>): every entry reduced."""
+    return scheme in ("dense", "bf16") or re.fullmatch(r"powersgd-r\d+", scheme) is not None
 
 
 def configuration(stem: str) -> str:

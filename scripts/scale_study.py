@@ -64,6 +64,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from gtopk_hvd import plan  # noqa: E402
+from gtopk_hvd.bench import devices  # noqa: E402
 
 LINKS = ROOT / "results" / "links_scale" / "model.json"  # scripts/link_scale.py's fit
 
@@ -378,8 +379,9 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                 cells.append("-" if seconds is None else f"{seconds:.1f}")
             lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     lines += ["", f"Links: {link_model()[2]}; selection measured on this "
-              "machine (`gtopk_hvd.plan.measure_select_s`); compute per worker = the dense run's "
-              "compute phase / P. A model built from measurements, not a measured time."]
+              "machine (`gtopk_hvd.bench.devices.measure_select_s`); compute per worker = the "
+              "dense run's compute phase / P. A model built from measurements, not a measured "
+              "time."]
     return lines
 
 
@@ -407,7 +409,7 @@ _selection: dict[tuple[int, float], float] = {}
 
 def selection_seconds(d: int, density: float) -> float:
     if (d, density) not in _selection:
-        _selection[(d, density)] = plan.measure_select_s(d, density, repeats=5)
+        _selection[(d, density)] = devices.measure_select_s(d, density, repeats=5)
     return _selection[(d, density)]
 
 

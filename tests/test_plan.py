@@ -55,11 +55,12 @@ def test_prediction_is_the_model() -> None:
 
 def test_command_line_picks_the_fastest_and_refuses_bad_input() -> None:
     command = [sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M", "--workers", "4",
-               "32", "--compute-ms", "200", "--select-ms", "5", "--link", "1gbit"]
+               "32", "--compute-ms", "200", "--select-ms", "5", "--link", "1gbit",
+               "--density", "0.001", "--schemes", "topk", "gtopk", "micro"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     steps_table = done.stdout.split("Time to target")[0]
-    picks = [line.split()[1] for line in steps_table.splitlines() if "<- pick" in line]
+    picks = [line.split()[1] for line in steps_table.splitlines() if "<- fastest step" in line]
     assert picks == ["micro", "gtopk"], done.stdout  # fewest bytes at 4, fewest messages at 32
     bad = subprocess.run([*command[:3], "--params", "many", "--compute-ms", "1"],
                          capture_output=True, text=True, timeout=120)
@@ -114,12 +115,20 @@ def test_time_to_target_counts_the_measured_steps_times_the_modelled_step(tmp_pa
                 select_s={0.01: 0.002, 0.001: 0.001}, shares=dict.fromkeys(plan.SCHEMES, 1.0))
     _, rows = plan.times_to_target(runs, 8, 1.1, **args)
     by_name = {row.config: row for row in rows}
-    for name, scheme, density in (("dense", "dense", 1.0), ("topk_0.01", "topk", 0.01)):
-        modelled = plan.predict(scheme, 8, 25_600_000, density, 1e9, 50e-6, 0.05,
-                                args["select_s"].get(density, 0.0))
-        # the run's 8 bytes per step at d = 1000, scaled to 25.6M, replace the formula's bytes
-        step = modelled.step_s + (8.0 * 25_600 - modelled.bytes_sent) * 8.0 / 1e9
-        assert by_name[name].seconds == pytest.approx(steps[name] * step)
+    # dense: the modelled all-reduce (its bytes are the formula's); topk_0.01: the run's 8 bytes
+    # per step at d = 1000, scaled to 25.6M, replace the formula's bytes
+    dense = plan.predict("dense", 8, 25_600_000, 1.0, 1e9, 50e-6, 0.05, 0.0)
+    assert by_name["dense"].seconds == pytest.approx(steps["dense"] * dense.step_s)
+    topk = plan.predict("topk", 8, 25_600_000, 0.01, 1e9, 50e-6, 0.05, 0.002)
+    step = topk.step_s + (8.0 * 25_600 - topk.bytes_sent) * 8.0 / 1e9
+    assert by_name["topk_0.01"].seconds == pytest.approx(steps["topk_0.01"] * step)
+    # with the model's buckets, dense's step is the pipelined one
+    model = plan.Model(25_600_000)
+    _, rows = plan.times_to_target(runs, 8, 1.1, **args, model=model, overlap=1.0)
+    pipelined = plan.predict_baseline("dense", 8, model, 1e9, 50e-6, 0.05, 1.0)
+    assert pipelined.step_s < dense.step_s
+    assert {row.config: row for row in rows}["dense"].seconds == pytest.approx(
+        steps["dense"] * pipelined.step_s)
     assert by_name["gtopk_0.001"].seconds is None
 
     out = subprocess.run([sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M",

@@ -29,8 +29,8 @@ start_powerSGD_iter, min_compression_rate, error feedback, warm start, the seed)
    on every worker;
 6. e_p = M_p - the bucket's result (the uncompressed tensors' average included).
 
-Wire per bucket: three ring all-reduces (the uncompressed tensors, the Ps, the Qs) of 4 bytes a
-value (`PowerSGD.wire`).
+What each sends: `gtopk_hvd.ddp_wire` (the planner prices the same), which also holds DDP's
+bucket assignment (`ddp_buckets`).
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-Shapes = Sequence[Sequence[int]]
+from gtopk_hvd.ddp_wire import (
+    Shapes,
+    bucket_wire,
+    ddp_buckets,
+    powersgd_matrix,
+    ring_allreduce,
+)
 
-
-def ring_allreduce(workers: int, values: int, value_bytes: int) -> tuple[int, int]:
-    """(messages, bytes) one worker sends in a ring all-reduce of `values` values."""
-    if workers <= 1:
-        return 0, 0
-    return 2 * (workers - 1), 2 * (workers - 1) * value_bytes * values // workers
+__all__ = ["Bf16Allreduce", "PowerSGD", "ddp_buckets"]
 
 
 class Bf16Allreduce:
@@ -110,12 +111,7 @@ class PowerSGD:
 
     def compressed(self, shape: Sequence[int]) -> tuple[int, int, int] | None:
         """(rows, cols, r') of a tensor PowerSGD compresses, None for one it sends whole."""
-        rows = int(shape[0]) if len(shape) else 1
-        cols = int(np.prod(shape)) // rows if rows else 0
-        rank = min(rows, cols, self.rank)
-        if (rows + cols) * rank * self.min_compression_rate < rows * cols:
-            return rows, cols, rank
-        return None
+        return powersgd_matrix(shape, self.rank, self.min_compression_rate)
 
     def reduce(self, gradients: Sequence[np.ndarray]) -> np.ndarray:
         flats = [torch.from_numpy(gradient) for gradient in gradients]
@@ -187,39 +183,9 @@ class PowerSGD:
 
     def wire(self) -> tuple[int, int]:
         """(messages, bytes) one worker sends in a PowerSGD step (after start_iter)."""
-        messages = sent = 0
-        for bucket in self.buckets:
-            plain = ps = qs = 0
-            for shape in (self.shapes[i] for i in bucket):
-                compressed = self.compressed(shape)
-                if compressed is None:
-                    plain += int(np.prod(shape))
-                else:
-                    rows, cols, rank = compressed
-                    ps, qs = ps + rows * rank, qs + cols * rank
-            for values in (plain, ps, qs):
-                m, b = ring_allreduce(self.workers, values, 4)
-                messages, sent = messages + m, sent + b
-        return messages, sent
-
-
-def ddp_buckets(shapes: Shapes, bucket_cap_mb: float = 25.0,
-                first_bucket_mb: float = 1.0) -> list[list[int]]:
-    """DDP's buckets for float32 parameters of `shapes` (in the model's order), as its
-    construction assigns them: the parameters in reverse order, each added to the open bucket,
-    which closes once it holds at least its cap (the first bucket's, then bucket_cap_mb). DDP
-    rebuilds them after its first iteration in the order the gradients became ready, which for
-    a model whose backward runs its layers in reverse is the same grouping; for PowerSGD only
-    the grouping matters (its random draws are per bucket)."""
-    buckets: list[list[int]] = [[]]
-    filled, cap = 0, first_bucket_mb * 2 ** 20
-    for index in reversed(range(len(shapes))):
-        buckets[-1].append(index)
-        filled += 4 * int(np.prod(shapes[index]))
-        if filled >= cap:
-            buckets.append([])
-            filled, cap = 0, bucket_cap_mb * 2 ** 20
-    return [bucket for bucket in buckets if bucket]
+        per_bucket = [bucket_wire("powersgd", self.workers, self.shapes, bucket, self.rank,
+                                  self.min_compression_rate) for bucket in self.buckets]
+        return sum(m for m, _ in per_bucket), sum(b for _, b in per_bucket)
 
 
 def _tensors(flat: torch.Tensor, shapes: Shapes) -> list[torch.Tensor]:
