@@ -8,6 +8,8 @@ the shapes, not only their count.
     gpt2-350m  Hugging Face's GPT2LMHeadModel at GPT-2 medium's config      354,823,168
                (24 layers, width 1024, vocabulary 50,257, context 1,024; the head tied to
                the embedding, Conv1D weights stored (in, out))
+    lstm-lm    examples/pytorch_lm.py at its defaults (2 layers of 256)       3,623,186
+    lstm-lm-128  the scale study's LSTM (--size 128)                         1,554,450
 
 Each is checked against the model built from its definition (tests/test_model_shapes.py). A
 model of your own: `json.dump([list(p.shape) for p in model.parameters()], file)` and
@@ -74,8 +76,17 @@ def gpt2(layers: int = 24, width: int = 1024, vocab: int = 50_257,
     return shapes + [(width,), (width,)]  # ln_f
 
 
+def lstm_lm(vocab: int = 10_002, size: int = 256, layers: int = 2) -> list[Shape]:
+    """examples/pytorch_lm.py's model: the decoder's weight tied to the embedding's."""
+    shapes: list[Shape] = [(vocab, size)]
+    for _ in range(layers):
+        shapes += [(4 * size, size), (4 * size, size), (4 * size,), (4 * size,)]
+    return shapes + [(vocab,)]
+
+
 MODELS: dict[str, Callable[[], list[Shape]]] = {
-    "resnet20": resnet20, "resnet50": resnet50, "vgg16": vgg16, "gpt2-350m": gpt2}
+    "resnet20": resnet20, "resnet50": resnet50, "vgg16": vgg16, "gpt2-350m": gpt2,
+    "lstm-lm": lstm_lm, "lstm-lm-128": lambda: lstm_lm(size=128)}
 
 
 def count(shapes: list[Shape]) -> int:

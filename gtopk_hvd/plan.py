@@ -75,7 +75,6 @@ from gtopk_hvd.bench import cost_model, devices, pipeline
 from gtopk_hvd.schemes.threshold import N_BINS
 
 MODELS = {name: model_shapes.count(shapes()) for name, shapes in model_shapes.MODELS.items()}
-MODELS["lstm-lm"] = 3_623_186  # examples/pytorch_lm.py at its defaults (no shapes: no PowerSGD)
 """Parameter counts of well-known models, for --params (`gtopk_hvd.model_shapes` has their
 shapes)."""
 SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch", "oktopk")
@@ -399,9 +398,9 @@ def recommendation(workers: int, predictions: Sequence[Prediction],
         reached = sorted((row for row in rows if row.seconds is not None),
                          key=lambda row: row.seconds)
         seconds = {row.config: row.seconds for row in reached}
-        ranked = [(row.config, f"{row.seconds:.0f} s to target") for row in reached]
+        ranked = [(row.config, f"{row.seconds:.1f} s to target") for row in reached]
         against = ", ".join(
-            f"{p.config} " + (f"{seconds[p.config]:.0f} s" if p.config in seconds
+            f"{p.config} " + (f"{seconds[p.config]:.1f} s" if p.config in seconds
                               else "(convergence not measured)") for p in baselines)
         basis = "time to target, measured convergence"
     else:

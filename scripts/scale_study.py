@@ -106,6 +106,17 @@ SCHEMES = {  # name -> (--compression, --density)
     "gtopk_0.062": ("gtopk", 0.062),
     "gtopk_0.0023": ("gtopk", 0.0023),
     "gtopk_0.023": ("gtopk", 0.023),
+    # DDP's own compressions, in place of dense's all-reduce (the simulated cluster runs torch's
+    # bf16_compress_hook and powerSGD_hook arithmetic: gtopk_hvd/torch/ddp_baselines.py)
+    "bf16": ("none", 1.0),
+    "powersgd-r1": ("none", 1.0),
+    "powersgd-r2": ("none", 1.0),
+    "powersgd-r4": ("none", 1.0),
+}
+BASELINES = {  # name -> the simulated cluster's options for a DDP baseline
+    "bf16": ("--baseline", "bf16"),
+    **{f"powersgd-r{rank}": ("--baseline", "powersgd", "--powersgd-rank", str(rank))
+       for rank in (1, 2, 4)},
 }
 
 
@@ -211,7 +222,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", choices=list(MODELS), default="lm",
                         help="lm: the LSTM language model; digits: the digits CNN")
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16, 32, 64])
-    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=None,
+                        help="default: all (digits: all but DDP's baselines)")
     parser.add_argument("--global-batch", type=int, default=None,
                         help="lm: 64 sequences; digits: 128 images")
     parser.add_argument("--steps", type=int, default=300, help="lm: steps")
@@ -252,6 +264,12 @@ def parse_args() -> argparse.Namespace:
                      "would change nothing: give --momentum too")
     if args.warmup_epochs < 0:
         parser.error(f"--warmup-epochs {args.warmup_epochs:g}: must be at least 0")
+    if args.schemes is None:
+        args.schemes = [name for name in SCHEMES
+                        if args.model == "lm" or name not in BASELINES]
+    if args.model != "lm" and set(args.schemes) & set(BASELINES):
+        parser.error(f"--schemes {' '.join(sorted(set(args.schemes) & set(BASELINES)))}: DDP's "
+                     "baselines replace a language model's all-reduce (--model lm)")
     if args.out is None:
         args.out = ROOT / "results" / "scale" / (
             "momentum_correction" if args.momentum_correction
@@ -281,6 +299,7 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
                "--compression", compression, "--density", str(density),
                "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
                "--quiet", "--history", str(partial), *model.options,
+               *BASELINES.get(scheme, ()),
                *(["--seed", str(args.seed)] if args.seed is not None else []),
                *(["--momentum-correction"] if args.momentum_correction else []),
                *(["--momentum", str(args.momentum)] if args.momentum else []),
@@ -369,7 +388,7 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                   "not within the run):", "",
                   "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
                   "|---|" + "---|" * len(args.workers)]
-        for scheme in present:
+        for scheme in (name for name in present if name not in BASELINES):
             cells = []
             for p in args.workers:
                 if runs[(scheme, p)] is None or runs.get(("dense", p)) is None:
@@ -378,6 +397,8 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                 seconds = modelled_seconds(runs, scheme, p, d, rate, args.near)
                 cells.append("-" if seconds is None else f"{seconds:.1f}")
             lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    lines += ["", "DDP's baselines (bf16, PowerSGD) are left out here: the planner prices them "
+              "in DDP's buckets (`python -m gtopk_hvd.plan`)."]
     lines += ["", f"Links: {link_model()[2]}; selection measured on this "
               "machine (`gtopk_hvd.bench.devices.measure_select_s`); compute per worker = the "
               "dense run's compute phase / P. A model built from measurements, not a measured "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,25 @@ def test_gpt2_medium_shapes_are_hugging_faces() -> None:
     with torch.device("meta"):
         model = transformers.GPT2LMHeadModel(config)
     assert [tuple(p.shape) for p in model.parameters()] == model_shapes.gpt2()
+
+
+def test_the_lstm_shapes_are_the_examples() -> None:
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "pytorch_lm", Path(__file__).resolve().parent.parent / "examples" / "pytorch_lm.py")
+    example = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(Path(spec.origin).parent))
+    try:
+        spec.loader.exec_module(example)
+    finally:
+        sys.path.pop(0)
+    for name, size in (("lstm-lm", 256), ("lstm-lm-128", 128)):
+        with torch.device("meta"):
+            model = example.LSTMLanguageModel(10_002, size, 2, 0.2)
+        assert [tuple(p.shape) for p in model.parameters()] == model_shapes.MODELS[name]()
+    assert model_shapes.count(model_shapes.MODELS["lstm-lm-128"]()) == 1_554_450  # the study's
 
 
 def test_the_gpu_selection_time_is_the_measured_one_not_this_cpus() -> None:
