@@ -388,6 +388,7 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                   "not within the run):", "",
                   "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
                   "|---|" + "---|" * len(args.workers)]
+        # DDP's baselines are priced by the planner in DDP's buckets (python -m gtopk_hvd.plan)
         for scheme in (name for name in present if name not in BASELINES):
             cells = []
             for p in args.workers:
@@ -397,8 +398,6 @@ def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int)
                 seconds = modelled_seconds(runs, scheme, p, d, rate, args.near)
                 cells.append("-" if seconds is None else f"{seconds:.1f}")
             lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    lines += ["", "DDP's baselines (bf16, PowerSGD) are left out here: the planner prices them "
-              "in DDP's buckets (`python -m gtopk_hvd.plan`)."]
     lines += ["", f"Links: {link_model()[2]}; selection measured on this "
               "machine (`gtopk_hvd.bench.devices.measure_select_s`); compute per worker = the "
               "dense run's compute phase / P. A model built from measurements, not a measured "
