@@ -102,8 +102,9 @@ def load(source: Path | str = TABLE) -> list[Run]:
 
 def write_table(runs: list[Run], path: Path | str, source: str) -> None:
     """The runs as one JSON table (what `load` reads), naming where they came from."""
-    rows = [dict(vars(run), evaluations=[list(e) for e in run.evaluations]) for run in runs]
-    Path(path).write_text(json.dumps({"source": source, "runs": rows}, indent=0) + "\n")
+    rows = ",\n".join(json.dumps(dict(vars(run), evaluations=[list(e) for e in run.evaluations]))
+                      for run in runs)
+    Path(path).write_text(f'{{"source": {json.dumps(source)}, "runs": [\n{rows}\n]}}\n')
 
 
 def is_reference(scheme: str) -> bool:

@@ -19,6 +19,7 @@ model of your own: `json.dump([list(p.shape) for p in model.parameters()], file)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,13 +91,7 @@ MODELS: dict[str, Callable[[], list[Shape]]] = {
 
 
 def count(shapes: list[Shape]) -> int:
-    total = 0
-    for shape in shapes:
-        size = 1
-        for n in shape:
-            size *= n
-        total += size
-    return total
+    return sum(math.prod(shape) for shape in shapes)
 
 
 def load(path: str | Path) -> list[Shape]:

@@ -146,7 +146,8 @@ class Model:
     bucket_cap_mb: float = 25.0
 
     def buckets(self) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-        """(shapes, buckets): without shapes, d as 1 MB of values then bucket_cap_mb pieces."""
+        """(shapes, buckets): without shapes, d as 1 MB of values then bucket_cap_mb pieces,
+        a bucket each, in ready order."""
         if self.shapes is not None:
             return self.shapes, ddp_wire.ddp_buckets(self.shapes, self.bucket_cap_mb)
         first, cap = 2 ** 18, int(self.bucket_cap_mb * 2 ** 18)  # values in 1 MB, in the cap
@@ -154,12 +155,7 @@ class Model:
         while left > 0:
             sizes.append(min(left, first if not sizes else cap))
             left -= sizes[-1]
-        shapes = [(n,) for n in reversed(sizes)]  # ddp_buckets reverses the model's order
-        return shapes, [[i] for i in reversed(range(len(shapes)))]
-
-
-def baseline_name(baseline: str, rank: int = 0) -> str:
-    return f"powersgd-r{rank}" if baseline == "powersgd" else baseline
+        return [(n,) for n in sizes], [[i] for i in range(len(sizes))]
 
 
 def predict_baseline(config: str, workers: int, model: Model, rate_bps: float,
@@ -178,7 +174,7 @@ def predict_baseline(config: str, workers: int, model: Model, rate_bps: float,
         messages, size = ddp_wire.bucket_wire(baseline, workers, shapes, bucket,
                                               int(rank or 1))
         seconds.append(messages * latency_s + size * 8.0 / (rate_bps * link_share))
-        values.append(sum(model_shapes.count([shapes[i]]) for i in bucket))
+        values.append(model_shapes.count([shapes[i] for i in bucket]))
         sent += size
     step = pipeline.pipelined_step(compute_s, seconds, values, overlap, backward_share)
     return Prediction(config, workers, sent, sum(seconds), step, compute_s)
@@ -352,8 +348,11 @@ def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, 
         if run.workers != workers:
             continue
         if convergence.is_reference(run.scheme):
-            if model is None and run.scheme != "dense" or (
-                    run.scheme.startswith("powersgd") and model.shapes is None):
+            if model is None:
+                priced = run.scheme == "dense"
+            else:
+                priced = model.shapes is not None or not run.scheme.startswith("powersgd")
+            if not priced:
                 continue
             rows.append(TimeToTarget(run.name, workers, steps[run.name],
                                      reference_step(run.scheme), run.steps))

@@ -106,18 +106,15 @@ SCHEMES = {  # name -> (--compression, --density)
     "gtopk_0.062": ("gtopk", 0.062),
     "gtopk_0.0023": ("gtopk", 0.0023),
     "gtopk_0.023": ("gtopk", 0.023),
-    # DDP's own compressions, in place of dense's all-reduce (the simulated cluster runs torch's
-    # bf16_compress_hook and powerSGD_hook arithmetic: gtopk_hvd/torch/ddp_baselines.py)
-    "bf16": ("none", 1.0),
-    "powersgd-r1": ("none", 1.0),
-    "powersgd-r2": ("none", 1.0),
-    "powersgd-r4": ("none", 1.0),
 }
+# DDP's own compressions, in place of dense's all-reduce (the simulated cluster runs torch's
+# bf16_compress_hook and powerSGD_hook arithmetic: gtopk_hvd/torch/ddp_baselines.py)
 BASELINES = {  # name -> the simulated cluster's options for a DDP baseline
     "bf16": ("--baseline", "bf16"),
     **{f"powersgd-r{rank}": ("--baseline", "powersgd", "--powersgd-rank", str(rank))
        for rank in (1, 2, 4)},
 }
+SCHEMES.update(dict.fromkeys(BASELINES, ("none", 1.0)))
 
 
 @dataclass(frozen=True)
