@@ -28,6 +28,18 @@ def test_fsdp_matches_a_replay_of_the_reference(workers: int) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("workers", [2, 3])
+def test_fsdp_adamw_frozen_variance_matches_a_replay_of_the_rule(workers: int) -> None:
+    run_mode("adamw", workers)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers", [2, 3])
+def test_fsdp1_sharded_strategies_match_a_replay(workers: int) -> None:
+    run_mode("fsdp1", workers)
+
+
+@pytest.mark.mpi
 def test_fsdp_resumes_bit_for_bit_from_a_checkpoint() -> None:
     run_mode("resume", 2)
 

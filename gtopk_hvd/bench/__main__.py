@@ -8,7 +8,8 @@ import argparse
 import importlib
 
 COMMANDS = {"topk": "topk", "select": "selection", "merge": "merge", "step": "step",
-            "comm": "comm", "schemes": "schemes", "memory": "memory"}
+            "comm": "comm", "schemes": "schemes", "memory": "memory",
+            "fsdp-memory": "fsdp_memory"}
 """Command -> module of gtopk_hvd.bench (no module is named as a standard one: run as a script,
 this folder is first on sys.path)."""
 

@@ -1,31 +1,37 @@
-"""The sparse reduce-scatter under FSDP2 (`torch.distributed.fsdp.fully_shard`): one call per
-model.
+"""The sparse reduce-scatter under FSDP: one call per model, FSDP2 or FSDP1.
 
-    model = build()                                   # then fully_shard each unit and the root
+    model = build()                                   # FSDP2: fully_shard each unit, the root
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
     sparse = gtopk_hvd.torch.fsdp.register(model, density=0.01)
 
-`register` gives every FSDP module of the model that holds parameters its own
+    model = FullyShardedDataParallel(build(), auto_wrap_policy=...)       # or FSDP1
+    sparse = gtopk_hvd.torch.fsdp.register(model, density=0.01)
+
+`register` gives every FSDP unit of the model that holds parameters its own
 `SparseReduceScatter` (`gtopk_hvd.torch.sparse_reduce_scatter`: the algorithm, its bytes, its
-non-finite rule) and sets FSDP to reduce by a sum and divide afterwards, by its usual factor
-(the world size, or `set_gradient_divide_factor`'s). FSDP's parameter all-gathers stay dense;
-only the gradients' reduce-scatter is sparse. Gradient accumulation
-(`set_requires_gradient_sync(False)`) needs nothing more: FSDP calls the reduce-scatter once, on
-the accumulated gradient.
+non-finite rule). FSDP2: the unit's custom reduce-scatter comm, FSDP set to reduce by a sum and
+divide afterwards by its usual factor (the world size, or `set_gradient_divide_factor`'s).
+FSDP1 (FULL_SHARD, SHARD_GRAD_OP): FSDP's communication hook with each unit's comm as its
+state, the sum divided by the world size, as FSDP's default reduce-scatter does. FSDP's
+parameter all-gathers stay dense; only the gradients' reduce-scatter is sparse. Gradient
+accumulation (FSDP2's `set_requires_gradient_sync(False)`, FSDP1's `no_sync()`) needs nothing
+more: FSDP reduces once, the accumulated gradient.
 
 The rules:
 
-1. Call it after `fully_shard`, before the first backward, once, with the same density on every
+1. Call it after sharding, before the first backward, once, with the same arguments on every
    worker.
-2. A data-parallel mesh of one dimension: hybrid sharding (HSDP) and replicate meshes all-reduce
-   the shards densely afterwards and are refused, as are FSDP1 models
-   (`FullyShardedDataParallel`) and modules that already have a reduce-scatter comm of their
-   own or allocate from the process group.
+2. A data-parallel mesh of one dimension: hybrid sharding (HSDP, FSDP1's HYBRID_SHARD) and
+   replicate meshes all-reduce the shards densely afterwards and are refused, as are FSDP1's
+   NO_SHARD (that is DDP: `gtopk_hvd.torch.ddp`), and units that already have a reduce-scatter
+   comm or hook of their own or allocate from the process group.
 3. Each worker keeps a residual of its units' unsharded gradients: `state_dict()` holds this
    worker's, to be saved and restored by each worker (a restart on the same number of workers
-   continues bit for bit).
+   continues bit for bit). `residual_dtype=torch.bfloat16` halves it.
+4. AdamW: `freeze_variance_after=N, optimizer=optimizer` (FSDP2) freezes Adam's second moment
+   after N dense steps and reduces the preconditioned gradient (`gtopk_hvd.torch.fsdp_adamw`).
 """
 
 from __future__ import annotations
@@ -36,23 +42,33 @@ import torch
 from torch import nn
 
 from gtopk_hvd.options import refuse
+from gtopk_hvd.torch.fsdp_adamw import ShardedFrozenVariance, unit_parameters
 from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter
 
-__all__ = ["SparseFSDP", "register"]
+__all__ = ["SparseFSDP", "full_state", "register"]
 
 
 class SparseFSDP:
-    """The sparse reduce-scatters of one model, by the FSDP module's name in the model ("" for
-    the root).
+    """The sparse reduce-scatters of one model, by the FSDP unit's name in the model ("" for
+    the root), and the AdamW rule they serve.
 
     Attributes:
         comms: name -> SparseReduceScatter.
+        remedy: the `ShardedFrozenVariance` of `freeze_variance_after`, or None.
     """
 
-    __slots__ = ("comms",)
+    __slots__ = ("comms", "remedy")
 
-    def __init__(self, comms: dict[str, SparseReduceScatter]) -> None:
+    def __init__(self, comms: dict[str, SparseReduceScatter],
+                 remedy: ShardedFrozenVariance | None = None) -> None:
         self.comms = comms
+        self.remedy = remedy
+
+    @property
+    def preconditioned(self) -> bool:
+        """Whether this iteration reduces the preconditioned gradient (after the remedy's dense
+        start): clip as dense training does only while it is False."""
+        return self.remedy is not None and self.remedy.preconditioned
 
     @property
     def bytes_sent(self) -> int:
@@ -63,6 +79,11 @@ class SparseFSDP:
     def dense_bytes(self) -> int:
         """What FSDP's own ring reduce-scatters would have sent, at the reduce dtype."""
         return sum(comm.dense_bytes for comm in self.comms.values())
+
+    def residual_bytes(self) -> int:
+        """The bytes this worker's residuals hold."""
+        return sum(comm.residual.numel() * comm.residual.element_size()
+                   for comm in self.comms.values() if comm.residual is not None)
 
     def state_dict(self) -> dict[str, Any]:
         """Every unit's residual and counters, this worker's."""
@@ -77,31 +98,73 @@ class SparseFSDP:
             comm.load_state_dict(state[name])
 
 
-def register(model: nn.Module, density: float) -> SparseFSDP:
-    """Makes every FSDP2 module of `model` reduce-scatter its gradients sparsely.
+def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = torch.float32,
+             freeze_variance_after: int | None = None,
+             optimizer: torch.optim.Optimizer | None = None) -> SparseFSDP:
+    """Makes every FSDP unit of `model` reduce-scatter its gradients sparsely.
 
     Args:
-        model: a model whose units and root went through `fully_shard` (rules in the module
-            docstring).
+        model: an FSDP2 model (its units and root through `fully_shard`) or an FSDP1 root
+            (`FullyShardedDataParallel`, FULL_SHARD or SHARD_GRAD_OP); rules in the module
+            docstring.
         density: k / S for each shard of each unit, in (0, 1] (`shard_budget`).
+        residual_dtype: torch.float32, or torch.bfloat16 to halve the residuals.
+        freeze_variance_after: N dense AdamW steps before Adam's second moment is frozen
+            (`gtopk_hvd.torch.fsdp_adamw`), or None. FSDP2 only.
+        optimizer: the Adam or AdamW optimizer over the sharded parameters, with
+            freeze_variance_after.
 
     Returns:
         The `SparseFSDP` holding each unit's comm (its residual, bytes and checkpoint).
     """
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    comm = SparseReduceScatter(density, residual_dtype)  # checks both before anything changes
+    remedy = None
+    if freeze_variance_after is not None or optimizer is not None:
+        if freeze_variance_after is None or optimizer is None:
+            raise ValueError("gtopk_hvd.torch.fsdp.register: freeze_variance_after=N and "
+                             "optimizer=<the AdamW over the sharded model> go together")
+        if isinstance(model, FullyShardedDataParallel):
+            raise ValueError("gtopk_hvd.torch.fsdp.register: freeze_variance_after is offered "
+                             "on FSDP2 (fully_shard); with FSDP1 leave it out, or move the "
+                             "model to fully_shard")
+        remedy = ShardedFrozenVariance(freeze_variance_after)
+        remedy.attach(optimizer)  # checks the optimizer before the model changes
+    try:
+        if isinstance(model, FullyShardedDataParallel):
+            comms = _register_fsdp1(model, comm)
+        elif any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+            raise TypeError("gtopk_hvd.torch.fsdp.register: the model holds FSDP1 units "
+                            "(FullyShardedDataParallel) but is not their root: register the "
+                            "root")
+        else:
+            comms = _register_fsdp2(model, comm)
+    except Exception:
+        if remedy is not None:
+            remedy.detach()
+        raise
+    for unit in comms.values():
+        unit.remedy = remedy
+    return SparseFSDP(comms, remedy)
+
+
+def _copy(comm: SparseReduceScatter) -> SparseReduceScatter:
+    return SparseReduceScatter(comm.density, comm.residual_dtype)
+
+
+def _register_fsdp2(model: nn.Module, like: SparseReduceScatter
+                    ) -> dict[str, SparseReduceScatter]:
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
     from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo
 
-    if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
-        raise TypeError("gtopk_hvd.torch.fsdp.register takes FSDP2 models "
-                        "(torch.distributed.fsdp.fully_shard); this one is wrapped in FSDP1's "
-                        "FullyShardedDataParallel: shard it with fully_shard instead")
     units = [(name, module) for name, module in model.named_modules()
              if isinstance(module, FSDPModule)]
     if not units:
         raise ValueError("gtopk_hvd.torch.fsdp.register: the model has no FSDP module; call "
                          "torch.distributed.fsdp.fully_shard on its units and its root first")
-    comms: dict[str, SparseReduceScatter] = {}
+    chosen: list[tuple[str, FSDPModule, Any]] = []
     for name, module in units:
         groups = module._get_fsdp_state()._fsdp_param_groups
         for group in groups:
@@ -121,12 +184,57 @@ def register(model: nn.Module, density: float) -> SparseFSDP:
                     f"reduce-scatter comm {type(comm).__name__} (a custom comm, or memory from "
                     "the process group or symmetric memory); the sparse reduce-scatter replaces "
                     "FSDP's default one only")
-        if not groups:
-            continue
-        comms[name] = SparseReduceScatter(density)
+        if len(groups) > 1:
+            raise ValueError(f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} has "
+                             f"{len(groups)} parameter groups; one a unit is supported")
+        if groups:
+            chosen.append((name, module, groups[0]))
+    comms: dict[str, SparseReduceScatter] = {}
+    for name, module, group in chosen:  # every check passed: nothing changed on a refusal
+        comms[name] = _copy(like)
+        comms[name].parameters = unit_parameters(group)
         module.set_custom_reduce_scatter(comms[name])
         module.set_force_sum_reduction_for_comms(True)
-    return SparseFSDP(comms)
+    return comms
+
+
+def _register_fsdp1(model: nn.Module, like: SparseReduceScatter
+                    ) -> dict[str, SparseReduceScatter]:
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    units = [(name, module) for name, module in model.named_modules()
+             if isinstance(module, FullyShardedDataParallel)]
+    if not model.check_is_root():
+        raise ValueError("gtopk_hvd.torch.fsdp.register: an FSDP1 model is registered at its "
+                         "root FullyShardedDataParallel")
+    for name, unit in units:
+        strategy = unit.sharding_strategy
+        if strategy not in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
+            raise ValueError(
+                f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} uses {strategy.name}; "
+                "the sparse reduce-scatter serves FULL_SHARD and SHARD_GRAD_OP (hybrid "
+                "strategies all-reduce the shards densely across replicas; NO_SHARD is "
+                "data parallel: use gtopk_hvd.torch.ddp's hook)")
+        if unit._comm_hook is not None:
+            raise ValueError(f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} has a "
+                             "communication hook already; register a model once")
+    model.register_comm_hook((_copy(like), model.process_group), fsdp1_hook)
+    comms: dict[str, SparseReduceScatter] = {}
+    for name, unit in units:  # one comm (one residual) a unit, in the hook's state
+        if unit._handle is None:
+            continue
+        comms[name] = _copy(like)
+        unit._comm_hook_state = (comms[name], unit.process_group)
+    return comms
+
+
+def fsdp1_hook(state: tuple[SparseReduceScatter, Any], gradient: torch.Tensor,
+               output: torch.Tensor) -> None:
+    """FSDP1's communication hook for a sharded strategy: the unit's padded flat gradient into
+    this worker's shard, summed sparsely, then divided by the world size."""
+    comm, group = state
+    comm.reduce(output, gradient, group)
+    output.div_(group.size())
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -25,18 +25,51 @@ expects, the same decision everywhere.
 Bytes sent per worker and step: 8 k (P - 1), and the flag's all-reduce. FSDP's ring
 reduce-scatter sends b S (P - 1) (b: the reduce dtype's bytes), so the ratio is 8 k / (b S),
 about 2 density at float32 and 4 density at bfloat16.
+
+Two variants of the same steps:
+
+- A bfloat16 residual (`residual_dtype=torch.bfloat16`) halves what the residual holds. Steps 2
+  and 3 then run on the float32 sum x + r in the buffer that already holds x in float32 (FSDP's
+  own input at a float32 reduce dtype, else its float32 copy), and r := that sum, with the
+  selected entries zeroed, rounded to bfloat16 (kept as it was if flag). What is lost is that
+  rounding, at most 2^-9 of each residual value a step: conservation holds to it, not to
+  float32's.
+- A scale s of n values (Adam's frozen preconditioner, `gtopk_hvd.torch.fsdp_adamw`) multiplies
+  x before step 1: x := x s, in the float32 buffer.
+
+A dense reduce-scatter in the same shape (`dense_reduce_scatter`: the shards sent whole, one
+all-to-all of P messages of S values in the reduce dtype, summed in float32 in rank order) is
+what the AdamW rule's dense start uses: its sums are the same on every run and every worker.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from gtopk_hvd import ops
 from gtopk_hvd.options import check_number, refuse
+
+RESIDUAL_DTYPES = (torch.float32, torch.bfloat16)
+"""What a residual may be kept in (module docstring: the bfloat16 variant)."""
+
+
+class Remedy(Protocol):
+    """What a comm asks of the AdamW rule it serves (`gtopk_hvd.torch.fsdp_adamw`)."""
+
+    @property
+    def dense(self) -> bool:
+        """Whether this iteration is one of the dense start's."""
+
+    def scale(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
+              device: torch.device) -> torch.Tensor:
+        """s for this comm's flat gradient (n float32 values, FSDP's layout)."""
+
+    def note(self, flag: torch.Tensor, sparse: bool) -> None:
+        """One unit's reduction is done: its agreed non-finite flag, and which kind it was."""
 
 
 def shard_budget(shard_size: int, density: float) -> int:
@@ -45,32 +78,46 @@ def shard_budget(shard_size: int, density: float) -> int:
 
 
 class SparseReduceScatter:
-    """FSDP2's reduce-scatter comm (`FSDPModule.set_custom_reduce_scatter`) for one parameter
-    group: the module docstring's steps, with its residual.
+    """FSDP's gradient reduce-scatter for one parameter group (FSDP2's
+    `set_custom_reduce_scatter` comm; FSDP1's comm hook state): the module docstring's steps,
+    with its residual.
 
     Args:
         density: k / S per shard, in (0, 1].
+        residual_dtype: torch.float32, or torch.bfloat16 to halve the residual (module
+            docstring).
 
     Attributes:
-        residual: the n float32 values not yet sent (None before the first call).
+        residual: the n values not yet sent (None before the first call).
         steps: the calls so far (one a backward for the group).
         skips: the calls that found a non-finite gradient on some worker (an int32 tensor
             where the residual is, read by `skipped`; None before the first call).
         bytes_sent: the bytes this worker sent (the all-to-all's and the flag's).
         dense_bytes: what FSDP's ring reduce-scatter would have sent, at the reduce dtype.
+        remedy: the AdamW rule this comm serves, or None.
+        parameters: what the remedy needs to know of the group's parameters (set by the
+            adapter that made the comm).
     """
 
-    __slots__ = ("density", "residual", "steps", "skips", "bytes_sent", "dense_bytes")
+    __slots__ = ("density", "residual_dtype", "residual", "steps", "skips", "bytes_sent",
+                 "dense_bytes", "remedy", "parameters")
 
-    def __init__(self, density: float) -> None:
+    def __init__(self, density: float, residual_dtype: torch.dtype = torch.float32) -> None:
         check_number("density", density, 0.0, 1.0, low_open=True,
                      fix="the share of each shard's entries sent a step, e.g. 0.01")
+        if residual_dtype not in RESIDUAL_DTYPES:
+            refuse("residual_dtype", "torch.float32 or torch.bfloat16", residual_dtype,
+                   "torch.bfloat16 halves the residual's memory (docs/fsdp.md says what it "
+                   "costs)")
         self.density = float(density)
+        self.residual_dtype = residual_dtype
         self.residual: torch.Tensor | None = None
         self.steps = 0
         self.skips: torch.Tensor | None = None
         self.bytes_sent = 0
         self.dense_bytes = 0
+        self.remedy: Remedy | None = None
+        self.parameters: Any = None
 
     @property
     def skipped(self) -> int:
@@ -90,7 +137,26 @@ class SparseReduceScatter:
             refuse("op", "ReduceOp.SUM (FSDP set to sum and divide afterwards)", op,
                    "register through gtopk_hvd.torch.fsdp.register(model, density), which calls "
                    "set_force_sum_reduction_for_comms(True); do not undo it")
-        reduce_scatter(output_tensor, input_tensor, self, group)
+        self.reduce(output_tensor, input_tensor, group)
+
+    def reduce(self, output: torch.Tensor, gradient: torch.Tensor,
+               group: dist.ProcessGroup | None) -> None:
+        """The sum of every worker's `gradient` into this worker's shard `output`: the sparse
+        steps, or the dense ones in the remedy's dense start."""
+        remedy = self.remedy
+        if remedy is not None and remedy.dense:
+            remedy.note(dense_reduce_scatter(output, gradient, self, group), sparse=False)
+            return
+        scale = None if remedy is None else remedy.scale(self, group, gradient.device)
+        if scale is not None and scale.numel() != gradient.numel():
+            raise RuntimeError(
+                f"gtopk_hvd: freeze_variance_after: a unit's flat gradient of "
+                f"{gradient.numel()} values against its parameters' {scale.numel()}: FSDP left "
+                "out a parameter that got no gradient this iteration; every parameter of a unit "
+                "must get a gradient in every step under the remedy")
+        flag = reduce_scatter(output, gradient, self, group, scale)
+        if remedy is not None:
+            remedy.note(flag, sparse=True)
 
     def state_dict(self) -> dict[str, Any]:
         """The residual and the counters (this worker's; each worker saves its own)."""
@@ -98,30 +164,53 @@ class SparseReduceScatter:
                 "skips": self.skips}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what `state_dict` returned, checking the density."""
+        """Restores what `state_dict` returned, checking the density and the residual's dtype."""
         if float(state["density"]) != self.density:
             refuse("density", f"the saved state's ({state['density']})", self.density,
                    "restore into a model registered with the density it was saved with")
+        saved = state["residual"]
+        if saved is not None and saved.dtype != self.residual_dtype:
+            refuse("residual_dtype", f"the saved residual's ({saved.dtype})",
+                   self.residual_dtype, "register with the residual_dtype it was saved with")
         self.residual, self.skips = (None if state[name] is None else state[name].detach().clone()
                                      for name in ("residual", "skips"))
         self.steps = int(state["steps"])
 
 
-def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseReduceScatter,
-                   group: dist.ProcessGroup | None) -> None:
-    """The module docstring's steps 1-5 for one call: `gradient` (n values, FSDP's layout) into
-    `output` (this worker's S values), `comm.residual` updated in place."""
+def check_layout(output: torch.Tensor, gradient: torch.Tensor,
+                 group: dist.ProcessGroup | None) -> tuple[int, int, int]:
+    """(P, n, S) of a call, checked: n = P S."""
     size = 1 if group is None else dist.get_world_size(group)
     n, shard = gradient.numel(), output.numel()
     if n != size * shard:
         raise ValueError(f"gtopk_hvd: the flat gradient has {n} values, not {size} shards of "
                          f"{shard}")
+    return size, n, shard
+
+
+def agreed_flag(values: torch.Tensor, group: dist.ProcessGroup | None, size: int
+                ) -> torch.Tensor:
+    """Step 1: one int32, 1 if any worker's `values` holds a NaN or an Inf."""
+    flag = ops.nonfinite_flag(values)
+    ops.mark_nonfinite(values, flag)
+    if size > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return flag
+
+
+def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseReduceScatter,
+                   group: dist.ProcessGroup | None, scale: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """The module docstring's steps 1-5 for one call: `gradient` (n values, FSDP's layout;
+    overwritten when it is float32) into `output` (this worker's S values), `comm.residual`
+    updated in place. Returns the agreed non-finite flag."""
+    size, n, shard = check_layout(output, gradient, group)
     if shard >= 2**31:
         raise ValueError(f"gtopk_hvd: a shard of {shard} values; the sparse reduce-scatter sends "
                          "int32 indices within a shard (at most 2**31 - 1): shard the model "
                          "into smaller units")
     if comm.residual is None:
-        comm.residual = torch.zeros(n, dtype=torch.float32, device=gradient.device)
+        comm.residual = torch.zeros(n, dtype=comm.residual_dtype, device=gradient.device)
         comm.skips = torch.zeros(1, dtype=torch.int32, device=gradient.device)
     residual = comm.residual
     if residual.numel() != n or residual.device != gradient.device:
@@ -131,15 +220,20 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
     values = gradient.reshape(-1)
     if values.dtype != torch.float32:
         values = values.to(torch.float32)  # the reduce dtype's gradient, summed in float32
+    if scale is not None:
+        values.mul_(scale)
 
-    flag = ops.nonfinite_flag(residual)
-    ops.mark_nonfinite(values, flag)
-    if size > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    flag = agreed_flag(values, group, size)
     k = shard_budget(shard, comm.density)
     offsets = [q * shard for q in range(size + 1)]
-    indices, selected = ops.segmented_accumulate_select(values, residual, offsets, [k] * size,
-                                                        skip=flag)
+    if residual.dtype == torch.float32:
+        indices, selected = ops.segmented_accumulate_select(values, residual, offsets,
+                                                            [k] * size, skip=flag)
+    else:  # the bfloat16 residual: the sum in the float32 buffer, then rounded back
+        values.add_(residual).nan_to_num_(0.0, 0.0, 0.0)
+        indices, selected = ops.segmented_accumulate_select(None, values, offsets, [k] * size)
+        kept = (1 - flag).to(torch.float32)
+        residual.mul_(flag.to(residual.dtype)).add_(values.mul_(kept))
 
     message = torch.empty(size, 2 * k, dtype=torch.int32, device=gradient.device)
     starts = torch.arange(0, n, shard, device=gradient.device).reshape(size, 1)
@@ -150,8 +244,7 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
         received = torch.empty_like(message)
         dist.all_to_all_single(received, message, group=group)
 
-    summed = output if output.dtype == torch.float32 else torch.empty(
-        shard, dtype=torch.float32, device=output.device)
+    summed = float32_target(output)
     summed.zero_()
     for sender in range(size):  # rank order: the same float32 sums on every worker
         summed.index_add_(0, received[sender, :k], received[sender, k:].view(torch.float32))
@@ -163,3 +256,36 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
     comm.skips += flag
     comm.bytes_sent += 8 * k * (size - 1) + (4 if size > 1 else 0)
     comm.dense_bytes += gradient.element_size() * shard * (size - 1)
+    return flag
+
+
+def dense_reduce_scatter(output: torch.Tensor, gradient: torch.Tensor,
+                         comm: SparseReduceScatter, group: dist.ProcessGroup | None
+                         ) -> torch.Tensor:
+    """Every shard sent whole to its owner (one all-to-all in the reduce dtype) and summed in
+    float32 in rank order; the residual untouched. Returns the agreed non-finite flag (a NaN
+    reaches only its shard's owner, the flag every worker)."""
+    size, n, shard = check_layout(output, gradient, group)
+    flag = agreed_flag(gradient.reshape(-1), group, size)
+    message = gradient.reshape(size, shard)
+    received = message
+    if size > 1:
+        received = torch.empty_like(message)
+        dist.all_to_all_single(received, message.contiguous(), group=group)
+    summed = float32_target(output)
+    summed.zero_()
+    for sender in range(size):
+        summed.add_(received[sender])
+    if summed is not output:
+        output.copy_(summed.reshape(output.shape))
+    comm.steps += 1
+    comm.bytes_sent += gradient.element_size() * shard * (size - 1) + (4 if size > 1 else 0)
+    comm.dense_bytes += gradient.element_size() * shard * (size - 1)
+    return flag
+
+
+def float32_target(output: torch.Tensor) -> torch.Tensor:
+    """Where the float32 sums go: `output` itself, or a float32 buffer of its size."""
+    if output.dtype == torch.float32:
+        return output.reshape(-1)
+    return torch.empty(output.numel(), dtype=torch.float32, device=output.device)

@@ -3,15 +3,26 @@ and its FSDP2 adapter (`gtopk_hvd.torch.fsdp`), against numpy.
 
     --mode comm    the comm called directly, several shard sizes, densities and dtypes, steps
                    with a NaN on one worker: every worker's shard and residual equal to a numpy
-                   reference of all P workers, bit for bit; what was applied plus every
-                   residual equals every gradient summed (gathered); the bytes
+                   reference of all P workers, bit for bit (float32 and bfloat16 residuals);
+                   what was applied plus every residual equals every gradient summed
+                   (gathered; to bfloat16's rounding with its residual); the bytes
     --mode fsdp    an MLP under fully_shard (a unit a layer) with SGD: every worker's gathered
                    model equal bit for bit to a one-process replay that computes each worker's
-                   gradient, runs the numpy reference on FSDP's layout and applies its shards;
-                   at density 1 at P = 2, equal to FSDP's own reduce-scatter's run
-    --mode resume  AdamW, a checkpoint halfway (each worker's model and optimizer shards and
-                   its residuals), a new model restored from it: the same model as without the
-                   stop, bit for bit (and not without the residuals)
+                   gradient, runs the numpy reference on FSDP's layout and applies its shards,
+                   with a float32 and a bfloat16 reduce dtype (MixedPrecisionPolicy) and a
+                   bfloat16 residual; at density 1 at P = 2, equal to FSDP's own
+                   reduce-scatter's run
+    --mode adamw   AdamW with freeze_variance_after: every worker's gathered model equal bit
+                   for bit to a one-process replay of the rule on FSDP's shards (the dense
+                   start summed in rank order, s gathered in FSDP's padded layout, the frozen
+                   step), NaNs on one worker in each phase skipping the step everywhere; at P = 3
+                   some shards are padded and one is empty
+    --mode fsdp1   FSDP1 (FULL_SHARD and SHARD_GRAD_OP, a unit a layer) with SGD against the
+                   replay on FSDP1's flat layout, bit for bit
+    --mode resume  AdamW with freeze_variance_after, a checkpoint in the sparse phase (each
+                   worker's model and optimizer shards and its residuals), a new model restored
+                   from it: the same model as without the stop, bit for bit (and not without
+                   the residuals)
     --mode errors  each bad registration raises on every rank, naming the problem
 
 Each mode prints "FSDP <mode> ok rank=R" on every rank when every check passed.
@@ -20,6 +31,7 @@ Each mode prints "FSDP <mode> ok rank=R" on every rank when every check passed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 
@@ -33,10 +45,11 @@ from gtopk_hvd.torch import fsdp
 from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter, shard_budget
 
 
-def reference(gradients: np.ndarray, residuals: np.ndarray, k: int
+def reference(gradients: np.ndarray, residuals: np.ndarray, k: int, bf16: bool = False
               ) -> tuple[np.ndarray, np.ndarray]:
     """(every owner's shard (P, S), the residuals after) for every worker's flat gradient (P, n)
-    and residual (P, n), in numpy, written from the docstring's steps, not from the code."""
+    and residual (P, n), in numpy, written from the docstring's steps, not from the code; bf16:
+    the residual after rounded to bfloat16 (held in float32 here)."""
     workers, n = gradients.shape
     shard = n // workers
     if not np.isfinite(gradients).all():
@@ -50,18 +63,24 @@ def reference(gradients: np.ndarray, residuals: np.ndarray, k: int
             chosen = np.sort(np.argsort(-np.abs(piece), kind="stable")[:k])
             shards[owner, chosen] += piece[chosen]
             after[sender, owner * shard + chosen] = 0
+    if bf16:
+        after = torch.from_numpy(after).to(torch.bfloat16).to(torch.float32).numpy()
     return shards, after
 
 
 def check_comm(rank: int, size: int) -> None:
-    cases = [(1, 0.5, torch.float32), (7, 0.3, torch.float32), (40, 0.05, torch.float32),
-             (33, 1.0, torch.float32), (25, 0.1, torch.bfloat16)]
-    for shard, density, dtype in cases:
+    cases = [(1, 0.5, torch.float32, torch.float32), (7, 0.3, torch.float32, torch.float32),
+             (40, 0.05, torch.float32, torch.float32), (33, 1.0, torch.float32, torch.float32),
+             (25, 0.1, torch.bfloat16, torch.float32), (40, 0.05, torch.float32, torch.bfloat16),
+             (25, 0.1, torch.bfloat16, torch.bfloat16)]
+    for shard, density, dtype, kept in cases:
         k = shard_budget(shard, density)
-        comm = SparseReduceScatter(density)
+        bf16 = kept == torch.bfloat16
+        comm = SparseReduceScatter(density, residual_dtype=kept)
         rng = np.random.default_rng(shard)  # the same draws on every worker
         residuals = np.zeros((size, size * shard), np.float32)
         total = np.zeros(size * shard, np.float64)
+        lost = np.zeros(size * shard, np.float64)  # what bfloat16 rounding took, summed
         applied = np.zeros(size * shard, np.float64)
         for step in range(6):
             drawn = rng.standard_normal((size, size * shard)).astype(np.float32)
@@ -69,27 +88,31 @@ def check_comm(rank: int, size: int) -> None:
                 drawn[size - 1, shard // 2] = np.nan
             gradients = torch.from_numpy(drawn).to(dtype)
             as_float = gradients.to(torch.float32).numpy()
-            expected, residuals = reference(as_float, residuals, k)
+            unrounded = reference(as_float, residuals, k)[1]
+            expected, residuals = reference(as_float, residuals, k, bf16)
+            lost += np.abs(unrounded.astype(np.float64) - residuals).sum(axis=0)
             output = torch.empty(shard, dtype=dtype)
             comm(output, gradients[rank].clone(), None if size == 1 else dist.group.WORLD,
                  dist.ReduceOp.SUM)
             want = torch.from_numpy(expected[rank]).to(dtype)
             assert torch.equal(output.isnan(), want.isnan()), (shard, step)
             assert torch.equal(output.nan_to_num(), want.nan_to_num()), (shard, step, output, want)
-            assert np.array_equal(comm.residual.numpy(), residuals[rank]), (shard, step)
+            assert comm.residual.dtype == kept
+            assert np.array_equal(comm.residual.float().numpy(), residuals[rank]), (shard, step)
             if np.isfinite(as_float).all():
                 total += as_float.sum(axis=0, dtype=np.float64)
                 applied += expected.reshape(-1)
         # conservation: everything applied plus every worker's residual, gathered
-        mine = torch.from_numpy(comm.residual.numpy().astype(np.float64))
+        mine = torch.from_numpy(comm.residual.float().numpy().astype(np.float64))
         everyone = [torch.empty_like(mine) for _ in range(size)]
         if size > 1:
             dist.all_gather(everyone, mine)
         else:
             everyone = [mine]
         held = sum(tensor.numpy() for tensor in everyone)
-        assert np.allclose(applied + held, total, rtol=0, atol=1e-4), np.abs(
+        assert np.all(np.abs(applied + held - total) <= lost + 1e-4), np.abs(
             applied + held - total).max()
+        assert bf16 or not lost.any()
         assert comm.skipped == 1 and comm.steps == 6
         if size > 1:
             assert comm.bytes_sent == 6 * (8 * k * (size - 1) + 4)
@@ -115,58 +138,110 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(6, WIDTHS[-1], generator=generator))
 
 
-def sharded(model: nn.Module) -> nn.Module:
+def sharded(model: nn.Module, policy: object = None) -> nn.Module:
+    options = {} if policy is None else {"mp_policy": policy}
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, **options)
+    fully_shard(model, **options)
     return model
 
 
-def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
+def loss_of(model: nn.Module, step: int, rank: int, poison: bool = False) -> torch.Tensor:
     inputs, targets = batch(step, rank)
+    if poison:
+        inputs[0, 0] = float("nan")
     return ((model(inputs) - targets) ** 2).mean()
 
 
-def replay(size: int, density: float, steps: int) -> dict[str, torch.Tensor]:
+def chunk_rows(tensor: torch.Tensor, size: int) -> int:
+    """Rows of FSDP's dim-0 shard of `tensor` over `size` workers (the last ones padded)."""
+    return -(-tensor.shape[0] // size)
+
+
+def flat_layout(tensors: list[torch.Tensor], size: int) -> torch.Tensor:
+    """A unit's flat gradient as FSDP2 lays it out: each tensor padded along dim 0 to P equal
+    chunks, chunk q of every tensor in order making shard q, the shards in rank order."""
+    chunks = []
+    for tensor in tensors:
+        rows = chunk_rows(tensor, size)
+        padded = torch.zeros((rows * size,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+        padded[:tensor.shape[0]] = tensor
+        chunks.append([piece.reshape(-1) for piece in padded.chunk(size)])
+    return torch.cat([torch.cat([pieces[q] for pieces in chunks]) for q in range(size)])
+
+
+def local_piece(tensor: torch.Tensor, size: int, q: int) -> torch.Tensor:
+    """Worker q's shard of `tensor` (a view; empty where the padding takes all of it)."""
+    rows = chunk_rows(tensor, size)
+    return tensor[q * rows:(q + 1) * rows]
+
+
+def pieces_of(row: torch.Tensor, tensors: list[torch.Tensor], size: int, q: int
+              ) -> list[torch.Tensor]:
+    """Shard q's values (FSDP's layout) cut into each tensor's piece on worker q."""
+    out, offset = [], 0
+    for tensor in tensors:
+        piece = local_piece(tensor, size, q)
+        out.append(row[offset:offset + piece.numel()].reshape(piece.shape))
+        offset += chunk_rows(tensor, size) * math.prod(tensor.shape[1:])
+    return out
+
+
+def worker_gradients(model: nn.Module, step: int, size: int, poisoned: dict[int, int]
+                     ) -> list[dict[int, torch.Tensor]]:
+    """Each worker's gradient by parameter id (worker poisoned[step] gets a NaN input)."""
+    per_worker = []
+    for worker in range(size):
+        model.zero_grad()
+        loss_of(model, step, worker, poisoned.get(step) == worker).backward()
+        per_worker.append({id(p): p.grad.clone() for p in model.parameters()})
+    return per_worker
+
+
+def units_of(model: nn.Module) -> list[list[torch.Tensor]]:
+    return [list(layer.parameters()) for layer in model if isinstance(layer, nn.Linear)]
+
+
+def replay(size: int, density: float, steps: int, reduce_dtype: torch.dtype = torch.float32,
+           residual_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The model after `steps` SGD steps, in this process alone: each worker's gradient, FSDP's
-    layout per unit (each parameter in P chunks along dim 0, chunk q of every parameter in
-    order making shard q), the numpy reference, FSDP's division by P, SGD."""
+    layout per unit in the reduce dtype, the numpy reference (in float32), the shard in the
+    reduce dtype divided by P there (FSDP's division), SGD."""
     model = mlp()
-    units = [layer for layer in model if isinstance(layer, nn.Linear)]
-    residuals = {id(unit): None for unit in units}
+    residuals: dict[int, np.ndarray | None] = {}
     for step in range(steps):
-        per_worker = []
-        for worker in range(size):
-            model.zero_grad()
-            loss_of(model, step, worker).backward()
-            per_worker.append({id(p): p.grad.clone() for p in model.parameters()})
-        for unit in units:
-            parameters = list(unit.parameters())
-            flat = np.stack([torch.cat([torch.cat([g[id(p)].chunk(size)[q].reshape(-1)
-                                                   for p in parameters]) for q in range(size)]
-                                       ).numpy() for g in per_worker])
+        per_worker = worker_gradients(model, step, size, {})
+        for parameters in units_of(model):
+            flat = np.stack([flat_layout([g[id(p)] for p in parameters], size).to(reduce_dtype)
+                             .to(torch.float32).numpy() for g in per_worker])
             shard = flat.shape[1] // size
-            if residuals[id(unit)] is None:
-                residuals[id(unit)] = np.zeros_like(flat)
-            shards, residuals[id(unit)] = reference(flat, residuals[id(unit)],
-                                                    shard_budget(shard, density))
+            held = residuals.get(id(parameters[0]))
+            shards, residuals[id(parameters[0])] = reference(
+                flat, np.zeros_like(flat) if held is None else held,
+                shard_budget(shard, density), residual_dtype == torch.bfloat16)
             for q in range(size):
-                offset = 0
-                for p in parameters:
-                    piece = p.chunk(size)[q]
-                    values = torch.from_numpy(shards[q, offset:offset + piece.numel()].copy())
-                    p.grad.chunk(size)[q].copy_(values.reshape(piece.shape) / size)
-                    offset += piece.numel()
+                row = torch.from_numpy(shards[q].copy()).to(reduce_dtype).div_(size)
+                for p, values in zip(parameters, pieces_of(row.to(torch.float32), parameters,
+                                                           size, q)):
+                    local_piece(p.grad, size, q).copy_(values)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(p.grad, alpha=-LR)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train_fsdp(density: float | None, steps: int, rank: int) -> dict[str, torch.Tensor]:
-    model = sharded(mlp())
-    sparse = fsdp.register(model, density) if density is not None else None
+def train_fsdp(density: float | None, steps: int, rank: int,
+               reduce_dtype: torch.dtype = torch.float32,
+               residual_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    policy = None
+    if reduce_dtype != torch.float32:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    model = sharded(mlp(), policy)
+    sparse = (fsdp.register(model, density, residual_dtype=residual_dtype)
+              if density is not None else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
     for step in range(steps):
         optimizer.zero_grad()
@@ -175,32 +250,116 @@ def train_fsdp(density: float | None, steps: int, rank: int) -> dict[str, torch.
     if sparse is not None:
         assert sorted(sparse.comms) == ["0", "2", "4"], sorted(sparse.comms)
         assert all(comm.steps == steps for comm in sparse.comms.values())
+        assert all(comm.residual.dtype == residual_dtype for comm in sparse.comms.values())
     return fsdp.full_state(model)
+
+
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], case: object
+                ) -> None:
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), (case, name, (got[name] - tensor).abs().max())
 
 
 def check_fsdp(rank: int, size: int) -> None:
     steps = 5
     dense = train_fsdp(None, steps, rank)
-    for density in (0.1, 0.3):
-        got = train_fsdp(density, steps, rank)
-        want = replay(size, density, steps)
-        for name, tensor in want.items():
-            assert torch.equal(got[name], tensor), (density, name, (got[name] - tensor).abs().max())
+    cases = [(0.1, torch.float32, torch.float32), (0.3, torch.float32, torch.float32),
+             (0.1, torch.bfloat16, torch.float32), (0.1, torch.float32, torch.bfloat16)]
+    for density, reduce_dtype, residual_dtype in cases:
+        got = train_fsdp(density, steps, rank, reduce_dtype, residual_dtype)
+        assert_same(got, replay(size, density, steps, reduce_dtype, residual_dtype),
+                    (density, reduce_dtype, residual_dtype))
         assert not all(torch.equal(got[name], dense[name]) for name in dense), density
     if size == 2:  # a + b = b + a: at density 1 the sparse sums are the dense ones
-        full = train_fsdp(1.0, steps, rank)
-        for name, tensor in dense.items():
-            assert torch.equal(full[name], tensor), name
+        assert_same(train_fsdp(1.0, steps, rank), dense, "density 1")
 
 
-def adamw_run(rank: int, steps: int, folder: str, stop_at: int | None, resume: bool,
-              residuals: bool = True) -> dict[str, torch.Tensor]:
+ADAMW = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+AFTER = 3  # dense AdamW steps before the freeze
+POISONED = {1: 1, 5: 0}  # step -> the worker whose input holds a NaN (dense start, sparse phase)
+
+
+def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tensor]:
+    """freeze_variance_after=AFTER in this process alone, on every worker's shards as separate
+    tensors (so each arithmetic op sees the shapes it sees under FSDP), from the rule as
+    docs/adamw.md states it: dense steps summed in rank order, divided by P, AdamW; then s from
+    the frozen exp_avg_sq, each worker's gradient times s in FSDP's layout, the numpy
+    reference, the shard / P as u, and m <- b1 m + (1 - b1) u, w <- w (1 - lr wd) -
+    lr m / (1 - b1^t). A step with a NaN on any worker changes nothing."""
+    model = mlp()
+    units = units_of(model)
+    shards = {id(p): [nn.Parameter(local_piece(p.detach(), size, q).clone())
+                      for q in range(size)] for p in model.parameters()}
+    optimizer = torch.optim.AdamW([piece for p in model.parameters() for piece in shards[id(p)]],
+                                  foreach=False, **ADAMW)
+    residuals: dict[int, np.ndarray] = {}
+    scales: dict[int, torch.Tensor] = {}
+    applied = 0
+    for step in range(steps):
+        per_worker = worker_gradients(model, step, size, POISONED)
+        finite = all(torch.isfinite(g).all() for grads in per_worker for g in grads.values())
+        for parameters in units:
+            flat = torch.stack([flat_layout([g[id(p)] for p in parameters], size)
+                                for g in per_worker])
+            n = flat.shape[1]
+            if applied < AFTER:
+                rows = torch.zeros(size, n // size)
+                for worker in range(size):
+                    rows += flat[worker].reshape(size, -1)
+            else:
+                if id(parameters[0]) not in scales:
+                    mine = []
+                    for q in range(size):
+                        for p in parameters:
+                            v = optimizer.state[shards[id(p)][q]]["exp_avg_sq"]
+                            s = 1.0 / ((v / (1.0 - ADAMW["betas"][1] ** AFTER)).sqrt()
+                                       + ADAMW["eps"])
+                            padded = torch.zeros(chunk_rows(p, size) * math.prod(p.shape[1:]))
+                            padded[:s.numel()] = s.reshape(-1)
+                            mine.append(padded)
+                    scales[id(parameters[0])] = torch.cat(mine)
+                flat = (flat * scales[id(parameters[0])]).numpy()
+                held = residuals.get(id(parameters[0]), np.zeros_like(flat))
+                found, after = reference(flat, held, shard_budget(n // size, density))
+                rows = torch.from_numpy(found)
+                residuals[id(parameters[0])] = after
+            for q in range(size):
+                row = rows[q].clone().div_(size)
+                for p, values in zip(parameters, pieces_of(row, parameters, size, q)):
+                    shards[id(p)][q].grad = values.clone()
+        if not finite:
+            continue
+        if applied < AFTER:
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    beta1, lr, decay = group["betas"][0], group["lr"], group["weight_decay"]
+                    for piece in group["params"]:
+                        state = optimizer.state[piece]
+                        state["step"] += 1
+                        piece.mul_(1.0 - lr * decay)
+                        state["exp_avg"].mul_(beta1).add_(piece.grad, alpha=1.0 - beta1)
+                        piece.add_(state["exp_avg"],
+                                   alpha=-lr / (1.0 - beta1 ** float(state["step"])))
+        applied += 1
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.cat(list(shards[id(p)])))
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def adamw_run(rank: int, steps: int, density: float, folder: str | None = None,
+              stop_at: int | None = None, resume: bool = False, residuals: bool = True
+              ) -> tuple[dict[str, torch.Tensor], fsdp.SparseFSDP]:
+    """The MLP under fully_shard with AdamW and freeze_variance_after=AFTER; with a folder, a
+    checkpoint saved at stop_at (then stop) or loaded from it (resume)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model = sharded(mlp())
-    sparse = fsdp.register(model, 0.2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False, **ADAMW)
+    sparse = fsdp.register(model, density, freeze_variance_after=AFTER, optimizer=optimizer)
     first = 0
     if resume:
         model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -218,22 +377,80 @@ def adamw_run(rank: int, steps: int, folder: str, stop_at: int | None, resume: b
             torch.save(sparse.state_dict(), os.path.join(folder, f"sparse_rank{rank}.pt"))
             break
         optimizer.zero_grad()
-        loss_of(model, step, rank).backward()
+        loss_of(model, step, rank, POISONED.get(step) == rank).backward()
         optimizer.step()
-    return fsdp.full_state(model)
+    return fsdp.full_state(model), sparse
+
+
+def check_adamw(rank: int, size: int) -> None:
+    steps = 9
+    for density in (0.1, 0.3):
+        got, sparse = adamw_run(rank, steps, density)
+        assert_same(got, adamw_replay(size, density, steps), density)
+        assert sparse.preconditioned and sparse.remedy.skipped_steps == len(POISONED)
+        assert all(comm.skipped == 1 for comm in sparse.comms.values())
 
 
 def check_resume(rank: int, size: int) -> None:
-    steps, stop_at = 8, 4
+    steps, stop_at = 9, 6  # in the sparse phase: the residuals and s come back
     folder = [tempfile.mkdtemp(prefix="fsdp_ckpt_") if rank == 0 else None]
     dist.broadcast_object_list(folder)
-    whole = adamw_run(rank, steps, folder[0], None, False)
-    adamw_run(rank, steps, folder[0], stop_at, False)
-    resumed = adamw_run(rank, steps, folder[0], stop_at, True)
-    for name, tensor in whole.items():
-        assert torch.equal(resumed[name], tensor), name
-    forgetful = adamw_run(rank, steps, folder[0], stop_at, True, residuals=False)
+    whole = adamw_run(rank, steps, 0.2)[0]
+    adamw_run(rank, steps, 0.2, folder[0], stop_at)
+    assert_same(adamw_run(rank, steps, 0.2, folder[0], stop_at, True)[0], whole, "resumed")
+    forgetful = adamw_run(rank, steps, 0.2, folder[0], stop_at, True, residuals=False)[0]
     assert not all(torch.equal(forgetful[name], whole[name]) for name in whole)
+
+
+def fsdp1_replay(size: int, density: float, steps: int) -> dict[str, torch.Tensor]:
+    """SGD on FSDP1's layout: a unit's parameters flattened and concatenated into one flat
+    vector, padded at its end to P equal shards."""
+    model = mlp()
+    residuals: dict[int, np.ndarray] = {}
+    for step in range(steps):
+        per_worker = worker_gradients(model, step, size, {})
+        for parameters in units_of(model):
+            flat = [torch.cat([g[id(p)].reshape(-1) for p in parameters]) for g in per_worker]
+            n = -(-flat[0].numel() // size) * size
+            flat = np.stack([torch.nn.functional.pad(f, (0, n - f.numel())).numpy()
+                             for f in flat])
+            held = residuals.get(id(parameters[0]), np.zeros_like(flat))
+            found, residuals[id(parameters[0])] = reference(flat, held,
+                                                            shard_budget(n // size, density))
+            summed = torch.from_numpy(found.reshape(-1).copy()).div_(size)
+            offset = 0
+            for p in parameters:
+                p.grad.copy_(summed[offset:offset + p.numel()].reshape(p.shape))
+                offset += p.numel()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-LR)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def check_fsdp1(rank: int, size: int) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    steps, density = 5, 0.2
+    want = fsdp1_replay(size, density, steps)
+    for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
+        model = FullyShardedDataParallel(
+            mlp(), sharding_strategy=strategy, device_id=torch.device("cpu"),
+            auto_wrap_policy=lambda module, recurse, nonwrapped_numel: (
+                recurse or isinstance(module, nn.Linear)))
+        sparse = fsdp.register(model, density)
+        assert sorted(sparse.comms) == ["_fsdp_wrapped_module.0", "_fsdp_wrapped_module.2",
+                                        "_fsdp_wrapped_module.4"], sorted(sparse.comms)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss_of(model, step, rank).backward()
+            optimizer.step()
+        assert all(comm.steps == steps for comm in sparse.comms.values())
+        with FullyShardedDataParallel.summon_full_params(model):
+            got = {name.replace("_fsdp_wrapped_module.", ""): p.detach().clone()
+                   for name, p in model.named_parameters()}
+        assert_same(got, want, strategy)
 
 
 def check_errors(rank: int, size: int) -> None:
@@ -255,16 +472,39 @@ def check_errors(rank: int, size: int) -> None:
     raises(ValueError, "register a model once", lambda: fsdp.register(model, 0.01))
     raises(ValueError, "density", lambda: SparseReduceScatter(0.5).load_state_dict(
         SparseReduceScatter(0.25).state_dict()))
+    raises(OptionError, "residual_dtype",
+           lambda: fsdp.register(sharded(mlp()), 0.01, residual_dtype=torch.float16))
+    raises(ValueError, "go together",
+           lambda: fsdp.register(sharded(mlp()), 0.01, freeze_variance_after=3))
+    plain = sharded(mlp())
+    raises(ValueError, "Adam", lambda: fsdp.register(
+        plain, 0.01, freeze_variance_after=3,
+        optimizer=torch.optim.SGD(plain.parameters(), lr=0.1)))
+
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    def fsdp1(strategy: ShardingStrategy) -> nn.Module:
+        return FullyShardedDataParallel(mlp(), sharding_strategy=strategy,
+                                        device_id=torch.device("cpu"))
+
+    raises(ValueError, "NO_SHARD", lambda: fsdp.register(fsdp1(ShardingStrategy.NO_SHARD), 0.01))
+    full = fsdp1(ShardingStrategy.FULL_SHARD)
+    raises(ValueError, "FSDP2", lambda: fsdp.register(
+        full, 0.01, freeze_variance_after=3,
+        optimizer=torch.optim.AdamW(full.parameters())))
+    fsdp.register(full, 0.01)
+    raises(ValueError, "register a model once", lambda: fsdp.register(full, 0.01))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("comm", "fsdp", "resume", "errors"), required=True)
+    parser.add_argument("--mode", choices=("comm", "fsdp", "adamw", "fsdp1", "resume", "errors"),
+                        required=True)
     mode = parser.parse_args().mode
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    {"comm": check_comm, "fsdp": check_fsdp, "resume": check_resume,
-     "errors": check_errors}[mode](rank, size)
+    {"comm": check_comm, "fsdp": check_fsdp, "adamw": check_adamw, "fsdp1": check_fsdp1,
+     "resume": check_resume, "errors": check_errors}[mode](rank, size)
     dist.barrier()
     print(f"FSDP {mode} ok rank={rank}", flush=True)
     dist.destroy_process_group()

@@ -1,0 +1,126 @@
+"""AdamW's frozen second moment (`freeze_variance_after`) on FSDP2's sparse reduce-scatter.
+
+    sparse = gtopk_hvd.torch.fsdp.register(model, density=0.01, freeze_variance_after=100,
+                                           optimizer=optimizer)
+
+The rule is `gtopk_hvd.torch.frozen_variance`'s, with N = `freeze_variance_after` and t the
+optimizer's step count, applied where FSDP reduces:
+
+1. t < N (the dense start): each unit's reduce-scatter is dense
+   (`sparse_reduce_scatter.dense_reduce_scatter`, sums in rank order); AdamW steps as always on
+   the sharded gradients, unless some worker's gradient held a NaN or an Inf: then no worker
+   applies the step (the units' flags, agreed by all-reduce, OR-ed over the iteration).
+2. t >= N: each worker multiplies its unit's flat gradient by s = 1 / (sqrt(v_hat) + eps) of the
+   unit's parameters before the sparse steps. v_hat is Adam's exp_avg_sq / (1 - beta2^N), of
+   which each worker holds its own shards: worker q computes s on them, padded as FSDP pads its
+   shard of the flat gradient, and one all-gather makes the unit's whole s on every worker,
+   in FSDP's layout (row q of the flat gradient is worker q's shard). s is made once per unit
+   and kept (n float32 values, as many as the residual).
+3. `optimizer.step()`: the step pre-hook applies the frozen rule to the sharded update u (first
+   moment, decoupled weight decay, step count: `FrozenVariance.step`, on each worker's shards)
+   and hides the gradients from AdamW's own step; an iteration any worker flagged is not
+   applied at all, on every worker alike.
+
+Clip as dense training does in the dense start only (`SparseFSDP.preconditioned` is False):
+after it the gradients are the reduced update, not a gradient. A per-worker clip of the
+gradient before the reduction (the DDP hook's `max_grad_norm`) would need every unit's norm
+before the first unit is reduced, which FSDP's unit-by-unit backward does not give.
+
+The state to checkpoint is the optimizer's (exp_avg, exp_avg_sq, step) and each worker's
+residuals; s is made again from the first after `optimizer.load_state_dict`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gtopk_hvd.torch.hook_optimizer import HookOptimizer
+from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter
+
+
+class ShardedFrozenVariance(HookOptimizer):
+    """The module docstring's rule for the comms of one FSDP2 model: `HookOptimizer`'s step hooks
+    over the sharded optimizer, the phase and s asked for by each unit's comm.
+
+    Fields beyond `HookOptimizer`'s: flagged (the OR of this iteration's agreed non-finite
+    flags, an int32 tensor, or None before its first unit).
+    """
+
+    __slots__ = ("flagged",)
+
+    def __init__(self, after: int) -> None:
+        super().__init__(after, None, None, raise_nonfinite=False)
+        self.flagged: torch.Tensor | None = None
+
+    def note(self, flag: torch.Tensor, sparse: bool) -> None:
+        """One unit's reduction is done: its flag joins the iteration's; a sparse one leaves the
+        frozen rule's step pending."""
+        self.flagged = flag.clone() if self.flagged is None else torch.maximum(self.flagged, flag)
+        if sparse:
+            self.end_iteration(True, self._iteration_flagged)
+
+    def _iteration_flagged(self) -> bool:
+        return self.flagged is not None and bool(self.flagged.item())
+
+    def _gradients_finite(self) -> bool:
+        return not self._iteration_flagged()
+
+    def apply(self) -> bool:
+        """`HookOptimizer.apply`, then a new iteration begins."""
+        try:
+            return super().apply()
+        finally:
+            self.flagged = None
+
+    def scale(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
+              device: torch.device) -> torch.Tensor:
+        """s of `comm`'s unit in FSDP's layout (module docstring, step 2), made at its first
+        sparse step and kept."""
+        self.check_ready()
+        scale = self.rule.scales.get(comm)
+        if scale is None:
+            scale = self.rule.scales[comm] = self._gathered_scale(comm.parameters, group, device)
+        return scale
+
+    def _gathered_scale(self, parameters: list[tuple[torch.nn.Parameter, int]],
+                        group: dist.ProcessGroup | None, device: torch.device) -> torch.Tensor:
+        """`parameters`: each sharded parameter of the unit with the numel of its padded shard,
+        in FSDP's order."""
+        group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        pieces = []
+        for parameter, padded in parameters:
+            state = self.optimizer.state.get(parameter)
+            if id(parameter) not in group_of or not state or "exp_avg_sq" not in state:
+                raise RuntimeError(
+                    "gtopk_hvd: freeze_variance_after: a parameter of an FSDP unit has no "
+                    "second moment at the freeze (it is not in the optimizer given, or got no "
+                    "gradient in the dense steps)")
+            beta2, eps = group_of[id(parameter)]["betas"][1], group_of[id(parameter)]["eps"]
+            variance = state["exp_avg_sq"]
+            if hasattr(variance, "to_local"):  # a DTensor: this worker's shard
+                variance = variance.to_local()
+            variance = variance.detach().float()
+            piece = torch.zeros(padded, dtype=torch.float32, device=device)
+            local = (1.0 / ((variance / (1.0 - beta2 ** self.after)).sqrt() + eps)).reshape(-1)
+            piece[:local.numel()] = local.to(device)
+            pieces.append(piece)
+        mine = torch.cat(pieces)
+        size = 1 if group is None else dist.get_world_size(group)
+        if size == 1:
+            return mine
+        whole = torch.empty(size * mine.numel(), dtype=torch.float32, device=device)
+        dist.all_gather_single(whole, mine, group=group)
+        return whole
+
+
+def unit_parameters(param_group: Any) -> list[tuple[torch.nn.Parameter, int]]:
+    """Each sharded parameter of an FSDP2 parameter group with the numel of its padded shard,
+    in the order FSDP lays out the group's flat gradient."""
+    return [(fsdp_param.sharded_param, fsdp_param.padded_sharded_param_size.numel())
+            for fsdp_param in param_group.fsdp_params]
+
+
+__all__ = ["ShardedFrozenVariance", "unit_parameters"]
