@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+from gtopk_hvd import fsdp_plan
 from gtopk_hvd.torch import fsdp
 from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter, shard_budget
 
@@ -251,6 +252,13 @@ def train_fsdp(density: float | None, steps: int, rank: int,
         assert sorted(sparse.comms) == ["0", "2", "4"], sorted(sparse.comms)
         assert all(comm.steps == steps for comm in sparse.comms.values())
         assert all(comm.residual.dtype == residual_dtype for comm in sparse.comms.values())
+        size = dist.get_world_size()  # the planner's bytes are what the comms sent
+        shards = [comm.residual.numel() // size for comm in sparse.comms.values()]
+        assert sparse.bytes_sent == steps * sum(fsdp_plan.sparse_bytes(shard, size, density)
+                                                for shard in shards)
+        itemsize = torch.tensor([], dtype=reduce_dtype).element_size()
+        assert sparse.dense_bytes == steps * sum(itemsize * shard * (size - 1)
+                                                 for shard in shards)
     return fsdp.full_state(model)
 
 
