@@ -13,7 +13,8 @@ so every worker runs the same windows).
 - `--compression topk`: the sparse reduce-scatter at --density (each shard's top k of each
   worker's residual, sent to its owner); `--sparsify gradient` hands AdamW the averaged sparse
   update, `--sparsify preconditioned` freezes Adam's second moment after --dense-steps dense
-  steps (`register(..., freeze_variance_after=, optimizer=)`); the loop clips only while
+  steps (`register(..., freeze_variance_after=, optimizer=, max_grad_norm=--clip)`: each
+  worker then clips its own gradient, unit by unit); the loop clips only while
   `sparse.preconditioned` is False. `--residual-dtype bfloat16` halves the residuals.
 """
 
@@ -85,7 +86,8 @@ def main() -> None:
         sparse = fsdp.register(model, args.density,
                                residual_dtype=RESIDUAL_DTYPES[args.residual_dtype],
                                freeze_variance_after=args.dense_steps if preconditioned else None,
-                               optimizer=optimizer if preconditioned else None)
+                               optimizer=optimizer if preconditioned else None,
+                               max_grad_norm=args.clip if preconditioned else None)
 
     history, seconds, sent = [], 0.0, 0
     for step in range(total_steps):

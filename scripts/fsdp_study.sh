@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The transformer with AdamW under FSDP2 (examples/fsdp_transformer.py, torchrun): FSDP's own
 # reduce-scatter against the sparse one at density 0.01 (AdamW on the sparse gradient; Adam's
-# second moment frozen after 100 dense steps, with a float32 and a bfloat16 residual), on
-# scripts/hook_adamw_study.sh's configuration (global batch 32 over WORKERS, one epoch), so the
-# figures sit beside the DDP hook's. Each run's RESULT line goes to $OUT/<name>.result, its
+# second moment frozen after 100 dense steps, each worker clipping its own gradient unit by
+# unit, with a float32 and a bfloat16 residual), on scripts/hook_adamw_study.sh's configuration
+# (global batch 32 over WORKERS, one epoch), so the figures sit beside the DDP hook's; then
+# FSDP's and the frozen sparse run over two and three epochs (each its own cosine schedule). Each run's RESULT line goes to $OUT/<name>.result, its
 # history to $OUT/<name>.json; a finished run is not run again.
 #     WORKERS=4 bash scripts/fsdp_study.sh [OUT]       (default results/fsdp)
 set -euo pipefail
@@ -30,3 +31,9 @@ run "sparse-$DENSITY-preconditioned-dense100" --compression topk --density "$DEN
 run "sparse-$DENSITY-gradient" --compression topk --density "$DENSITY" --sparsify gradient
 run "sparse-$DENSITY-preconditioned-dense100-bf16residual" --compression topk \
     --density "$DENSITY" --sparsify preconditioned --dense-steps 100 --residual-dtype bfloat16
+for epochs in 2 3; do  # later options win: the run's length and schedule
+    LONGER=(--epochs "$epochs" --max-steps 0)
+    run "fsdp-dense-${epochs}epochs" --compression none "${LONGER[@]}"
+    run "sparse-$DENSITY-preconditioned-dense100-${epochs}epochs" --compression topk \
+        --density "$DENSITY" --sparsify preconditioned --dense-steps 100 "${LONGER[@]}"
+done

@@ -8,9 +8,10 @@ import re
 import pytest
 from helpers.mpi_launcher import MPI_PROGRAMS, run_mpi, run_with_time_limit, torchrun_command
 
-MARGIN = 1.35
-"""The sparse transformer's perplexity over FSDP's own after 120 steps, at most (measured at
-b4af116+, Intel Xeon AVX-512: 111.78 against 91.02, 1.23; without the remedy 144.33, 1.59)."""
+NEAR_DENSE, BELOW_PLAIN = 1.15, 0.95
+"""The example's perplexity at P = 4 after 120 steps: with the remedy at density 0.05 over
+FSDP's own, and at 0.01 over AdamW on the sparse gradient, at most (measured at 79219be+, Intel
+Xeon, AVX-512: 96.46 / 91.71 = 1.05, and 122.82 / 145.25 = 0.85)."""
 
 
 def run_mode(mode: str, workers: int) -> None:
@@ -57,7 +58,7 @@ def test_fsdp_refuses_bad_registrations_on_every_rank() -> None:
 
 EXAMPLE = ["--vocab-size", "2000", "--size", "32", "--layers", "2", "--heads", "4",
            "--bptt", "16", "--batch-size", "4", "--warmup-steps", "10", "--lr", "2e-3",
-           "--quiet"]
+           "--clip", "1e6", "--quiet"]
 
 
 def train_example(workers: int, *options: str) -> tuple[float, str]:
@@ -85,15 +86,18 @@ def test_the_transformer_example_at_density_one_is_fsdps_own_run() -> None:
 
 @pytest.mark.mpi
 def test_the_transformer_example_trains_with_adamw_under_the_sparse_reduce_scatter() -> None:
-    """P = 4, density 0.01, 120 steps: with Adam's second moment frozen after 30 dense steps the
-    sparse run ends within MARGIN of FSDP's own perplexity, and well below AdamW fed the sparse
-    gradient (docs/adamw.md says why)."""
+    """P = 4, 120 steps, Adam's second moment frozen after 30 dense steps: at density 0.05 the
+    sparse run ends within NEAR_DENSE of FSDP's own perplexity; at 0.01 the remedy ends below
+    AdamW fed the sparse gradient, by at least BELOW_PLAIN (docs/adamw.md says why)."""
     steps = ["--max-steps", "120", "--eval-every", "120"]
+
+    def sparse(density: str, *how: str) -> float:
+        return train_example(4, "--compression", "topk", "--density", density, *how, *steps)[0]
+
     dense, _ = train_example(4, "--compression", "none", *steps)
-    frozen, _ = train_example(4, "--compression", "topk", "--density", "0.01",
-                              "--sparsify", "preconditioned", "--dense-steps", "30", *steps)
-    plain, _ = train_example(4, "--compression", "topk", "--density", "0.01",
-                             "--sparsify", "gradient", *steps)
-    print(f"FSDP {dense:.2f}, sparse with the remedy {frozen:.2f}, without {plain:.2f}")
-    assert frozen <= MARGIN * dense
-    assert frozen < 0.9 * plain
+    frozen = {density: sparse(density, "--sparsify", "preconditioned", "--dense-steps", "30")
+              for density in ("0.05", "0.01")}
+    plain = sparse("0.01", "--sparsify", "gradient")
+    print(f"FSDP {dense:.2f}, sparse with the remedy {frozen}, without at 0.01 {plain:.2f}")
+    assert frozen["0.05"] <= NEAR_DENSE * dense
+    assert frozen["0.01"] <= BELOW_PLAIN * plain

@@ -100,7 +100,8 @@ class SparseFSDP:
 
 def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = torch.float32,
              freeze_variance_after: int | None = None,
-             optimizer: torch.optim.Optimizer | None = None) -> SparseFSDP:
+             optimizer: torch.optim.Optimizer | None = None,
+             max_grad_norm: float | None = None) -> SparseFSDP:
     """Makes every FSDP unit of `model` reduce-scatter its gradients sparsely.
 
     Args:
@@ -113,6 +114,8 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
             (`gtopk_hvd.torch.fsdp_adamw`), or None. FSDP2 only.
         optimizer: the Adam or AdamW optimizer over the sharded parameters, with
             freeze_variance_after.
+        max_grad_norm: each worker's clip of its own gradient in the remedy's sparse phase,
+            unit by unit (`gtopk_hvd.torch.fsdp_adamw`), or None.
 
     Returns:
         The `SparseFSDP` holding each unit's comm (its residual, bytes and checkpoint).
@@ -121,6 +124,10 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
 
     comm = SparseReduceScatter(density, residual_dtype)  # checks both before anything changes
     remedy = None
+    if max_grad_norm is not None and freeze_variance_after is None:
+        raise ValueError("gtopk_hvd.torch.fsdp.register: max_grad_norm is each worker's clip in "
+                         "freeze_variance_after's sparse phase; without the remedy clip as "
+                         "FSDP training does")
     if freeze_variance_after is not None or optimizer is not None:
         if freeze_variance_after is None or optimizer is None:
             raise ValueError("gtopk_hvd.torch.fsdp.register: freeze_variance_after=N and "
@@ -129,7 +136,7 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
             raise ValueError("gtopk_hvd.torch.fsdp.register: freeze_variance_after is offered "
                              "on FSDP2 (fully_shard); with FSDP1 leave it out, or move the "
                              "model to fully_shard")
-        remedy = ShardedFrozenVariance(freeze_variance_after)
+        remedy = ShardedFrozenVariance(freeze_variance_after, max_grad_norm)
         remedy.attach(optimizer)  # checks the optimizer before the model changes
     try:
         if isinstance(model, FullyShardedDataParallel):
@@ -146,6 +153,8 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
         raise
     for unit in comms.values():
         unit.remedy = remedy
+    if remedy is not None:
+        remedy.units = list(comms.values())
     return SparseFSDP(comms, remedy)
 
 

@@ -10,21 +10,31 @@ optimizer's step count, applied where FSDP reduces:
    (`sparse_reduce_scatter.dense_reduce_scatter`, sums in rank order); AdamW steps as always on
    the sharded gradients, unless some worker's gradient held a NaN or an Inf: then no worker
    applies the step (the units' flags, agreed by all-reduce, OR-ed over the iteration).
-2. t >= N: each worker multiplies its unit's flat gradient by s = 1 / (sqrt(v_hat) + eps) of the
-   unit's parameters before the sparse steps. v_hat is Adam's exp_avg_sq / (1 - beta2^N), of
-   which each worker holds its own shards: worker q computes s on them, padded as FSDP pads its
-   shard of the flat gradient, and one all-gather makes the unit's whole s on every worker,
-   in FSDP's layout (row q of the flat gradient is worker q's shard). s is made once per unit
-   and kept (n float32 values, as many as the residual).
+2. t >= N: each worker multiplies its unit's flat gradient (clipped, below) by
+   s = 1 / (sqrt(v_hat) + eps) of the unit's parameters before the sparse steps. v_hat is
+   Adam's exp_avg_sq / (1 - beta2^N), of which each worker holds its own shards: worker q
+   computes s on them, padded as FSDP pads its shard of the flat gradient, and one all-gather
+   makes the unit's whole s on every worker, in FSDP's layout (row q of the flat gradient is
+   worker q's shard). s is made once per unit and kept (n float32 values, as many as the
+   residual).
 3. `optimizer.step()`: the step pre-hook applies the frozen rule to the sharded update u (first
    moment, decoupled weight decay, step count: `FrozenVariance.step`, on each worker's shards)
    and hides the gradients from AdamW's own step; an iteration any worker flagged is not
    applied at all, on every worker alike.
 
-Clip as dense training does in the dense start only (`SparseFSDP.preconditioned` is False):
-after it the gradients are the reduced update, not a gradient. A per-worker clip of the
-gradient before the reduction (the DDP hook's `max_grad_norm`) would need every unit's norm
-before the first unit is reduced, which FSDP's unit-by-unit backward does not give.
+With `max_grad_norm` = M each worker clips its own gradient in the sparse phase before s, as
+the DDP hook does, by the norm of its whole gradient. FSDP reduces a unit as soon as its
+backward is done, before the later units' gradients exist, so that norm is taken over this
+iteration's gradients of the units reduced so far and the last iteration's of the others (the
+dense start's, at the first sparse step):
+
+    |g| = sqrt(sum over units of |g_u|^2, |g_u| this iteration's where known, else the last's)
+    g_u := g_u min(1, M / (|g| + 1e-6))
+
+Norms change little from one step to the next, so this is the whole-gradient clip but for the
+units still to come; an iteration skipped for a NaN or an Inf keeps the last norms. Clip as
+dense training does in the dense start only (`SparseFSDP.preconditioned` is False): after it the
+gradients are the reduced update, not a gradient.
 
 The state to checkpoint is the optimizer's (exp_avg, exp_avg_sq, step) and each worker's
 residuals; s is made again from the first after `optimizer.load_state_dict`.
@@ -37,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gtopk_hvd.torch.hook_optimizer import HookOptimizer
+from gtopk_hvd.torch.hook_optimizer import CLIP_EPSILON, HookOptimizer
 from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter
 
 
@@ -46,14 +56,19 @@ class ShardedFrozenVariance(HookOptimizer):
     over the sharded optimizer, the phase and s asked for by each unit's comm.
 
     Fields beyond `HookOptimizer`'s: flagged (the OR of this iteration's agreed non-finite
-    flags, an int32 tensor, or None before its first unit).
+    flags, an int32 tensor, or None before its first unit), units (the comms it serves, in
+    their order of registration), unit_norms and last_unit_norms (this worker's gradient norm
+    per unit, this iteration's and the last applied one's, for the clip).
     """
 
-    __slots__ = ("flagged",)
+    __slots__ = ("flagged", "last_unit_norms", "unit_norms", "units")
 
-    def __init__(self, after: int) -> None:
-        super().__init__(after, None, None, raise_nonfinite=False)
+    def __init__(self, after: int, max_grad_norm: float | None = None) -> None:
+        super().__init__(after, max_grad_norm, None, raise_nonfinite=False)
         self.flagged: torch.Tensor | None = None
+        self.units: list[SparseReduceScatter] = []
+        self.unit_norms: dict[SparseReduceScatter, torch.Tensor] = {}
+        self.last_unit_norms: dict[SparseReduceScatter, torch.Tensor] = {}
 
     def note(self, flag: torch.Tensor, sparse: bool) -> None:
         """One unit's reduction is done: its flag joins the iteration's; a sparse one leaves the
@@ -69,21 +84,45 @@ class ShardedFrozenVariance(HookOptimizer):
         return not self._iteration_flagged()
 
     def apply(self) -> bool:
-        """`HookOptimizer.apply`, then a new iteration begins."""
+        """`HookOptimizer.apply`, then a new iteration begins (its norms kept for the clip
+        unless it was skipped)."""
+        flagged = self._iteration_flagged()
         try:
             return super().apply()
         finally:
-            self.flagged = None
+            if not flagged:
+                self.last_unit_norms.update(self.unit_norms)
+            self.unit_norms, self.flagged = {}, None
 
-    def scale(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
-              device: torch.device) -> torch.Tensor:
-        """s of `comm`'s unit in FSDP's layout (module docstring, step 2), made at its first
-        sparse step and kept."""
+    def observe(self, comm: SparseReduceScatter, gradient: torch.Tensor) -> None:
+        """A dense start's unit gradient: its norm kept for the first sparse step's clip."""
+        if self.max_grad_norm is not None:
+            self.unit_norms[comm] = torch.linalg.vector_norm(gradient, dtype=torch.float32)
+
+    def precondition_(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
+                      values: torch.Tensor) -> None:
+        """values := c values s for `comm`'s unit, in place (module docstring, step 2): c the
+        unit's clip coefficient (1 without max_grad_norm), s made at the unit's first sparse
+        step and kept."""
         self.check_ready()
         scale = self.rule.scales.get(comm)
         if scale is None:
-            scale = self.rule.scales[comm] = self._gathered_scale(comm.parameters, group, device)
-        return scale
+            scale = self.rule.scales[comm] = self._gathered_scale(comm.parameters, group,
+                                                                  values.device)
+        if scale.numel() != values.numel():
+            raise RuntimeError(
+                f"gtopk_hvd: freeze_variance_after: a unit's flat gradient of {values.numel()} "
+                f"values against its parameters' {scale.numel()}: FSDP left out a parameter "
+                "that got no gradient this iteration; under the remedy every parameter of a "
+                "unit must get a gradient in every step")
+        if self.max_grad_norm is not None:
+            self.unit_norms[comm] = torch.linalg.vector_norm(values)
+            zero = values.new_zeros(())
+            total = torch.linalg.vector_norm(torch.stack([
+                self.unit_norms.get(unit, self.last_unit_norms.get(unit, zero))
+                for unit in self.units]))
+            values.mul_(torch.clamp(self.max_grad_norm / (total + CLIP_EPSILON), max=1.0))
+        values.mul_(scale)
 
     def _gathered_scale(self, parameters: list[tuple[torch.nn.Parameter, int]],
                         group: dist.ProcessGroup | None, device: torch.device) -> torch.Tensor:

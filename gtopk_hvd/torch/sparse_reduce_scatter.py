@@ -34,8 +34,8 @@ Two variants of the same steps:
   selected entries zeroed, rounded to bfloat16 (kept as it was if flag). What is lost is that
   rounding, at most 2^-9 of each residual value a step: conservation holds to it, not to
   float32's.
-- A scale s of n values (Adam's frozen preconditioner, `gtopk_hvd.torch.fsdp_adamw`) multiplies
-  x before step 1: x := x s, in the float32 buffer.
+- Adam's frozen preconditioner (`gtopk_hvd.torch.fsdp_adamw`) changes x before step 1, in the
+  float32 buffer: x := c x s, c a clip coefficient and s n values.
 
 A dense reduce-scatter in the same shape (`dense_reduce_scatter`: the shards sent whole, one
 all-to-all of P messages of S values in the reduce dtype, summed in float32 in rank order) is
@@ -45,6 +45,8 @@ what the AdamW rule's dense start uses: its sums are the same on every run and e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -64,9 +66,13 @@ class Remedy(Protocol):
     def dense(self) -> bool:
         """Whether this iteration is one of the dense start's."""
 
-    def scale(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
-              device: torch.device) -> torch.Tensor:
-        """s for this comm's flat gradient (n float32 values, FSDP's layout)."""
+    def precondition_(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
+                      values: torch.Tensor) -> None:
+        """This comm's flat gradient (n float32 values, FSDP's layout), clipped and multiplied
+        by s in place."""
+
+    def observe(self, comm: SparseReduceScatter, gradient: torch.Tensor) -> None:
+        """This worker's gradient of the comm's unit in the dense start, before it is reduced."""
 
     def note(self, flag: torch.Tensor, sparse: bool) -> None:
         """One unit's reduction is done: its agreed non-finite flag, and which kind it was."""
@@ -145,16 +151,11 @@ class SparseReduceScatter:
         steps, or the dense ones in the remedy's dense start."""
         remedy = self.remedy
         if remedy is not None and remedy.dense:
+            remedy.observe(self, gradient)
             remedy.note(dense_reduce_scatter(output, gradient, self, group), sparse=False)
             return
-        scale = None if remedy is None else remedy.scale(self, group, gradient.device)
-        if scale is not None and scale.numel() != gradient.numel():
-            raise RuntimeError(
-                f"gtopk_hvd: freeze_variance_after: a unit's flat gradient of "
-                f"{gradient.numel()} values against its parameters' {scale.numel()}: FSDP left "
-                "out a parameter that got no gradient this iteration; every parameter of a unit "
-                "must get a gradient in every step under the remedy")
-        flag = reduce_scatter(output, gradient, self, group, scale)
+        prepare = None if remedy is None else partial(remedy.precondition_, self, group)
+        flag = reduce_scatter(output, gradient, self, group, prepare)
         if remedy is not None:
             remedy.note(flag, sparse=True)
 
@@ -199,8 +200,8 @@ def agreed_flag(values: torch.Tensor, group: dist.ProcessGroup | None, size: int
 
 
 def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseReduceScatter,
-                   group: dist.ProcessGroup | None, scale: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+                   group: dist.ProcessGroup | None,
+                   prepare: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """The module docstring's steps 1-5 for one call: `gradient` (n values, FSDP's layout;
     overwritten when it is float32) into `output` (this worker's S values), `comm.residual`
     updated in place. Returns the agreed non-finite flag."""
@@ -220,8 +221,8 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
     values = gradient.reshape(-1)
     if values.dtype != torch.float32:
         values = values.to(torch.float32)  # the reduce dtype's gradient, summed in float32
-    if scale is not None:
-        values.mul_(scale)
+    if prepare is not None:
+        prepare(values)
 
     flag = agreed_flag(values, group, size)
     k = shard_budget(shard, comm.density)

@@ -287,13 +287,18 @@ AFTER = 3  # dense AdamW steps before the freeze
 POISONED = {1: 1, 5: 0}  # step -> the worker whose input holds a NaN (dense start, sparse phase)
 
 
-def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tensor]:
+def adamw_replay(size: int, density: float, steps: int, clip: float | None = None
+                 ) -> tuple[dict[str, torch.Tensor], int]:
     """freeze_variance_after=AFTER in this process alone, on every worker's shards as separate
     tensors (so each arithmetic op sees the shapes it sees under FSDP), from the rule as
     docs/adamw.md states it: dense steps summed in rank order, divided by P, AdamW; then s from
     the frozen exp_avg_sq, each worker's gradient times s in FSDP's layout, the numpy
     reference, the shard / P as u, and m <- b1 m + (1 - b1) u, w <- w (1 - lr wd) -
-    lr m / (1 - b1^t). A step with a NaN on any worker changes nothing."""
+    lr m / (1 - b1^t). A step with a NaN on any worker changes nothing. With clip = M, each
+    worker's unit gradient is first scaled by min(1, M / (norm + 1e-6)), the norm over every
+    unit's of this worker: this step's for the units reduced so far (in backward's order, the
+    last layer first), the last applied step's for the others. Returns the model and how many
+    unit gradients the clip cut."""
     model = mlp()
     units = units_of(model)
     shards = {id(p): [nn.Parameter(local_piece(p.detach(), size, q).clone())
@@ -302,15 +307,21 @@ def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tenso
                                   foreach=False, **ADAMW)
     residuals: dict[int, np.ndarray] = {}
     scales: dict[int, torch.Tensor] = {}
-    applied = 0
+    applied = cut = 0
+    last: list[dict[int, torch.Tensor]] = [{} for _ in range(size)]  # each worker's norms
     for step in range(steps):
         per_worker = worker_gradients(model, step, size, POISONED)
         finite = all(torch.isfinite(g).all() for grads in per_worker for g in grads.values())
-        for parameters in units:
+        now: list[dict[int, torch.Tensor]] = [{} for _ in range(size)]
+        for parameters in reversed(units):  # FSDP reduces the last unit first
             flat = torch.stack([flat_layout([g[id(p)] for p in parameters], size)
                                 for g in per_worker])
             n = flat.shape[1]
+            unit = id(parameters[0])
             if applied < AFTER:
+                for worker in range(size):
+                    now[worker][unit] = torch.linalg.vector_norm(flat[worker],
+                                                                 dtype=torch.float32)
                 rows = torch.zeros(size, n // size)
                 for worker in range(size):
                     rows += flat[worker].reshape(size, -1)
@@ -326,6 +337,15 @@ def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tenso
                             padded[:s.numel()] = s.reshape(-1)
                             mine.append(padded)
                     scales[id(parameters[0])] = torch.cat(mine)
+                if clip is not None:
+                    for worker in range(size):
+                        now[worker][unit] = torch.linalg.vector_norm(flat[worker])
+                        norm = torch.linalg.vector_norm(torch.stack([
+                            now[worker].get(id(u[0]), last[worker].get(id(u[0]), torch.zeros(())))
+                            for u in units]))
+                        coefficient = torch.clamp(clip / (norm + 1e-6), max=1.0)
+                        cut += bool(coefficient < 1.0)
+                        flat[worker] = flat[worker] * coefficient
                 flat = (flat * scales[id(parameters[0])]).numpy()
                 held = residuals.get(id(parameters[0]), np.zeros_like(flat))
                 found, after = reference(flat, held, shard_budget(n // size, density))
@@ -337,6 +357,8 @@ def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tenso
                     shards[id(p)][q].grad = values.clone()
         if not finite:
             continue
+        for worker in range(size):
+            last[worker].update(now[worker])
         if applied < AFTER:
             optimizer.step()
         else:
@@ -354,12 +376,12 @@ def adamw_replay(size: int, density: float, steps: int) -> dict[str, torch.Tenso
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.cat(list(shards[id(p)])))
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, cut
 
 
 def adamw_run(rank: int, steps: int, density: float, folder: str | None = None,
-              stop_at: int | None = None, resume: bool = False, residuals: bool = True
-              ) -> tuple[dict[str, torch.Tensor], fsdp.SparseFSDP]:
+              stop_at: int | None = None, resume: bool = False, residuals: bool = True,
+              clip: float | None = None) -> tuple[dict[str, torch.Tensor], fsdp.SparseFSDP]:
     """The MLP under fully_shard with AdamW and freeze_variance_after=AFTER; with a folder, a
     checkpoint saved at stop_at (then stop) or loaded from it (resume)."""
     import torch.distributed.checkpoint as dcp
@@ -367,7 +389,8 @@ def adamw_run(rank: int, steps: int, density: float, folder: str | None = None,
 
     model = sharded(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), foreach=False, **ADAMW)
-    sparse = fsdp.register(model, density, freeze_variance_after=AFTER, optimizer=optimizer)
+    sparse = fsdp.register(model, density, freeze_variance_after=AFTER, optimizer=optimizer,
+                           max_grad_norm=clip)
     first = 0
     if resume:
         model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -392,9 +415,11 @@ def adamw_run(rank: int, steps: int, density: float, folder: str | None = None,
 
 def check_adamw(rank: int, size: int) -> None:
     steps = 9
-    for density in (0.1, 0.3):
-        got, sparse = adamw_run(rank, steps, density)
-        assert_same(got, adamw_replay(size, density, steps), density)
+    for density, clip in ((0.1, None), (0.3, 0.05)):
+        got, sparse = adamw_run(rank, steps, density, clip=clip)
+        want, cut = adamw_replay(size, density, steps, clip)
+        assert_same(got, want, (density, clip))
+        assert (cut > 0) == (clip is not None), cut  # the clip binds where it is set
         assert sparse.preconditioned and sparse.remedy.skipped_steps == len(POISONED)
         assert all(comm.skipped == 1 for comm in sparse.comms.values())
 
@@ -484,6 +509,8 @@ def check_errors(rank: int, size: int) -> None:
            lambda: fsdp.register(sharded(mlp()), 0.01, residual_dtype=torch.float16))
     raises(ValueError, "go together",
            lambda: fsdp.register(sharded(mlp()), 0.01, freeze_variance_after=3))
+    raises(ValueError, "max_grad_norm", lambda: fsdp.register(sharded(mlp()), 0.01,
+                                                              max_grad_norm=1.0))
     plain = sharded(mlp())
     raises(ValueError, "Adam", lambda: fsdp.register(
         plain, 0.01, freeze_variance_after=3,
