@@ -101,8 +101,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--decay-at", type=float, nargs="*", default=[0.5, 0.75],
                         help="fractions of the run after which the learning rate is x --decay")
     parser.add_argument("--decay", type=float, default=0.25)
+    parser.add_argument("--lr-warmup-steps", type=int, default=0,
+                        help="the learning rate rises linearly from --lr / N to --lr over the "
+                             "first N steps (Goyal et al.'s gradual warm-up for a large batch)")
     add_run_arguments(parser)
-    return check_run_arguments(parser, parser.parse_args(argv))
+    args = check_run_arguments(parser, parser.parse_args(argv))
+    if args.lr_warmup_steps < 0:
+        parser.error("--lr-warmup-steps must be >= 0")
+    return args
 
 
 def add_scheme_arguments(parser: argparse.ArgumentParser, density: float) -> None:
@@ -211,9 +217,13 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
 
 
 def learning_rate(args: argparse.Namespace, step: int, total_steps: int) -> float:
-    """--lr, times --decay after each fraction in --decay-at of the run."""
+    """--lr, times --decay after each fraction in --decay-at of the run, times (step + 1) / N
+    over the first N = --lr-warmup-steps steps."""
     passed = sum(step >= fraction * total_steps for fraction in args.decay_at)
-    return args.lr * args.decay ** passed
+    rate = args.lr * args.decay ** passed
+    if step < args.lr_warmup_steps:
+        rate *= (step + 1) / args.lr_warmup_steps
+    return rate
 
 
 def build_model(args: argparse.Namespace, vocab: int) -> LSTMLanguageModel:

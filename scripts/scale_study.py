@@ -10,6 +10,8 @@
     .venv/bin/python scripts/scale_study.py seeds
     .venv/bin/python scripts/scale_study.py run --workers 32 --lr 4 --momentum 0.9 \
         --momentum-correction --warmup-epochs 0.1
+    .venv/bin/python scripts/scale_study.py run --per-worker-batch 8 --workers 32 --lr 80 \
+        --lr-warmup-steps 30 --schemes dense oktopk_0.01 topk_0.01
 
 --model picks what is trained (MODELS below: the example, its metric and the defaults): lm
 (default) is the LSTM language model of examples/simulated_cluster.py lm, scored by validation
@@ -28,6 +30,12 @@ schedule; `sweep` runs dense at several learning rates (the rate is picked on de
 steps each scheme needed to reach dense's final metric at the same P and to come --near it) and
 figure (--out/lm_scale.png, --out/digits_scale.png: the final metric against P). Only the LM has
 the modelled time to accuracy (time_lines): the table and the figure's second panel.
+
+--per-worker-batch B keeps B sequences on every worker (the global batch B x P grows with P, as
+users run data-parallel training) instead of the fixed global batch, into
+results/scale/per_worker<B>/; --lr-warmup-steps N warms the learning rate up linearly over the
+first N steps (Goyal et al., 2017). Pick the rate on dense at each P (`sweep --per-worker-batch
+8 --sweep-workers 32 --sweep-lrs 40 80 160 --lr-warmup-steps 30`), then `run` at that rate.
 
 --seed N gives the example its seed (the runs above use its default, 42) and the history a
 name ending in _seed<N>; `seeds` tables every (scheme, P) run at several seeds against dense at
@@ -223,6 +231,12 @@ def parse_args() -> argparse.Namespace:
                         help="default: all (digits: all but DDP's baselines)")
     parser.add_argument("--global-batch", type=int, default=None,
                         help="lm: 64 sequences; digits: 128 images")
+    parser.add_argument("--per-worker-batch", type=int, default=None,
+                        help="lm: this many sequences a worker at every P (the global batch "
+                             "grows with P) instead of --global-batch; default --out: "
+                             "results/scale/per_worker<B>")
+    parser.add_argument("--lr-warmup-steps", type=int, default=0,
+                        help="lm: the learning rate's linear warm-up over the first N steps")
     parser.add_argument("--steps", type=int, default=300, help="lm: steps")
     parser.add_argument("--eval-every", type=int, default=25, help="lm: steps between evaluations")
     parser.add_argument("--epochs", type=int, default=30, help="digits: epochs")
@@ -267,10 +281,16 @@ def parse_args() -> argparse.Namespace:
     if args.model != "lm" and set(args.schemes) & set(BASELINES):
         parser.error(f"--schemes {' '.join(sorted(set(args.schemes) & set(BASELINES)))}: DDP's "
                      "baselines replace a language model's all-reduce (--model lm)")
+    if args.per_worker_batch is not None and (args.model != "lm" or args.global_batch):
+        parser.error("--per-worker-batch: the LM's, in place of --global-batch")
+    if args.lr_warmup_steps and args.model != "lm":
+        parser.error("--lr-warmup-steps: the LM's (the digits example has its own schedule)")
     if args.out is None:
         args.out = ROOT / "results" / "scale" / (
             "momentum_correction" if args.momentum_correction
             else "momentum" if args.momentum else "")
+        if args.per_worker_batch is not None:
+            args.out = args.out / f"per_worker{args.per_worker_batch}"
     args.model = MODELS[args.model]
     for name, value in args.model.defaults.items():
         if getattr(args, name) is None:
@@ -292,7 +312,9 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
     compression, density = SCHEMES[scheme]
     partial = path.with_suffix(".partial")
     command = [sys.executable, "-W", "ignore", str(ROOT / "examples/simulated_cluster.py"),
-               model.name, "--workers", str(workers), "--global-batch", str(args.global_batch),
+               model.name, "--workers", str(workers), "--global-batch",
+               str(args.global_batch if args.per_worker_batch is None
+                   else args.per_worker_batch * workers),
                "--compression", compression, "--density", str(density),
                "--lr", str(lr / workers if model.lr_per_worker else lr), *model.length(args),
                "--quiet", "--history", str(partial), *model.options,
@@ -300,7 +322,9 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
                *(["--seed", str(args.seed)] if args.seed is not None else []),
                *(["--momentum-correction"] if args.momentum_correction else []),
                *(["--momentum", str(args.momentum)] if args.momentum else []),
-               *(["--warmup-epochs", str(args.warmup_epochs)] if args.warmup_epochs else [])]
+               *(["--warmup-epochs", str(args.warmup_epochs)] if args.warmup_epochs else []),
+               *(["--lr-warmup-steps", str(args.lr_warmup_steps)] if args.lr_warmup_steps
+                 else [])]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
@@ -314,7 +338,7 @@ def train(args: argparse.Namespace, scheme: str, workers: int, lr: float, path: 
     history.update(momentum_correction=args.momentum_correction and sparse,
                    warmup_epochs=args.warmup_epochs if sparse else 0.0)
     if model.name == "lm":
-        history["momentum"] = args.momentum
+        history.update(momentum=args.momentum, lr_warmup_steps=args.lr_warmup_steps)
     partial.write_text(json.dumps(history, indent=1))
     partial.rename(path)
     return result

@@ -47,6 +47,11 @@ def test_fsdp1_sharded_strategies_match_a_replay(workers: int) -> None:
 
 
 @pytest.mark.mpi
+def test_fsdp_gradient_accumulation_reduces_the_accumulated_gradient_once() -> None:
+    run_mode("accumulate", 2)
+
+
+@pytest.mark.mpi
 def test_fsdp_resumes_bit_for_bit_from_a_checkpoint() -> None:
     run_mode("resume", 2)
 

@@ -19,6 +19,8 @@ and its FSDP2 adapter (`gtopk_hvd.torch.fsdp`), against numpy.
                    some shards are padded and one is empty
     --mode fsdp1   FSDP1 (FULL_SHARD and SHARD_GRAD_OP, a unit a layer) with SGD against the
                    replay on FSDP1's flat layout, bit for bit
+    --mode accumulate  two micro-batches a step, the first without gradient sync (FSDP2 and
+                   FSDP1): the accumulated gradient reduced once, against the replay, bit for bit
     --mode resume  AdamW with freeze_variance_after, a checkpoint in the sparse phase (each
                    worker's model and optimizer shards and its residuals), a new model restored
                    from it: the same model as without the stop, bit for bit (and not without
@@ -189,13 +191,16 @@ def pieces_of(row: torch.Tensor, tensors: list[torch.Tensor], size: int, q: int
     return out
 
 
-def worker_gradients(model: nn.Module, step: int, size: int, poisoned: dict[int, int]
-                     ) -> list[dict[int, torch.Tensor]]:
-    """Each worker's gradient by parameter id (worker poisoned[step] gets a NaN input)."""
+def worker_gradients(model: nn.Module, step: int, size: int, poisoned: dict[int, int],
+                     micro: int = 1) -> list[dict[int, torch.Tensor]]:
+    """Each worker's gradient by parameter id (worker poisoned[step] gets a NaN input); with
+    micro > 1, accumulated over micro-batches micro step .. micro step + micro - 1, as autograd
+    accumulates them."""
     per_worker = []
     for worker in range(size):
         model.zero_grad()
-        loss_of(model, step, worker, poisoned.get(step) == worker).backward()
+        for batch_index in range(micro * step, micro * step + micro):
+            loss_of(model, batch_index, worker, poisoned.get(step) == worker).backward()
         per_worker.append({id(p): p.grad.clone() for p in model.parameters()})
     return per_worker
 
@@ -205,14 +210,15 @@ def units_of(model: nn.Module) -> list[list[torch.Tensor]]:
 
 
 def replay(size: int, density: float, steps: int, reduce_dtype: torch.dtype = torch.float32,
-           residual_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+           residual_dtype: torch.dtype = torch.float32, micro: int = 1
+           ) -> dict[str, torch.Tensor]:
     """The model after `steps` SGD steps, in this process alone: each worker's gradient, FSDP's
     layout per unit in the reduce dtype, the numpy reference (in float32), the shard in the
     reduce dtype divided by P there (FSDP's division), SGD."""
     model = mlp()
     residuals: dict[int, np.ndarray | None] = {}
     for step in range(steps):
-        per_worker = worker_gradients(model, step, size, {})
+        per_worker = worker_gradients(model, step, size, {}, micro)
         for parameters in units_of(model):
             flat = np.stack([flat_layout([g[id(p)] for p in parameters], size).to(reduce_dtype)
                              .to(torch.float32).numpy() for g in per_worker])
@@ -435,13 +441,14 @@ def check_resume(rank: int, size: int) -> None:
     assert not all(torch.equal(forgetful[name], whole[name]) for name in whole)
 
 
-def fsdp1_replay(size: int, density: float, steps: int) -> dict[str, torch.Tensor]:
+def fsdp1_replay(size: int, density: float, steps: int, micro: int = 1
+                 ) -> dict[str, torch.Tensor]:
     """SGD on FSDP1's layout: a unit's parameters flattened and concatenated into one flat
     vector, padded at its end to P equal shards."""
     model = mlp()
     residuals: dict[int, np.ndarray] = {}
     for step in range(steps):
-        per_worker = worker_gradients(model, step, size, {})
+        per_worker = worker_gradients(model, step, size, {}, micro)
         for parameters in units_of(model):
             flat = [torch.cat([g[id(p)].reshape(-1) for p in parameters]) for g in per_worker]
             n = -(-flat[0].numel() // size) * size
@@ -484,6 +491,45 @@ def check_fsdp1(rank: int, size: int) -> None:
             got = {name.replace("_fsdp_wrapped_module.", ""): p.detach().clone()
                    for name, p in model.named_parameters()}
         assert_same(got, want, strategy)
+
+
+def check_accumulate(rank: int, size: int) -> None:
+    """Gradient accumulation: two micro-batches a step, the first without gradient sync (FSDP2's
+    set_requires_gradient_sync(False), FSDP1's no_sync()); FSDP reduces the accumulated
+    gradient once, as the replay does."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    steps, density = 4, 0.2
+    model = sharded(mlp())
+    sparse = fsdp.register(model, density)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    for step in range(steps):
+        optimizer.zero_grad()
+        model.set_requires_gradient_sync(False)
+        loss_of(model, 2 * step, rank).backward()
+        model.set_requires_gradient_sync(True)
+        loss_of(model, 2 * step + 1, rank).backward()
+        optimizer.step()
+    assert all(comm.steps == steps for comm in sparse.comms.values())
+    assert_same(fsdp.full_state(model), replay(size, density, steps, micro=2), "FSDP2")
+
+    model = FullyShardedDataParallel(
+        mlp(), device_id=torch.device("cpu"),
+        auto_wrap_policy=lambda module, recurse, nonwrapped_numel: (
+            recurse or isinstance(module, nn.Linear)))
+    sparse = fsdp.register(model, density)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    for step in range(steps):
+        optimizer.zero_grad()
+        with model.no_sync():
+            loss_of(model, 2 * step, rank).backward()
+        loss_of(model, 2 * step + 1, rank).backward()
+        optimizer.step()
+    assert all(comm.steps == steps for comm in sparse.comms.values())
+    with FullyShardedDataParallel.summon_full_params(model):
+        got = {name.replace("_fsdp_wrapped_module.", ""): p.detach().clone()
+               for name, p in model.named_parameters()}
+    assert_same(got, fsdp1_replay(size, density, steps, micro=2), "FSDP1")
 
 
 def check_errors(rank: int, size: int) -> None:
@@ -533,13 +579,14 @@ def check_errors(rank: int, size: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("comm", "fsdp", "adamw", "fsdp1", "resume", "errors"),
-                        required=True)
+    parser.add_argument("--mode", choices=("comm", "fsdp", "adamw", "fsdp1", "accumulate",
+                                            "resume", "errors"), required=True)
     mode = parser.parse_args().mode
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     {"comm": check_comm, "fsdp": check_fsdp, "adamw": check_adamw, "fsdp1": check_fsdp1,
-     "resume": check_resume, "errors": check_errors}[mode](rank, size)
+     "accumulate": check_accumulate, "resume": check_resume, "errors": check_errors}[mode](
+        rank, size)
     dist.barrier()
     print(f"FSDP {mode} ok rank={rank}", flush=True)
     dist.destroy_process_group()
