@@ -58,18 +58,8 @@ def perplexity(model: nn.Module, tokens: object, bptt: int) -> float:
 def main() -> None:
     args = pytorch_transformer.parse_args(more=more_arguments,
                                           description=__doc__.splitlines()[0])
-    if "LOCAL_RANK" not in os.environ:
-        sys.exit("examples/ddp_transformer.py runs under torchrun: torchrun --standalone "
-                 "--nproc_per_node N examples/ddp_transformer.py ...")
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    rank, workers = dist.get_rank(), dist.get_world_size()
-
-    corpus = load_corpus(args.vocab_size)
-    data = pytorch_lm.batchify(pytorch_lm.worker_shard(corpus.train, rank, workers),
-                               args.batch_size)
-    steps_per_epoch = (data.size(0) - 1) // args.bptt
-    total_steps, eval_every = pytorch_lm.run_length(args, steps_per_epoch)
+    rank, workers, corpus, data, steps_per_epoch, total_steps, eval_every = start_worker(
+        args, "examples/ddp_transformer.py")
 
     torch.manual_seed(args.seed)
     model = pytorch_transformer.build_model(args, len(corpus.vocab))
@@ -120,6 +110,23 @@ def main() -> None:
             pytorch_lm.save_parameters(args.save, model)
     digits_common.emit(digits_common.checksum_line(rank, pytorch_lm.parameters_checksum(model)))
     end_process_group()
+
+
+def start_worker(args: argparse.Namespace, example: str) -> tuple:
+    """Under torchrun: the Gloo group, this worker's shard of the corpus and the run's length:
+    (rank, P, corpus, data, steps a epoch, steps, steps between validations)."""
+    if "LOCAL_RANK" not in os.environ:
+        sys.exit(f"{example} runs under torchrun: torchrun --standalone --nproc_per_node N "
+                 f"{example} ...")
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank, workers = dist.get_rank(), dist.get_world_size()
+    corpus = load_corpus(args.vocab_size)
+    data = pytorch_lm.batchify(pytorch_lm.worker_shard(corpus.train, rank, workers),
+                               args.batch_size)
+    steps_per_epoch = (data.size(0) - 1) // args.bptt
+    total_steps, eval_every = pytorch_lm.run_length(args, steps_per_epoch)
+    return rank, workers, corpus, data, steps_per_epoch, total_steps, eval_every
 
 
 def bytes_per_step(state: GTopkHookState | None, params: int, workers: int) -> int:

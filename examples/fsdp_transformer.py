@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
@@ -32,7 +31,7 @@ import pytorch_lm
 import pytorch_transformer
 import torch
 import torch.distributed as dist
-from stdlib_corpus import load_corpus
+from ddp_transformer import start_worker
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
@@ -58,18 +57,8 @@ def main() -> None:
     if args.compression not in ("none", "topk"):
         sys.exit("examples/fsdp_transformer.py: --compression none (FSDP's reduce-scatter) or "
                  "topk (the sparse reduce-scatter: each shard's top k)")
-    if "LOCAL_RANK" not in os.environ:
-        sys.exit("examples/fsdp_transformer.py runs under torchrun: torchrun --standalone "
-                 "--nproc_per_node N examples/fsdp_transformer.py ...")
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    rank, workers = dist.get_rank(), dist.get_world_size()
-
-    corpus = load_corpus(args.vocab_size)
-    data = pytorch_lm.batchify(pytorch_lm.worker_shard(corpus.train, rank, workers),
-                               args.batch_size)
-    steps_per_epoch = (data.size(0) - 1) // args.bptt
-    total_steps, eval_every = pytorch_lm.run_length(args, steps_per_epoch)
+    rank, workers, corpus, data, steps_per_epoch, total_steps, eval_every = start_worker(
+        args, "examples/fsdp_transformer.py")
     total_steps = min_over_workers(total_steps)  # FSDP's collectives: the same count everywhere
 
     torch.manual_seed(args.seed)
