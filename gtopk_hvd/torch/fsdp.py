@@ -86,8 +86,13 @@ class SparseFSDP:
                    for comm in self.comms.values() if comm.residual is not None)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every unit's residual and counters, this worker's."""
-        return {name: comm.state_dict() for name, comm in self.comms.items()}
+        """Every unit's residual and counters, this worker's, and with the remedy's clip the
+        unit's last gradient norm (`clip_norm`, which the next step's clip reads)."""
+        state = {name: comm.state_dict() for name, comm in self.comms.items()}
+        if self.remedy is not None:
+            for name, comm in self.comms.items():
+                state[name]["clip_norm"] = self.remedy.last_unit_norms.get(comm)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what `state_dict` returned, on the same model."""
@@ -96,6 +101,9 @@ class SparseFSDP:
                    "restore the state saved from this model, sharded the same way")
         for name, comm in self.comms.items():
             comm.load_state_dict(state[name])
+            norm = state[name].get("clip_norm")
+            if self.remedy is not None and norm is not None:
+                self.remedy.last_unit_norms[comm] = norm.detach().clone()
 
 
 def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = torch.float32,

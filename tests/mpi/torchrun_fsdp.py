@@ -21,10 +21,10 @@ and its FSDP2 adapter (`gtopk_hvd.torch.fsdp`), against numpy.
                    replay on FSDP1's flat layout, bit for bit
     --mode accumulate  two micro-batches a step, the first without gradient sync (FSDP2 and
                    FSDP1): the accumulated gradient reduced once, against the replay, bit for bit
-    --mode resume  AdamW with freeze_variance_after, a checkpoint in the sparse phase (each
-                   worker's model and optimizer shards and its residuals), a new model restored
-                   from it: the same model as without the stop, bit for bit (and not without
-                   the residuals)
+    --mode resume  AdamW with freeze_variance_after and a binding clip, a checkpoint in the
+                   sparse phase (each worker's model and optimizer shards, its residuals and
+                   last norms), a new model restored from it: the same model as without the
+                   stop, bit for bit (and not without the sparse state)
     --mode errors  each bad registration raises on every rank, naming the problem
 
 Each mode prints "FSDP <mode> ok rank=R" on every rank when every check passed.
@@ -434,10 +434,13 @@ def check_resume(rank: int, size: int) -> None:
     steps, stop_at = 9, 6  # in the sparse phase: the residuals and s come back
     folder = [tempfile.mkdtemp(prefix="fsdp_ckpt_") if rank == 0 else None]
     dist.broadcast_object_list(folder)
-    whole = adamw_run(rank, steps, 0.2)[0]
-    adamw_run(rank, steps, 0.2, folder[0], stop_at)
-    assert_same(adamw_run(rank, steps, 0.2, folder[0], stop_at, True)[0], whole, "resumed")
-    forgetful = adamw_run(rank, steps, 0.2, folder[0], stop_at, True, residuals=False)[0]
+    clip = 0.05  # binding: the last step's norms come back with the residuals
+    whole = adamw_run(rank, steps, 0.2, clip=clip)[0]
+    adamw_run(rank, steps, 0.2, folder[0], stop_at, clip=clip)
+    assert_same(adamw_run(rank, steps, 0.2, folder[0], stop_at, True, clip=clip)[0], whole,
+                "resumed")
+    forgetful = adamw_run(rank, steps, 0.2, folder[0], stop_at, True, residuals=False,
+                          clip=clip)[0]
     assert not all(torch.equal(forgetful[name], whole[name]) for name in whole)
 
 
