@@ -73,3 +73,13 @@ def test_the_command_prints_both_rows_and_a_verdict_per_p() -> None:
     assert [(row[0], row[1]) for row in rows] == [("8", "FSDP's"), ("8", "sparse"),
                                                   ("32", "FSDP's"), ("32", "sparse")]
     assert "can save at most" in result.stdout and "A model, not a measurement" in result.stdout
+    assert "fewer than that many times FSDP's steps" in result.stdout
+
+
+def test_time_to_target_pays_only_where_the_step_gain_beats_the_extra_steps() -> None:
+    steps = [step(reduction, "full-shard", 0.01, workers=p) for p in (8, 32)
+             for reduction in ("dense", "sparse")]
+    gain = steps[0].step_s / steps[1].step_s
+    assert 1.0 < gain < 1.5  # at most the third FULL_SHARD's reduce-scatter is of the bytes
+    assert "it pays at P = 8, 32" in fsdp_plan.verdict(steps, "full-shard", gain * 0.9)
+    assert "it pays at no P given" in fsdp_plan.verdict(steps, "full-shard", 1.8)
