@@ -57,6 +57,11 @@ def test_fsdp_resumes_bit_for_bit_from_a_checkpoint() -> None:
 
 
 @pytest.mark.mpi
+def test_fsdp_on_one_worker_warns_and_trains_as_fsdp() -> None:
+    run_mode("alone", 1)
+
+
+@pytest.mark.mpi
 def test_fsdp_refuses_bad_registrations_on_every_rank() -> None:
     run_mode("errors", 2)
 
@@ -81,7 +86,8 @@ def train_example(workers: int, *options: str) -> tuple[float, str]:
 @pytest.mark.mpi
 def test_the_transformer_example_at_density_one_is_fsdps_own_run() -> None:
     """At P = 2 the sparse sums at density 1 are FSDP's (a + b = b + a): the example's sparse
-    path applies exactly FSDP's updates, clip and AdamW included."""
+    path applies exactly FSDP's updates, AdamW's included (EXAMPLE sets a clip that does not
+    bind)."""
     steps = ["--max-steps", "8", "--eval-every", "8"]
     dense = train_example(2, "--compression", "none", *steps)
     full = train_example(2, "--compression", "topk", "--density", "1", "--sparsify",

@@ -36,6 +36,7 @@ The rules:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -154,11 +155,18 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
                             "(FullyShardedDataParallel) but is not their root: register the "
                             "root")
         else:
-            comms = _register_fsdp2(model, comm)
+            comms = _register_fsdp2(model, comm, optimizer)
     except Exception:
         if remedy is not None:
             remedy.detach()
         raise
+    if not comms:  # one worker: FSDP reduces nothing, so nothing is made sparse
+        warnings.warn("gtopk_hvd.torch.fsdp.register: the model is sharded over one worker, "
+                      "where FSDP reduces no gradient: the sparse reduce-scatter (and "
+                      "freeze_variance_after) stay off and training is FSDP's own", stacklevel=2)
+        if remedy is not None:
+            remedy.detach()
+        return SparseFSDP({}, None)
     for unit in comms.values():
         unit.remedy = remedy
     if remedy is not None:
@@ -170,9 +178,15 @@ def _copy(comm: SparseReduceScatter) -> SparseReduceScatter:
     return SparseReduceScatter(comm.density, comm.residual_dtype)
 
 
-def _register_fsdp2(model: nn.Module, like: SparseReduceScatter
+def _register_fsdp2(model: nn.Module, like: SparseReduceScatter,
+                    optimizer: torch.optim.Optimizer | None
                     ) -> dict[str, SparseReduceScatter]:
     from torch.distributed.fsdp import FSDPModule
+
+    if not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+        raise RuntimeError(f"gtopk_hvd.torch.fsdp.register needs FSDP2's custom reduce-scatter "
+                           f"(FSDPModule.set_custom_reduce_scatter, torch >= 2.9); this is "
+                           f"torch {torch.__version__}: upgrade torch")
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
     from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo
 
@@ -201,17 +215,33 @@ def _register_fsdp2(model: nn.Module, like: SparseReduceScatter
                     f"reduce-scatter comm {type(comm).__name__} (a custom comm, or memory from "
                     "the process group or symmetric memory); the sparse reduce-scatter replaces "
                     "FSDP's default one only")
+            if group.mp_policy.reduce_dtype == torch.float16:
+                raise ValueError(
+                    f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} reduces in "
+                    "float16, which FSDP pre-divides and whose sums can overflow after the "
+                    "non-finite check: use MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) "
+                    "or float32")
         if len(groups) > 1:
             raise ValueError(f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} has "
                              f"{len(groups)} parameter groups; one a unit is supported")
-        if groups:
+        if groups and groups[0].mesh_info.shard_mesh_size > 1:
             chosen.append((name, module, groups[0]))
+    if optimizer is not None:
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        missing = [name or "<root>" for name, _, group in chosen
+                   if any(id(p) not in held for p, _ in unit_parameters(group))]
+        if missing:
+            raise ValueError(
+                f"gtopk_hvd.torch.fsdp.register: the optimizer does not hold the sharded "
+                f"parameters of units {missing[:5]}: build it from model.parameters() after "
+                "fully_shard, whose parameters are the shards the remedy freezes")
     comms: dict[str, SparseReduceScatter] = {}
     for name, module, group in chosen:  # every check passed: nothing changed on a refusal
         comms[name] = _copy(like)
         comms[name].parameters = unit_parameters(group)
         module.set_custom_reduce_scatter(comms[name])
         module.set_force_sum_reduction_for_comms(True)
+        module.set_reduce_scatter_unused_params(True, recurse=False)  # a fixed layout
     return comms
 
 
@@ -224,7 +254,14 @@ def _register_fsdp1(model: nn.Module, like: SparseReduceScatter
     if not model.check_is_root():
         raise ValueError("gtopk_hvd.torch.fsdp.register: an FSDP1 model is registered at its "
                          "root FullyShardedDataParallel")
+    if model.world_size == 1:
+        return {}
     for name, unit in units:
+        if unit.mixed_precision.reduce_dtype == torch.float16:
+            raise ValueError(
+                f"gtopk_hvd.torch.fsdp.register: unit {name or '<root>'} reduces in float16, "
+                "whose sums can overflow after the non-finite check: use "
+                "MixedPrecision(reduce_dtype=torch.bfloat16) or float32")
         strategy = unit.sharding_strategy
         if strategy not in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
             raise ValueError(

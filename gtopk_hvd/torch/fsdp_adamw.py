@@ -9,7 +9,8 @@ optimizer's step count, applied where FSDP reduces:
 1. t < N (the dense start): each unit's reduce-scatter is dense
    (`sparse_reduce_scatter.dense_reduce_scatter`, sums in rank order); AdamW steps as always on
    the sharded gradients, unless some worker's gradient held a NaN or an Inf: then no worker
-   applies the step (the units' flags, agreed by all-reduce, OR-ed over the iteration).
+   applies the step (the units' flags, agreed by all-reduce, OR-ed over the iteration). The
+   phase is read once an iteration, at its first unit.
 2. t >= N: each worker multiplies its unit's flat gradient (clipped, below) by
    s = 1 / (sqrt(v_hat) + eps) of the unit's parameters before the sparse steps. v_hat is
    Adam's exp_avg_sq / (1 - beta2^N), of which each worker holds its own shards: worker q
@@ -20,7 +21,8 @@ optimizer's step count, applied where FSDP reduces:
 3. `optimizer.step()`: the step pre-hook applies the frozen rule to the sharded update u (first
    moment, decoupled weight decay, step count: `FrozenVariance.step`, on each worker's shards)
    and hides the gradients from AdamW's own step; an iteration any worker flagged is not
-   applied at all, on every worker alike.
+   applied at all, on every worker alike, and what its finite units sent goes back into their
+   residuals (as does an iteration the caller ends without `optimizer.step()`).
 
 With `max_grad_norm` = M each worker clips its own gradient in the sparse phase before s, as
 the DDP hook does, by the norm of its whole gradient. FSDP reduces a unit as soon as its
@@ -37,7 +39,8 @@ dense training does in the dense start only (`SparseFSDP.preconditioned` is Fals
 gradients are the reduced update, not a gradient.
 
 The state to checkpoint is the optimizer's (exp_avg, exp_avg_sq, step) and each worker's
-residuals; s is made again from the first after `optimizer.load_state_dict`.
+residuals and, with the clip, its last norms (`SparseFSDP.state_dict`); s is made again from
+the first after `optimizer.load_state_dict`.
 """
 
 from __future__ import annotations
@@ -55,26 +58,51 @@ class ShardedFrozenVariance(HookOptimizer):
     """The module docstring's rule for the comms of one FSDP2 model: `HookOptimizer`'s step hooks
     over the sharded optimizer, the phase and s asked for by each unit's comm.
 
-    Fields beyond `HookOptimizer`'s: flagged (the OR of this iteration's agreed non-finite
-    flags, an int32 tensor, or None before its first unit), units (the comms it serves, in
-    their order of registration), unit_norms and last_unit_norms (this worker's gradient norm
-    per unit, this iteration's and the last applied one's, for the clip).
+    Fields beyond `HookOptimizer`'s: units (the comms it serves, in their order of
+    registration), and of the iteration under way: seen (the units reduced so far), dense
+    (its phase, decided at its first unit), flagged (the OR of its units' agreed non-finite
+    flags, an int32 tensor, or None), sent (what each sparse unit sent, to put back into the
+    residuals if the iteration is not applied), unit_norms (this worker's gradient norm per
+    unit); last_unit_norms (those of the last applied iteration, for the clip).
     """
 
-    __slots__ = ("flagged", "last_unit_norms", "unit_norms", "units")
+    __slots__ = ("dense_now", "flagged", "last_unit_norms", "seen", "sent", "unit_norms",
+                 "units")
 
     def __init__(self, after: int, max_grad_norm: float | None = None) -> None:
         super().__init__(after, max_grad_norm, None, raise_nonfinite=False)
-        self.flagged: torch.Tensor | None = None
         self.units: list[SparseReduceScatter] = []
-        self.unit_norms: dict[SparseReduceScatter, torch.Tensor] = {}
         self.last_unit_norms: dict[SparseReduceScatter, torch.Tensor] = {}
+        self._new_iteration()
 
-    def note(self, flag: torch.Tensor, sparse: bool) -> None:
-        """One unit's reduction is done: its flag joins the iteration's; a sparse one leaves the
-        frozen rule's step pending."""
+    def _new_iteration(self) -> None:
+        self.seen: set[SparseReduceScatter] = set()
+        self.dense_now = False
+        self.flagged: torch.Tensor | None = None
+        self.sent: dict[SparseReduceScatter, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.unit_norms: dict[SparseReduceScatter, torch.Tensor] = {}
+
+    def begin(self, comm: SparseReduceScatter) -> bool:
+        """A unit is about to be reduced: a unit seen already means the last iteration ended
+        without the optimizer's step (a caller's skip), which is then closed as not applied.
+        Returns whether this iteration is one of the dense start's (read once, at its first
+        unit)."""
+        if comm in self.seen:
+            self.pending = None
+            self._close(applied=False)
+        if not self.seen:
+            self.check_ready()
+            self.dense_now = self.rule.dense
+        self.seen.add(comm)
+        return self.dense_now
+
+    def note(self, comm: SparseReduceScatter, flag: torch.Tensor,
+             sent: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """One unit's reduction is done: its flag joins the iteration's; a sparse one keeps what
+        it sent and leaves the frozen rule's step pending."""
         self.flagged = flag.clone() if self.flagged is None else torch.maximum(self.flagged, flag)
-        if sparse:
+        if sent is not None:
+            self.sent[comm] = (*sent, flag)
             self.end_iteration(True, self._iteration_flagged)
 
     def _iteration_flagged(self) -> bool:
@@ -84,15 +112,25 @@ class ShardedFrozenVariance(HookOptimizer):
         return not self._iteration_flagged()
 
     def apply(self) -> bool:
-        """`HookOptimizer.apply`, then a new iteration begins (its norms kept for the clip
-        unless it was skipped)."""
-        flagged = self._iteration_flagged()
+        """`HookOptimizer.apply`, then the iteration is closed: applied, or skipped for a NaN or
+        an Inf on some worker."""
+        applied = not self._iteration_flagged()
         try:
             return super().apply()
         finally:
-            if not flagged:
-                self.last_unit_norms.update(self.unit_norms)
-            self.unit_norms, self.flagged = {}, None
+            self._close(applied)
+
+    def _close(self, applied: bool) -> None:
+        """An applied iteration's norms become the clip's last; a skipped one's sent values go
+        back into the residuals of the units that were finite (a non-finite unit kept its
+        residual as it was), so nothing sent in it is lost."""
+        if applied:
+            self.last_unit_norms.update(self.unit_norms)
+        else:
+            for comm, (indices, values, flag) in self.sent.items():
+                kept = values * (1 - flag).to(values.dtype)
+                comm.residual.index_add_(0, indices.long(), kept.to(comm.residual.dtype))
+        self._new_iteration()
 
     def observe(self, comm: SparseReduceScatter, gradient: torch.Tensor) -> None:
         """A dense start's unit gradient: its norm kept for the first sparse step's clip."""
@@ -104,7 +142,6 @@ class ShardedFrozenVariance(HookOptimizer):
         """values := c values s for `comm`'s unit, in place (module docstring, step 2): c the
         unit's clip coefficient (1 without max_grad_norm), s made at the unit's first sparse
         step and kept."""
-        self.check_ready()
         scale = self.rule.scales.get(comm)
         if scale is None:
             scale = self.rule.scales[comm] = self._gathered_scale(comm.parameters, group,
@@ -119,7 +156,7 @@ class ShardedFrozenVariance(HookOptimizer):
             self.unit_norms[comm] = torch.linalg.vector_norm(values)
             zero = values.new_zeros(())
             total = torch.linalg.vector_norm(torch.stack([
-                self.unit_norms.get(unit, self.last_unit_norms.get(unit, zero))
+                self.unit_norms.get(unit, self.last_unit_norms.get(unit, zero)).to(zero.device)
                 for unit in self.units]))
             values.mul_(torch.clamp(self.max_grad_norm / (total + CLIP_EPSILON), max=1.0))
         values.mul_(scale)
@@ -151,7 +188,8 @@ class ShardedFrozenVariance(HookOptimizer):
         if size == 1:
             return mine
         whole = torch.empty(size * mine.numel(), dtype=torch.float32, device=device)
-        dist.all_gather_single(whole, mine, group=group)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(whole, mine, group=group)
         return whole
 
 

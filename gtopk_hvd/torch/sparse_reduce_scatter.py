@@ -16,11 +16,15 @@ values kept between steps:
     6. FSDP's shard := y in its reduce dtype; FSDP divides it by its factor afterwards
 
 Every worker sends every value it takes, so what the owners apply plus every worker's residual
-equals every worker's gradients summed, to the float32 rounding of the sums: nothing is lost, a
-value not yet selected waits in its sender's residual. A step with a non-finite gradient on any
-worker leaves every residual as it was, still sends messages of the usual size (the sets of the
-residual as it is), and hands FSDP a NaN shard on every worker: what a loss scaler's skip
-expects, the same decision everywhere.
+equals every worker's gradients summed, to the float32 rounding of the sums (and, with a
+bfloat16 reduce dtype, of the shard's cast back): nothing is lost, a value not yet selected
+waits in its sender's residual. A step the optimizer does not apply loses what was sent in it
+unless its values are put back (`gtopk_hvd.torch.fsdp_adamw` does, for the steps it skips).
+
+A unit with a non-finite gradient on any worker leaves every worker's residual of that unit as
+it was, still sends messages of the usual size (the sets of the residual as it is; in the
+bfloat16 variant, of x + r with the non-finite entries zeroed), and hands FSDP a NaN shard on
+every worker: what a loss scaler's skip expects, the same decision everywhere.
 
 Bytes sent per worker and step: 8 k (P - 1), and the flag's all-reduce. FSDP's ring
 reduce-scatter sends b S (P - 1) (b: the reduce dtype's bytes), so the ratio is 8 k / (b S),
@@ -62,20 +66,22 @@ RESIDUAL_DTYPES = (torch.float32, torch.bfloat16)
 class Remedy(Protocol):
     """What a comm asks of the AdamW rule it serves (`gtopk_hvd.torch.fsdp_adamw`)."""
 
-    @property
-    def dense(self) -> bool:
-        """Whether this iteration is one of the dense start's."""
+    def begin(self, comm: SparseReduceScatter) -> bool:
+        """The comm's unit is about to be reduced: whether this iteration is one of the dense
+        start's (decided at the iteration's first unit)."""
+
+    def observe(self, comm: SparseReduceScatter, gradient: torch.Tensor) -> None:
+        """This worker's gradient of the comm's unit in the dense start, before it is reduced."""
 
     def precondition_(self, comm: SparseReduceScatter, group: dist.ProcessGroup | None,
                       values: torch.Tensor) -> None:
         """This comm's flat gradient (n float32 values, FSDP's layout), clipped and multiplied
         by s in place."""
 
-    def observe(self, comm: SparseReduceScatter, gradient: torch.Tensor) -> None:
-        """This worker's gradient of the comm's unit in the dense start, before it is reduced."""
-
-    def note(self, flag: torch.Tensor, sparse: bool) -> None:
-        """One unit's reduction is done: its agreed non-finite flag, and which kind it was."""
+    def note(self, comm: SparseReduceScatter, flag: torch.Tensor,
+             sent: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """One unit's reduction is done: its agreed non-finite flag and, for a sparse one, what
+        this worker sent (indices into the flat gradient, values)."""
 
 
 def shard_budget(shard_size: int, density: float) -> int:
@@ -150,14 +156,14 @@ class SparseReduceScatter:
         """The sum of every worker's `gradient` into this worker's shard `output`: the sparse
         steps, or the dense ones in the remedy's dense start."""
         remedy = self.remedy
-        if remedy is not None and remedy.dense:
+        if remedy is not None and remedy.begin(self):
             remedy.observe(self, gradient)
-            remedy.note(dense_reduce_scatter(output, gradient, self, group), sparse=False)
+            remedy.note(self, dense_reduce_scatter(output, gradient, self, group), None)
             return
         prepare = None if remedy is None else partial(remedy.precondition_, self, group)
-        flag = reduce_scatter(output, gradient, self, group, prepare)
+        flag, indices, selected = reduce_scatter(output, gradient, self, group, prepare)
         if remedy is not None:
-            remedy.note(flag, sparse=True)
+            remedy.note(self, flag, (indices, selected))
 
     def state_dict(self) -> dict[str, Any]:
         """The residual and the counters (this worker's; each worker saves its own)."""
@@ -201,10 +207,12 @@ def agreed_flag(values: torch.Tensor, group: dist.ProcessGroup | None, size: int
 
 def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseReduceScatter,
                    group: dist.ProcessGroup | None,
-                   prepare: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+                   prepare: Callable[[torch.Tensor], None] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The module docstring's steps 1-5 for one call: `gradient` (n values, FSDP's layout;
     overwritten when it is float32) into `output` (this worker's S values), `comm.residual`
-    updated in place. Returns the agreed non-finite flag."""
+    updated in place. Returns the agreed non-finite flag and what this worker sent: the
+    indices into the flat gradient and their values."""
     size, n, shard = check_layout(output, gradient, group)
     if shard >= 2**31:
         raise ValueError(f"gtopk_hvd: a shard of {shard} values; the sparse reduce-scatter sends "
@@ -213,11 +221,16 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
     if comm.residual is None:
         comm.residual = torch.zeros(n, dtype=comm.residual_dtype, device=gradient.device)
         comm.skips = torch.zeros(1, dtype=torch.int32, device=gradient.device)
+    if comm.residual.device != gradient.device:  # a state loaded elsewhere (map_location)
+        comm.residual = comm.residual.to(gradient.device)
+        comm.skips = comm.skips.to(gradient.device)
     residual = comm.residual
-    if residual.numel() != n or residual.device != gradient.device:
+    if residual.numel() != n:
         raise ValueError(f"gtopk_hvd: this parameter group's residual holds {residual.numel()} "
-                         f"values on {residual.device}, its gradient {n} on {gradient.device}: "
-                         "one SparseReduceScatter serves one parameter group")
+                         f"values, its flat gradient {n}: one SparseReduceScatter serves one "
+                         "parameter group, every parameter in every step (register sets "
+                         "FSDP2's set_reduce_scatter_unused_params(True); a state restored "
+                         "from another model or sharding does not fit)")
     values = gradient.reshape(-1)
     if values.dtype != torch.float32:
         values = values.to(torch.float32)  # the reduce dtype's gradient, summed in float32
@@ -257,7 +270,7 @@ def reduce_scatter(output: torch.Tensor, gradient: torch.Tensor, comm: SparseRed
     comm.skips += flag
     comm.bytes_sent += 8 * k * (size - 1) + (4 if size > 1 else 0)
     comm.dense_bytes += gradient.element_size() * shard * (size - 1)
-    return flag
+    return flag, indices, selected
 
 
 def dense_reduce_scatter(output: torch.Tensor, gradient: torch.Tensor,

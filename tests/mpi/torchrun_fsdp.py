@@ -25,6 +25,7 @@ and its FSDP2 adapter (`gtopk_hvd.torch.fsdp`), against numpy.
                    sparse phase (each worker's model and optimizer shards, its residuals and
                    last norms), a new model restored from it: the same model as without the
                    stop, bit for bit (and not without the sparse state)
+    --mode alone   one worker: register warns and changes nothing (FSDP reduces nothing)
     --mode errors  each bad registration raises on every rank, naming the problem
 
 Each mode prints "FSDP <mode> ok rank=R" on every rank when every check passed.
@@ -127,12 +128,23 @@ WIDTHS = (8, 16, 16, 4)
 LR = 0.125  # a power of two: lr x gradient is exact, so the shards' and the replay's SGD agree
 
 
+POISON_FIRST_UNIT = [False]
+"""While set, the first Linear's output gradient is NaN: that unit's gradient alone is."""
+
+
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip(WIDTHS[:-1], WIDTHS[1:]):
         layers += [nn.Linear(fan_in, fan_out), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
+    model = nn.Sequential(*layers[:-1])
+
+    def poison(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
+        if POISON_FIRST_UNIT[0]:
+            output.register_hook(lambda gradient: torch.full_like(gradient, float("nan")))
+
+    model[0].register_forward_hook(poison)
+    return model
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,10 +162,14 @@ def sharded(model: nn.Module, policy: object = None) -> nn.Module:
     return model
 
 
-def loss_of(model: nn.Module, step: int, rank: int, poison: bool = False) -> torch.Tensor:
+def loss_of(model: nn.Module, step: int, rank: int, poison: str | bool = False
+            ) -> torch.Tensor:
+    """The MSE of a batch; poison: a NaN in the input (every unit's gradient NaN) or, with
+    "unit0", in the first unit's gradient alone."""
     inputs, targets = batch(step, rank)
-    if poison:
+    if poison is True:
         inputs[0, 0] = float("nan")
+    POISON_FIRST_UNIT[0] = poison == "unit0"
     return ((model(inputs) - targets) ** 2).mean()
 
 
@@ -200,7 +216,8 @@ def worker_gradients(model: nn.Module, step: int, size: int, poisoned: dict[int,
     for worker in range(size):
         model.zero_grad()
         for batch_index in range(micro * step, micro * step + micro):
-            loss_of(model, batch_index, worker, poisoned.get(step) == worker).backward()
+            how = poisoned.get(step, (None, None))
+            loss_of(model, batch_index, worker, how[1] if how[0] == worker else False).backward()
         per_worker.append({id(p): p.grad.clone() for p in model.parameters()})
     return per_worker
 
@@ -290,7 +307,11 @@ def check_fsdp(rank: int, size: int) -> None:
 
 ADAMW = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 AFTER = 3  # dense AdamW steps before the freeze
-POISONED = {1: 1, 5: 0}  # step -> the worker whose input holds a NaN (dense start, sparse phase)
+POISONED = {1: (1, True), 5: (0, True), 7: (1, "unit0")}
+"""step -> (worker, loss_of's poison): a NaN input in the dense start and in the sparse phase,
+then a NaN in the first unit's gradient alone (the other units' reductions finite)."""
+CALLER_SKIPS = {6}
+"""Steps after whose backward the caller does not call optimizer.step()."""
 
 
 def adamw_replay(size: int, density: float, steps: int, clip: float | None = None
@@ -300,7 +321,9 @@ def adamw_replay(size: int, density: float, steps: int, clip: float | None = Non
     docs/adamw.md states it: dense steps summed in rank order, divided by P, AdamW; then s from
     the frozen exp_avg_sq, each worker's gradient times s in FSDP's layout, the numpy
     reference, the shard / P as u, and m <- b1 m + (1 - b1) u, w <- w (1 - lr wd) -
-    lr m / (1 - b1^t). A step with a NaN on any worker changes nothing. With clip = M, each
+    lr m / (1 - b1^t). A step with a NaN on any worker, or one the caller does not take,
+    changes no weight, and each finite unit's residual then holds what it held plus the
+    step's gradient (nothing sent in it is lost). With clip = M, each
     worker's unit gradient is first scaled by min(1, M / (norm + 1e-6)), the norm over every
     unit's of this worker: this step's for the units reduced so far (in backward's order, the
     last layer first), the last applied step's for the others. Returns the model and how many
@@ -319,6 +342,7 @@ def adamw_replay(size: int, density: float, steps: int, clip: float | None = Non
         per_worker = worker_gradients(model, step, size, POISONED)
         finite = all(torch.isfinite(g).all() for grads in per_worker for g in grads.values())
         now: list[dict[int, torch.Tensor]] = [{} for _ in range(size)]
+        outcome: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # unit -> residual: applied, not
         for parameters in reversed(units):  # FSDP reduces the last unit first
             flat = torch.stack([flat_layout([g[id(p)] for p in parameters], size)
                                 for g in per_worker])
@@ -356,12 +380,16 @@ def adamw_replay(size: int, density: float, steps: int, clip: float | None = Non
                 held = residuals.get(id(parameters[0]), np.zeros_like(flat))
                 found, after = reference(flat, held, shard_budget(n // size, density))
                 rows = torch.from_numpy(found)
-                residuals[id(parameters[0])] = after
+                # not applied: a finite unit's residual holds all it had and its gradient
+                outcome[unit] = (after, held + flat if np.isfinite(flat).all() else after)
             for q in range(size):
                 row = rows[q].clone().div_(size)
                 for p, values in zip(parameters, pieces_of(row, parameters, size, q)):
                     shards[id(p)][q].grad = values.clone()
-        if not finite:
+        applies = finite and step not in CALLER_SKIPS
+        for unit, (if_applied, if_not) in outcome.items():
+            residuals[unit] = if_applied if applies else if_not
+        if not applies:
             continue
         for worker in range(size):
             last[worker].update(now[worker])
@@ -414,8 +442,10 @@ def adamw_run(rank: int, steps: int, density: float, folder: str | None = None,
             torch.save(sparse.state_dict(), os.path.join(folder, f"sparse_rank{rank}.pt"))
             break
         optimizer.zero_grad()
-        loss_of(model, step, rank, POISONED.get(step) == rank).backward()
-        optimizer.step()
+        how = POISONED.get(step, (None, None))
+        loss_of(model, step, rank, how[1] if how[0] == rank else False).backward()
+        if step not in CALLER_SKIPS:
+            optimizer.step()
     return fsdp.full_state(model), sparse
 
 
@@ -427,7 +457,8 @@ def check_adamw(rank: int, size: int) -> None:
         assert_same(got, want, (density, clip))
         assert (cut > 0) == (clip is not None), cut  # the clip binds where it is set
         assert sparse.preconditioned and sparse.remedy.skipped_steps == len(POISONED)
-        assert all(comm.skipped == 1 for comm in sparse.comms.values())
+        assert {name: comm.skipped for name, comm in sparse.comms.items()} == {
+            "0": 2, "2": 1, "4": 1}  # the sparse phase's NaN input, and unit 0's own
 
 
 def check_resume(rank: int, size: int) -> None:
@@ -535,6 +566,26 @@ def check_accumulate(rank: int, size: int) -> None:
     assert_same(got, fsdp1_replay(size, density, steps, micro=2), "FSDP1")
 
 
+def check_alone(rank: int, size: int) -> None:
+    """One worker: FSDP reduces nothing, so register warns and changes nothing, the remedy
+    included (AdamW trains as always, preconditioned stays False)."""
+    import warnings
+
+    model = sharded(mlp())
+    optimizer = torch.optim.AdamW(model.parameters())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = fsdp.register(model, 0.01, freeze_variance_after=1, optimizer=optimizer)
+    assert any("one worker" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert sparse.comms == {} and sparse.remedy is None
+    for step in range(3):
+        optimizer.zero_grad()
+        loss_of(model, step, rank).backward()
+        optimizer.step()
+    assert not sparse.preconditioned
+    assert all(int(state["step"]) == 3 for state in optimizer.state.values())
+
+
 def check_errors(rank: int, size: int) -> None:
     """Each bad choice raises on every rank, with words that name it."""
     from gtopk_hvd.options import OptionError
@@ -560,6 +611,14 @@ def check_errors(rank: int, size: int) -> None:
            lambda: fsdp.register(sharded(mlp()), 0.01, freeze_variance_after=3))
     raises(ValueError, "max_grad_norm", lambda: fsdp.register(sharded(mlp()), 0.01,
                                                               max_grad_norm=1.0))
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    raises(ValueError, "float16", lambda: fsdp.register(
+        sharded(mlp(), MixedPrecisionPolicy(reduce_dtype=torch.float16)), 0.01))
+    early = mlp()  # an optimizer built before fully_shard holds no shard
+    stale = torch.optim.AdamW(early.parameters())
+    raises(ValueError, "after fully_shard", lambda: fsdp.register(
+        sharded(early), 0.01, freeze_variance_after=3, optimizer=stale))
     plain = sharded(mlp())
     raises(ValueError, "Adam", lambda: fsdp.register(
         plain, 0.01, freeze_variance_after=3,
@@ -583,12 +642,13 @@ def check_errors(rank: int, size: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("comm", "fsdp", "adamw", "fsdp1", "accumulate",
-                                            "resume", "errors"), required=True)
+                                            "resume", "alone", "errors"), required=True)
     mode = parser.parse_args().mode
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     {"comm": check_comm, "fsdp": check_fsdp, "adamw": check_adamw, "fsdp1": check_fsdp1,
-     "accumulate": check_accumulate, "resume": check_resume, "errors": check_errors}[mode](
+     "accumulate": check_accumulate, "resume": check_resume, "alone": check_alone,
+     "errors": check_errors}[mode](
         rank, size)
     dist.barrier()
     print(f"FSDP {mode} ok rank={rank}", flush=True)
