@@ -11,7 +11,8 @@ from helpers.mpi_launcher import MPI_PROGRAMS, run_mpi, run_with_time_limit, tor
 NEAR_DENSE, BELOW_PLAIN = 1.15, 0.95
 """The example's perplexity at P = 4 after 120 steps: with the remedy at density 0.05 over
 FSDP's own, and at 0.01 over AdamW on the sparse gradient, at most (measured at 79219be+, Intel
-Xeon, AVX-512: 96.46 / 91.71 = 1.05, and 122.82 / 145.25 = 0.85)."""
+Xeon, AVX-512: 96.46 / 91.71 = 1.05, and 122.82 / 145.25 = 0.85; the same to the digit at
+c675049 with torch's kernels forced to AVX2, ATEN_CPU_CAPABILITY=avx2)."""
 
 
 def run_mode(mode: str, workers: int) -> None:
