@@ -59,7 +59,7 @@ class ShardedFrozenVariance(HookOptimizer):
     over the sharded optimizer, the phase and s asked for by each unit's comm.
 
     Fields beyond `HookOptimizer`'s: units (the comms it serves, in their order of
-    registration), and of the iteration under way: seen (the units reduced so far), dense
+    registration), and of the iteration under way: seen (the units reduced so far), dense_now
     (its phase, decided at its first unit), flagged (the OR of its units' agreed non-finite
     flags, an int32 tensor, or None), sent (what each sparse unit sent, to put back into the
     residuals if the iteration is not applied), unit_norms (this worker's gradient norm per
