@@ -34,6 +34,12 @@ class Budget:
     parts: tuple[tuple[int, int, int, int], ...]
 
 
+def shard_budget(shard_size: int, density: float) -> int:
+    """k of one shard of FSDP's sparse reduce-scatter (`gtopk_hvd.torch.sparse_reduce_scatter`):
+    the entries each worker sends the shard's owner, min(S, max(1, ceil(density S)))."""
+    return min(shard_size, max(1, math.ceil(density * shard_size)))
+
+
 def budget_for(density: float, sizes: Sequence[int], granularity: str) -> Budget:
     """The module docstring's rule for parts of `sizes` values ("model": one part of sum(sizes);
     "bucket": one per size, empty ones left out)."""

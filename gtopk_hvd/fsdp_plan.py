@@ -31,20 +31,15 @@ sparse run's over FSDP's, measured on your model).
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gtopk_hvd.bench import devices, pipeline
+from gtopk_hvd.density import shard_budget
 from gtopk_hvd.plan import parse_count, parse_rate
 
 STRATEGIES = {"full-shard": 2, "shard-grad-op": 1}
 """FSDP's sharding strategies by the all-gathers of each unit a step."""
-
-
-def shard_budget(shard: int, density: float) -> int:
-    """k of a shard of S values (`gtopk_hvd.torch.sparse_reduce_scatter.shard_budget`)."""
-    return min(shard, max(1, math.ceil(density * shard)))
 
 
 def sparse_bytes(shard: int, workers: int, density: float) -> int:

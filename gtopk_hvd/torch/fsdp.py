@@ -117,7 +117,7 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
         model: an FSDP2 model (its units and root through `fully_shard`) or an FSDP1 root
             (`FullyShardedDataParallel`, FULL_SHARD or SHARD_GRAD_OP); rules in the module
             docstring.
-        density: k / S for each shard of each unit, in (0, 1] (`shard_budget`).
+        density: k / S for each shard of each unit, in (0, 1] (`gtopk_hvd.density.shard_budget`).
         residual_dtype: torch.float32, or torch.bfloat16 to halve the residuals.
         freeze_variance_after: N dense AdamW steps before Adam's second moment is frozen
             (`gtopk_hvd.torch.fsdp_adamw`), or None. FSDP2 only.

@@ -165,16 +165,15 @@ class ShardedFrozenVariance(HookOptimizer):
                         group: dist.ProcessGroup | None, device: torch.device) -> torch.Tensor:
         """`parameters`: each sharded parameter of the unit with the numel of its padded shard,
         in FSDP's order."""
-        group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         pieces = []
-        for parameter, padded in parameters:
+        groups = self.rule._with_groups([parameter for parameter, _ in parameters])
+        for (parameter, padded), (_, options) in zip(parameters, groups):
             state = self.optimizer.state.get(parameter)
-            if id(parameter) not in group_of or not state or "exp_avg_sq" not in state:
+            if not state or "exp_avg_sq" not in state:
                 raise RuntimeError(
                     "gtopk_hvd: freeze_variance_after: a parameter of an FSDP unit has no "
-                    "second moment at the freeze (it is not in the optimizer given, or got no "
-                    "gradient in the dense steps)")
-            beta2, eps = group_of[id(parameter)]["betas"][1], group_of[id(parameter)]["eps"]
+                    "second moment at the freeze (it got no gradient in the dense steps)")
+            beta2, eps = options["betas"][1], options["eps"]
             variance = state["exp_avg_sq"]
             if hasattr(variance, "to_local"):  # a DTensor: this worker's shard
                 variance = variance.to_local()

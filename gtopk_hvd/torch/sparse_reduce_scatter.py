@@ -48,7 +48,6 @@ what the AdamW rule's dense start uses: its sums are the same on every run and e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
@@ -57,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from gtopk_hvd import ops
+from gtopk_hvd.density import shard_budget
 from gtopk_hvd.options import check_number, refuse
 
 RESIDUAL_DTYPES = (torch.float32, torch.bfloat16)
@@ -82,11 +82,6 @@ class Remedy(Protocol):
              sent: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """One unit's reduction is done: its agreed non-finite flag and, for a sparse one, what
         this worker sent (indices into the flat gradient, values)."""
-
-
-def shard_budget(shard_size: int, density: float) -> int:
-    """k, the entries each worker sends to each shard's owner: min(S, max(1, ceil(density S)))."""
-    return min(shard_size, max(1, math.ceil(density * shard_size)))
 
 
 class SparseReduceScatter:

@@ -45,8 +45,9 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from gtopk_hvd import fsdp_plan
+from gtopk_hvd.density import shard_budget
 from gtopk_hvd.torch import fsdp
-from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter, shard_budget
+from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter
 
 
 def reference(gradients: np.ndarray, residuals: np.ndarray, k: int, bf16: bool = False
