@@ -15,7 +15,10 @@ runs at one P:
     steps(config) = the first evaluated step whose perplexity is <= target; None when the run
                     ended above it (not reached in its `steps`)
 
-A table measured on one model at the study's sizes; the planner says so beside every use.
+The package ships the scale study's runs as tables (`SHIPPED`, written by
+scripts/convergence_table.py), one per regime: at 8 sequences a worker (the global batch grows with
+P, as users scale; the default) and at a global batch of 64 sequences whatever P. A table measured
+on one model at the study's sizes; the planner says so, and which regime, beside every use.
 """
 
 from __future__ import annotations
@@ -27,11 +30,42 @@ from pathlib import Path
 
 RUN_NAME = re.compile(r"lm_(?P<config>[a-z0-9-]+(?:_[0-9.]+)?)_p(?P<workers>\d+)\.json")
 OTHER_STUDIES = re.compile(r"(lm|digits)_.*")  # the scale study's files that RUN_NAME leaves out
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "results" / "scale"
+CHECKOUT = Path(__file__).resolve().parents[1]
+"""A source checkout's root, when the package runs from one."""
+DEFAULT_DIR = CHECKOUT / "results" / "scale"
 """The scale study's runs in a source checkout."""
-TABLE = Path(__file__).resolve().parent / "data" / "convergence_lm.json"
-"""The same runs as shipped in the package: each Run's fields (`write_table`, from
-scripts/convergence_table.py)."""
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class ShippedTable:
+    """A table of the scale study's runs shipped in the package (`write_table`), and the
+    folders of a source checkout it is written from: (folder under CHECKOUT, the P values
+    taken from it or None for all)."""
+
+    name: str
+    regime: str  # the batch and learning rate the runs trained at, in words
+    sources: tuple[tuple[str, tuple[int, ...] | None], ...]
+
+    @property
+    def path(self) -> Path:
+        return DATA / f"convergence_lm_{self.name}.json"
+
+
+SHIPPED = {table.name: table for table in (
+    ShippedTable("per-worker-8", "8 sequences a worker (global batch 8 P), SGD without momentum "
+                 "at lr 40 (picked on dense at P = 32 from 20, 40, 80; at P = 8 the global-64 "
+                 "sweep's), no warm-up, 300 steps (450 for the sparse runs that needed more to "
+                 "reach dense's final)",
+                 (("results/scale", (8,)), ("results/scale/per_worker8_nowarmup", (8, 32)),
+                  ("results/scale/per_worker8_long", (32,)))),
+    ShippedTable("global-64", "a global batch of 64 sequences at every P (64 / P a worker), "
+                 "SGD without momentum at lr 40 (picked on dense at P = 16)",
+                 (("results/scale", None),)),
+)}
+DEFAULT_TABLE = "per-worker-8"
+"""The regime users run: the per-worker batch kept as P grows."""
+TABLE = SHIPPED[DEFAULT_TABLE].path
 
 
 @dataclass(frozen=True)
@@ -48,6 +82,7 @@ class Run:
     evaluations: tuple[tuple[int, float], ...]  # (step, perplexity)
     label: str = ""  # the configuration's name when not the scheme and density alone
     dense_steps: int = 0  # a sparse run's steps that reduced all d entries (a dense start)
+    global_batch: int = 0  # sequences a step over all workers (0: not recorded)
 
     @property
     def name(self) -> str:
@@ -86,13 +121,27 @@ def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
             bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
             evaluations=evaluations,
             label="" if scale_run or reference else configuration(path.stem),
-            dense_steps=0 if reference else dense_start(history)))
+            dense_steps=0 if reference else dense_start(history),
+            global_batch=int(history.get("global_batch", 0))))
     return runs
 
 
+def load_shipped_sources(table: ShippedTable, root: Path | str = CHECKOUT) -> list[Run]:
+    """The runs a shipped table is written from, read from a source checkout's folders; a
+    configuration run again at the same P in a later folder (a longer run) replaces the
+    earlier."""
+    runs: dict[tuple[str, int], Run] = {}
+    for folder, workers in table.sources:
+        for run in load_runs(Path(root) / folder):
+            if workers is None or run.workers in workers:
+                runs[(run.name, run.workers)] = run
+    return list(runs.values())
+
+
 def load(source: Path | str = TABLE) -> list[Run]:
-    """The runs of a folder of histories (`load_runs`) or of a table (`write_table`)."""
-    source = Path(source)
+    """The runs of a folder of histories (`load_runs`), of a table (`write_table`), or of a
+    shipped table named in SHIPPED."""
+    source = SHIPPED[source].path if source in SHIPPED else Path(source)
     if source.is_dir():
         return load_runs(source)
     rows = json.loads(source.read_text())["runs"]
@@ -123,10 +172,15 @@ def dense_start(history: dict) -> int:
 
 
 def describe(runs: list[Run], folder: Path | str) -> str:
-    """What the runs measured, in words, for the planner's output."""
-    if any(run.label for run in runs):
-        return f"the runs in {folder}"
-    return "the LSTM language model of the scale study"
+    """What the runs measured, in words, for the planner's output: the model, and the regime of
+    a shipped table or each P's global batch."""
+    if str(folder) in SHIPPED:
+        return (f"the LSTM language model of the scale study at {SHIPPED[str(folder)].regime}"
+                f" (table {folder!r})")
+    batches = ", ".join(f"{batch} at P = {p}" for p, batch in sorted(
+        {(run.workers, run.global_batch) for run in runs if run.global_batch}))
+    model = "the runs in" if any(run.label for run in runs) else "the LSTM language model, runs in"
+    return f"{model} {folder}" + (f" (global batch {batches})" if batches else "")
 
 
 def measured_workers(runs: list[Run]) -> list[int]:

@@ -70,7 +70,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gtopk_hvd import convergence, ddp_wire, model_shapes
+from gtopk_hvd import convergence, ddp_wire, model_shapes, recommendation
 from gtopk_hvd.bench import cost_model, devices, pipeline
 from gtopk_hvd.schemes.threshold import N_BINS
 
@@ -81,6 +81,15 @@ SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch",
 """The schemes modelled, by their names (`gtopk_hvd.compression.SCHEME_NAMES`, and "dense";
 random-k is not modelled)."""
 SKETCH_ROWS, SKETCH_COLUMNS_PER_K = 5, 10  # Compression.sketch's defaults
+SHIPPED = convergence.SHIPPED
+VALIDATED = (
+    "How far the step model holds (docs/scale.md): checked on emulated 10 Mbit/s links at P = 2 "
+    "to 32 on one 2-core host (scripts/link_scale.py): dense within 0.3% at P = 16 and 32, the "
+    "sparse schemes within 25% in 25 of 28 cells once each scheme's per-message floor is "
+    "measured (results/links_scale_eager); DDP's bucket pipeline at overlap 0 within 5% of DDP "
+    "under torchrun on CPU, where Gloo overlaps nothing (results/ddp_overlap). Not checked on a "
+    "cluster, at 1-100 Gbit/s, or on a GPU, whose overlap is --overlap.")
+"""What the step model was checked against, printed beside its table."""
 
 
 def messages_and_bytes(scheme: str, workers: int, d: int, k: int) -> tuple[float, float]:
@@ -270,10 +279,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="time to target: reach this x dense's final perplexity (1.1: "
                              "within 10%%; 1: dense's final)")
     parser.add_argument("--convergence", metavar="FOLDER_OR_TABLE",
-                        default=str(convergence.TABLE),
-                        help="measured runs: a folder of histories or a table (default: the "
-                             "scale study's, shipped in the package); a missing one: no time "
-                             "to target")
+                        default=convergence.DEFAULT_TABLE,
+                        help="measured runs: a folder of histories, a table, or one of the "
+                             f"scale study's shipped in the package ({', '.join(SHIPPED)}; "
+                             f"default {convergence.DEFAULT_TABLE}); a missing one: no time to "
+                             "target")
     parser.add_argument("--schemes", nargs="+", choices=SCHEMES[1:],
                         default=["topk", "gtopk", "oktopk", "micro"],
                         help="the sparse schemes to predict, by the names Compression.scheme "
@@ -387,8 +397,8 @@ def target_table(target: float, rows: Sequence[TimeToTarget]) -> str:
     return "\n".join(lines)
 
 
-def recommendation(workers: int, predictions: Sequence[Prediction],
-                   rows: Sequence[TimeToTarget] | None) -> str:
+def recommend(workers: int, predictions: Sequence[Prediction],
+              rows: Sequence[TimeToTarget] | None) -> str:
     """One line: what to use at P = workers and its runner-up (module docstring), against
     the baselines priced."""
     baselines = [p for p in predictions if p.workers == workers
@@ -410,7 +420,8 @@ def recommendation(workers: int, predictions: Sequence[Prediction],
         basis = "step time only: no convergence measured at this P"
     if not ranked:
         return f"P = {workers}: no configuration reached the target"
-    line = f"P = {workers}: use {ranked[0][0]} ({ranked[0][1]}; {basis})"
+    line = (f"P = {workers}: use {recommendation.call(ranked[0][0])} ({ranked[0][0]}, "
+            f"{ranked[0][1]}; {basis})")
     if len(ranked) > 1:
         line += f"; runner-up {ranked[1][0]} ({ranked[1][1]})"
     return line + (f"; baselines: {against}" if against else "")
@@ -446,10 +457,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"Baselines in DDP's {args.bucket_cap_mb:g} MB buckets overlapped with backward at "
           f"overlap {args.overlap:g}; the sparse schemes after backward, not overlapped.")
     print(table(predictions))
-    print("A model, not a measurement: docs/scale.md says what it was checked against and how "
-          "far off it was.")
-    source = Path(args.convergence)
-    runs = convergence.load(source) if source.exists() else []
+    print(f"A model, not a measurement. {VALIDATED}")
+    known = args.convergence in SHIPPED or Path(args.convergence).exists()
+    runs = convergence.load(args.convergence) if known else []
     if not runs:
         print(f"Time to target: no convergence runs in {args.convergence}.")
     measured_p = convergence.measured_workers(runs)
@@ -464,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"on {convergence.describe(runs, args.convergence)} (d = {runs[0].params:,}, "
               f"simulated workers, up to {max(run.steps for run in runs)} steps) at P = "
               f"{measured_p}, times the step predicted above for each configuration's "
-              "density (a dense start's steps: dense's step):")
+              "density (a dense start's steps: dense's step). One model, one seed, simulated "
+              "workers: the steps carry over to your model only as far as it converges like "
+              "this one.")
         for workers in args.workers:
             if workers not in measured_p:
                 print(f"  P = {workers}: no measured run (measured: P = {measured_p})")
@@ -476,7 +488,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(target_table(target, rows))
     print("\nRecommendation:")
     for workers in args.workers:
-        print("  " + recommendation(workers, predictions, targets.get(workers)))
+        print("  " + recommend(workers, predictions, targets.get(workers)))
+    print("Shipped (gtopk_hvd.recommendation, picked by this planner on the measured runs at 1 "
+          "Gbit/s and a GPU's compute): " + "; ".join(r.text() for r in recommendation.ALL))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,18 @@
 # -p32) runs the grid at P = 32, GRID=p32 only the cells that decide there. SEED=<n> sets the
 # seed (default 42, the example's); put another seed's runs in their own folder ($1), as the
 # planner reads one dense run per P from a folder.
+# GRID=per-worker: at PER_WORKER sequences a worker (default 8; the global batch grows with P),
+# two epochs for every run, dense swept over LRS (default 2e-3 4e-3) and the cells that decide
+# at that rate (LR, default the sweep's best): DDP's bf16 and PowerSGD, Top-k 0.01, Ok-Topk 0.01
+# and 0.05 with the frozen variance (default folder results/adamw/per_worker<PER_WORKER>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-results/adamw}"
+PER_WORKER="${PER_WORKER:-8}"
+if [[ ${GRID:-} == per-worker ]]; then
+    OUT="${1:-results/adamw/per_worker$PER_WORKER}"
+else
+    OUT="${1:-results/adamw}"
+fi
 WORKERS="${WORKERS:-8}"
 STEPS="${STEPS:-600}"
 mkdir -p "$OUT"
@@ -19,14 +28,47 @@ COMMON=(--workers "$WORKERS" --global-batch 32 --vocab-size 5000 --size 128 --la
         --heads 4 --bptt 64 --max-steps "$STEPS" --eval-every 100 --warmup-steps 50
         --lr 2e-3 --seed "${SEED:-42}" --quiet)
 SUFFIX=""; [[ $WORKERS != 8 ]] && SUFFIX="-p$WORKERS"
-run() {  # name, then the run's own options
-    local name=$1$SUFFIX; shift
-    [[ -f $OUT/$name.json ]] && return 0
+if [[ ${GRID:-} == per-worker ]]; then  # later options win: the batch, epochs and rate
+    COMMON+=(--global-batch "$((PER_WORKER * WORKERS))" --epochs 2 --max-steps 0
+             --eval-every 50)
+    SUFFIX="-p$WORKERS"
+fi
+run() {  # name, then the run's own options; into $DIR (default $OUT)
+    local name=$1$SUFFIX dir=${DIR:-$OUT}; shift
+    [[ -f $dir/$name.json ]] && return 0
     [[ -n ${ONLY:-} && $ONLY != "$name" ]] && return 0
     .venv/bin/python examples/simulated_cluster.py transformer "${COMMON[@]}" "$@" \
-        --history "$OUT/$name.json.tmp" | grep RESULT | tee "$OUT/$name.result"
-    mv "$OUT/$name.json.tmp" "$OUT/$name.json"
+        --history "$dir/$name.json.tmp" | grep RESULT | tee "$dir/$name.result"
+    mv "$dir/$name.json.tmp" "$dir/$name.json"
 }
+final() {  # the last validation perplexity of a run's history
+    .venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['evaluations'][-1]['valid_perplexity'])" "$1"
+}
+if [[ ${GRID:-} == per-worker ]]; then
+    mkdir -p "$OUT/sweep"  # the sweep's own folder: the planner reads one dense run per P
+    for lr in ${LRS:-2e-3 4e-3}; do
+        DIR="$OUT/sweep" run "dense-lr$lr" --compression none --lr "$lr"
+    done
+    if [[ -z ${LR:-} ]]; then
+        LR=$(for lr in ${LRS:-2e-3 4e-3}; do
+                 echo "$(final "$OUT/sweep/dense-lr$lr$SUFFIX.json") $lr"; done | sort -g |
+             head -1 | cut -d' ' -f2)
+    fi
+    echo "learning rate: $LR"
+    COMMON+=(--lr "$LR")
+    [[ -f $OUT/dense$SUFFIX.json ]] || cp "$OUT/sweep/dense-lr$LR$SUFFIX.json" "$OUT/dense$SUFFIX.json"
+    run topk-0.01-preconditioned-dense100 --compression topk --density 0.01 \
+        --sparsify preconditioned --dense-steps 100
+    run oktopk-0.05-preconditioned-dense50 --compression oktopk --density 0.05 \
+        --sparsify preconditioned --dense-steps 50
+    run bf16 --compression none --baseline bf16
+    run powersgd-r2 --compression none --baseline powersgd --powersgd-rank 2
+    run oktopk-0.01-preconditioned-dense100 --compression oktopk --density 0.01 \
+        --sparsify preconditioned --dense-steps 100
+    run powersgd-r1 --compression none --baseline powersgd --powersgd-rank 1
+    run powersgd-r4 --compression none --baseline powersgd --powersgd-rank 4
+    exit 0
+fi
 run dense --compression none
 if [[ ${GRID:-} == p32 ]]; then
     for scheme in topk oktopk gtopk; do

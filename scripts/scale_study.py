@@ -71,7 +71,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from gtopk_hvd import plan  # noqa: E402
+from gtopk_hvd import convergence, model_shapes, plan  # noqa: E402
 from gtopk_hvd.bench import devices  # noqa: E402
 
 LINKS = ROOT / "results" / "links_scale" / "model.json"  # scripts/link_scale.py's fit
@@ -187,7 +187,12 @@ class Model:
             if warmup := run.get("warmup_epochs", 0.0):
                 optimizer += (f" and density warm-up over {warmup:g} epochs "
                               f"({round(warmup * run['steps_per_epoch'])} steps)")
-            return (f"Global batch {run['global_batch']} sequences, {steps}, "
+            per_worker = {r["global_batch"] / r["workers"] for r in runs.values() if r}
+            batch = (f"{run['global_batch'] // run['workers']} sequences a worker (the global "
+                     "batch grows with P)" if len(per_worker) == 1 and len(
+                         {r["global_batch"] for r in runs.values() if r}) > 1
+                     else f"Global batch {run['global_batch']} sequences")
+            return (f"{batch}, {steps}, "
                     f"lr {run['lr']:g} (x0.25 at 50% and 75%), {optimizer}, "
                     f"{run['params']} parameters.")
         correction = (", the sparse schemes with DGC's momentum correction and no" if corrected
@@ -397,61 +402,59 @@ def final(model: Model, run: dict) -> float:
     return run["evaluations"][-1][model.metric]
 
 
-def time_lines(args: argparse.Namespace, runs: dict, present: list[str], d: int) -> list[str]:
-    """A model built from measurements (module docstring of gtopk_hvd.plan): steps to within
-    --near of dense's final perplexity (measured) x (compute per worker at global / P, measured
-    in the dense run of that P + selection measured here + communication from the planner's
-    model)."""
+GPU = ("an H100", 2.8e-3, "h200")
+"""(card, the LSTM's forward and backward per step on it, the device whose measured selection
+the planner takes): the compute and selection of the modelled time (time_lines)."""
+
+
+def time_lines(args: argparse.Namespace, d: int) -> list[str]:
+    """Time to target at a GPU's compute, per configuration and P, at 1 and 10 Gbit/s: the
+    planner's (`gtopk_hvd.plan.times_to_target`: steps measured to --near x dense's final
+    perplexity x the step modelled at GPU's compute, with the selection measured on its device,
+    dense and DDP's baselines in DDP's buckets overlapped with backward)."""
     lines = []
     for rate_name, rate in (("1 Gbit/s", 1e9), ("10 Gbit/s", 1e10)):
+        times = gpu_times(args, d, rate)
+        configs = sorted({config for config, _ in times}, key=lambda c: (c != "dense", c))
         lines += ["", f"Modelled seconds to come within {(args.near - 1) * 100:g}% of dense's "
-                  f"final perplexity at {rate_name} (steps measured x step time modelled; - : "
-                  "not within the run):", "",
-                  "| scheme | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
+                  f"final perplexity at {rate_name} and {GPU[0]}'s compute, and the speed-up "
+                  "over dense with overlap (steps measured x step modelled; - : not within the "
+                  "run):", "",
+                  "| configuration | " + " | ".join(f"P = {p}" for p in args.workers) + " |",
                   "|---|" + "---|" * len(args.workers)]
-        # DDP's baselines are priced by the planner in DDP's buckets (python -m gtopk_hvd.plan)
-        for scheme in (name for name in present if name not in BASELINES):
+        for config in configs:
             cells = []
             for p in args.workers:
-                if runs[(scheme, p)] is None or runs.get(("dense", p)) is None:
+                if (config, p) not in times:
                     cells.append("")
                     continue
-                seconds = modelled_seconds(runs, scheme, p, d, rate, args.near)
-                cells.append("-" if seconds is None else f"{seconds:.1f}")
-            lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    lines += ["", f"Links: {link_model()[2]}; selection measured on this "
-              "machine (`gtopk_hvd.bench.devices.measure_select_s`); compute per worker = the "
-              "dense run's compute phase / P. A model built from measurements, not a measured "
-              "time."]
+                seconds, dense = times[(config, p)], times.get(("dense", p))
+                cells.append("-" if seconds is None else f"{seconds:.1f}" + (
+                    f" ({dense / seconds:.1f}x)" if dense else ""))
+            lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    lines += ["", f"Links: {link_model()[2]}; compute {GPU[1] * 1e3:g} ms a step (the LSTM's "
+              f"forward and backward measured on {GPU[0]}); selection "
+              f"{devices.describe(GPU[2])}; dense, bf16 and PowerSGD in DDP's buckets "
+              "overlapped with backward at overlap 1 (`python -m gtopk_hvd.plan`). A model "
+              "built from measurements, not a measured time."]
     return lines
 
 
-def modelled_seconds(runs: dict, scheme: str, workers: int, d: int, rate: float,
-                     near: float) -> float | None:
-    """Steps to `near` x dense's final perplexity at P x the modelled step (time_lines); None
-    if not reached or not run."""
-    run, dense = runs[(scheme, workers)], runs.get(("dense", workers))
-    if run is None or dense is None:
-        return None
-    reached = steps_to(MODELS["lm"], run, final(MODELS["lm"], dense) * near)
-    if reached is None:
-        return None
-    compression, density = SCHEMES[scheme]
-    planned = "dense" if compression == "none" else compression
-    select_s = 0.0 if planned == "dense" else selection_seconds(d, density)
-    compute = dense["evaluations"][-1]["phases"]["compute"] / workers
+def gpu_times(args: argparse.Namespace, d: int, rate: float
+              ) -> dict[tuple[str, int], float | None]:
+    """(configuration, P) -> modelled seconds to --near x dense's final at `rate` (time_lines),
+    None where the run did not get there; every P with a dense run."""
+    runs = [run for run in convergence.load_runs(args.out) if run.workers in args.workers]
+    shapes = model_shapes.MODELS["lstm-lm-128"]()
+    model = plan.Model(d, shapes if model_shapes.count(shapes) == d else None)
     latency, shares, _ = link_model()
-    return reached * plan.predict(planned, workers, d, density, rate, latency, compute,
-                                  select_s, shares[planned]).step_s
-
-
-_selection: dict[tuple[int, float], float] = {}
-
-
-def selection_seconds(d: int, density: float) -> float:
-    if (d, density) not in _selection:
-        _selection[(d, density)] = devices.measure_select_s(d, density, repeats=5)
-    return _selection[(d, density)]
+    selects = {run.density: devices.select_s(GPU[2], d, run.density) for run in runs}
+    times = {}
+    for workers in convergence.measured_workers(runs):
+        _, rows = plan.times_to_target(runs, workers, args.near, d, rate, latency, GPU[1],
+                                       selects, shares, model, overlap=1.0)
+        times.update({(row.config, workers): row.seconds for row in rows})
+    return times
 
 
 def report(args: argparse.Namespace) -> None:
@@ -494,11 +497,12 @@ def report(args: argparse.Namespace) -> None:
     sparse_run = next((r for (s, _), r in runs.items() if r and s != "dense"), any_run)
     timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
     lines += ["", model.setup(sparse_run, args.momentum_correction, runs), *sweep_lines(args),
-              *(time_lines(args, runs, present, any_run["params"]) if timed else [])]
+              *(time_lines(args, any_run["params"]) if timed else [])]
     (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     d = any_run["params"]
+    modelled = gpu_times(args, d, 1e9) if timed else {}
     largest = max(p for p in args.workers if any(runs[(s, p)] for s in present))
     for scheme in present:
         points = [(p, final(model, runs[(scheme, p)]) * model.scale)
@@ -511,8 +515,7 @@ def report(args: argparse.Namespace) -> None:
                            label=scheme)
             continue
         times = [(p, seconds) for p in args.workers
-                 if (seconds := modelled_seconds(runs, scheme, p, d, 1e9, args.near))
-                 is not None]
+                 if (seconds := modelled.get((scheme, p))) is not None]
         if times:
             right.plot(*zip(*times), marker="o", label=scheme)
     if timed:
@@ -520,14 +523,16 @@ def report(args: argparse.Namespace) -> None:
                  title="LSTM LM, simulated workers (measured)")
         right.set(yscale="log", ylabel=f"seconds to within {near} of dense's "
                   "final perplexity",
-                  title="at 1 Gbit/s (model built from measurements)")
+                  title=f"at 1 Gbit/s, {GPU[0]}'s compute (model built from measurements)")
     else:
         left.set(ylabel=f"final {model.quantity} (%)",
                  title="digits CNN, simulated workers (measured)")
         right.set(xlabel="step", ylabel=f"{model.quantity} (%)",
                   title=f"P = {largest}: {model.quantity} after each epoch (measured)")
     for axis in (left, right) if timed else (left,):
-        axis.set(xscale="log", xlabel="workers P (global batch fixed)")
+        axis.set(xscale="log", xlabel="workers P (" + (
+            "global batch fixed)" if args.per_worker_batch is None
+            else f"{args.per_worker_batch} a worker)"))
         axis.set_xticks(args.workers, [str(p) for p in args.workers])
         axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for axis in (left, right):

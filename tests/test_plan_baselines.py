@@ -129,7 +129,8 @@ def test_the_planner_prices_the_baselines_and_recommends_once_per_p(tmp_path) ->
                    "oktopk"):
         assert f"  32 {config} " in out, out
     assert "NVIDIA H200" in out and "measured on this machine" not in out
-    recommendations = out.split("Recommendation:")[1].strip().splitlines()
+    recommendations = [line for line in out.split("Recommendation:")[1].strip().splitlines()
+                       if line.strip().startswith("P = ")]
     assert [line.split(":")[0].strip() for line in recommendations] == ["P = 8", "P = 32"], out
     assert all("use " in line and "runner-up" in line and "dense" in line
                for line in recommendations), out
@@ -155,9 +156,15 @@ def test_the_planner_prices_the_baselines_and_recommends_once_per_p(tmp_path) ->
     assert run_plan("--params", "resnet50", "--compute-ms", "1", "--overlap", "2").returncode == 2
 
 
-def test_the_shipped_convergence_table_is_the_studys_histories() -> None:
-    """gtopk_hvd/data/convergence_lm.json (scripts/convergence_table.py) holds what
-    results/scale holds: rerun the script after a study."""
+def test_the_shipped_convergence_tables_are_the_studys_histories() -> None:
+    """gtopk_hvd/data/convergence_lm_<name>.json (scripts/convergence_table.py) holds what its
+    folders under results/scale hold: rerun the script after a study."""
     if not convergence.DEFAULT_DIR.is_dir():
         pytest.skip("results/scale is not in this checkout")
-    assert convergence.load(convergence.TABLE) == convergence.load_runs(convergence.DEFAULT_DIR)
+    for name, table in convergence.SHIPPED.items():
+        assert convergence.load(name) == convergence.load_shipped_sources(table), name
+        batches = {(run.workers, run.global_batch) for run in convergence.load(name)}
+        if name == "per-worker-8":  # the regime its name says
+            assert all(batch == 8 * workers for workers, batch in batches), batches
+        else:
+            assert {batch for _, batch in batches} == {64}, batches
