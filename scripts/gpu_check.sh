@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-command GPU check (issue 38): on a lent GPU machine, in the repository's root,
+# The one-command GPU check: on a lent GPU machine, in the repository's root,
 #
 #     bash scripts/gpu_check.sh            # writes $OUT/gpu_report.md, gpu_report.json,
 #                                          # gpu_logs.tar.gz (every stage's log and JSON),
@@ -36,8 +36,8 @@
 #   OUT                      where the report goes (default results/tmp/gpu_check)
 #   GPU_CHECK_DEVICE=cpu     a dry run on a machine without a GPU: tiny sizes, no builds (the
 #                            extension already built is used), the bundle only unpacked and patched
-#   GPU_CHECK_BUDGET_S       the script's own deadline in seconds (default 480: issue 38
-#                            asks for 8 minutes; the device's call limit is 600)
+#   GPU_CHECK_BUDGET_S       the script's own deadline in seconds (default 480: 8 minutes,
+#                            inside the device's call limit of 600)
 #   GPU_CHECK_PYTHON         the Python (default python3)
 #   GPU_CHECK_BUNDLE         the bundle folder (default .gpu_bundle)
 #   GPU_CHECK_HOROVOD_JOBS   make jobs of the background Horovod build (default 8)
@@ -195,7 +195,7 @@ stage_build() {
             "$PY" -c "from gtopk_hvd import ops; assert ops.cuda_built" 2>&1; then
         echo "GPU_CHECK_PREBUILT=1: the carried extension imports with its CUDA kernels; no build"
     else
-        # this GPU's architecture only (CMake's default builds two: run 9's build took 226 s)
+        # this GPU's architecture only (CMake's default builds two, which doubles the build)
         local arch
         arch="$("$PY" -c "import torch; print('%d%d-real' % torch.cuda.get_device_capability())" \
             2>/dev/null)" || arch=""

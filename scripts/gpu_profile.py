@@ -18,8 +18,8 @@ Cases (density 0.001, float32, Gaussian values):
                     the adapters run) for every --update-schemes entry
     sketch-select@D, sketch-select-filtered@D   the sketch's selection alone (5 rows, 10 k
                     columns, the table of a Gaussian residual), without and with the kernel's
-                    row bitmaps in pass 1 (ops.sketch_select runs without: run 9 measured the
-                    filtered pass slower); D = --step-d, when "sketch" is in --schemes
+                    row bitmaps in pass 1 (ops.sketch_select runs without: the filtered
+                    pass measured slower); D = --step-d, when "sketch" is in --schemes
 
 For each case: the median wall time of --repeats calls (synchronised around each), then one
 profiled call per repeat under torch.profiler: per kernel name its calls and device time per

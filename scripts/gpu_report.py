@@ -1,4 +1,4 @@
-"""The GPU check's report: every stage's status and every figure beside its target (issue 38).
+"""The GPU check's report: every stage's status and every figure beside its target.
 
     python scripts/gpu_report.py WORK_DIR --md OUT/gpu_report.md --json OUT/gpu_report.json
 
@@ -364,7 +364,7 @@ class Report:
                 "figures": self.figures}
 
     def markdown(self) -> str:
-        out: list[str] = ["# GPU check report (issue 38)", ""]
+        out: list[str] = ["# GPU check report", ""]
         machine = self.figures["machine"] or {}
         meta = load_json(self.work / "meta.json") or {}
         out += [f"- commit: {meta.get('commit', 'unknown')}; started {meta.get('started', '?')};"

@@ -18,7 +18,7 @@ For each d (one flat float32 gradient, Gaussian) in the same process:
                 into out), median of --steps after one warm-up; reported beside the step, not
                 in its memory
 
-Targets (issue 38): step <= 1.5 x fused, every scheme; exact gTop-k <= 1.3 x gTop-k; sketch
+Targets: step <= 1.5 x fused, every scheme; exact gTop-k <= 1.3 x gTop-k; sketch
 <= 10 read passes. Memory (CUDA only): the gradient is allocated first; the peak of
 torch.cuda.max_memory_allocated over the SparseStep's construction and all its steps, less what
 was allocated before, is the step's extra memory, in units of the gradient's bytes; target <= the

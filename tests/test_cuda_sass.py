@@ -6,7 +6,7 @@ each thread has many loads in flight. Written as "load entry i, store entry i, l
 it has one: the gradient and the residual are separate pointers that may alias as far as the
 compiler knows, so it cannot move the next load above the store, and the store waits for the
 loads of its own entry. On an H200 that made the fused accumulate-and-select about 2.7x its
-traffic (run 9: 7.95 ms at d = 1e9 for 12 GB). Each pass below now loads a tile or a batch
+traffic (docs/results.md, On a GPU). Each pass below now loads a tile or a batch
 before it writes any of it back: at most a few loads sit right after a store (the seams between
 batches), and a run of at least 8 loads goes out together. The passes as they were fail this:
 store-then-load 8-33, or runs of 2-3 loads.

@@ -1,4 +1,4 @@
-"""Recommendations cite the measurements they rest on (issue 40).
+"""Recommendations cite the measurements they rest on.
 
 A claim in the docs that rests on a measured figure carries, right after it, an invisible
 `<!-- cites results.md: "ROW" -->`, where ROW is text of docs/results.md (a table row, or part of

@@ -1,4 +1,4 @@
-"""The GPU check (scripts/gpu_check.sh, issue 38) on the CPU: its Python stages in their CPU mode
+"""The GPU check (scripts/gpu_check.sh) on the CPU: its Python stages in their CPU mode
 at tiny sizes, the report writer on what they wrote (every stage and every target in the report),
 the shell scripts' syntax, and the whole script in its dry mode on a few stages. What it measures
 needs a GPU; that its parts run, write their JSON and reach the report does not."""

@@ -245,7 +245,7 @@ def test_cuda_merge_with_a_full_set_waits_for_nothing_and_matches_the_reference(
            torch.full((k,), 99.0, device="cuda"))
     ops.merge_topk(*gpu, k)  # loads the kernels and fills the allocator's cache
     torch.cuda.synchronize()
-    # keeps the stream busy for about 0.1 s: 14 test processes on one machine (run 9) made a
+    # keeps the stream busy for about 0.1 s: 14 test processes on one machine can make a
     # merge's first call take longer on the host than a 25 ms sleep on the device
     torch.cuda._sleep(200_000_000)
     indices, values = ops.merge_topk(*gpu, k, out=out)

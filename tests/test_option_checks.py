@@ -1,4 +1,4 @@
-"""Every option of every choice is checked when the choice is made (issue 40): its type, its
+"""Every option of every choice is checked when the choice is made: its type, its
 range, whether the scheme has it, and combinations that mean nothing; each message names the
 option, the value, what is allowed and the fix. Each scheme has one name on every surface."""
 

@@ -88,8 +88,8 @@ def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
     misses, or the table holds a non-finite value, the estimates go to a temporary buffer and
     the selection runs over it. CUDA (a CUDA table): the selection's passes compute est(i) from
     the table as they read entry i; a given estimate is filled besides (one more pass). The
-    kernel's bitmap filter (cuda_ops.h) is not used: on the GPU it made pass 1 slower, not
-    faster (docs/results.md, run 9).
+    kernel's bitmap filter (cuda_ops.h) is not used: on the GPU it makes pass 1 slower, not
+    faster (docs/results.md, On a GPU).
     """
     k = check_count(k)
     columns = _table_columns(table)

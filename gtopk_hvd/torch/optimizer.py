@@ -40,7 +40,7 @@ mpi4py under an MPI launcher, else Horovod's own collectives; the workers must b
 step with zero gradients, on the ranks where it is empty only (a rank that loaded a checkpoint
 skips it). It recognises Horovod's own wrapper by its class's module and then calls the wrapped
 optimizer's step, with no collective; our class declares that module too, so the same happens
-here: no sparse step, no collective on some ranks only (which hung), no warm-up step counted.
+here: no sparse step, no collective on some ranks only (which would hang), no warm-up step counted.
 
 Adam and AdamW: `freeze_variance_after=N` runs N dense steps, then freezes Adam's second moment
 and reduces the preconditioned gradient (`gtopk_hvd.torch.frozen_variance`); `synchronize()`
