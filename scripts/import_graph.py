@@ -5,6 +5,11 @@
     python scripts/import_graph.py --root OTHER    # another checkout's gtopk_hvd/
     python scripts/import_graph.py --check         # exit 1 if a circle or a framework import
                                                    # in the neutral core is found
+    python scripts/import_graph.py --doc           # the package graph as docs/architecture.md
+                                                   # holds it, between its two marker comments
+    python scripts/import_graph.py --write-doc     # rewrite that block of docs/architecture.md
+
+tests/test_architecture.py holds docs/architecture.md's block to what `--doc` prints.
 
 Every `import gtopk_hvd.x` / `from gtopk_hvd.x import y` of a module counts, wherever it is
 (functions and `if TYPE_CHECKING:` blocks included: a circle of types is a circle of design).
@@ -23,6 +28,9 @@ from pathlib import Path
 
 NEUTRAL = ("core", "schemes", "sparsifiers", "reductions", "backend", "density", "compression")
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod")
+DOC = Path("docs") / "architecture.md"
+BEGIN = "<!-- import_graph.py --doc: begin (python scripts/import_graph.py --write-doc) -->"
+END = "<!-- import_graph.py --doc: end -->"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -96,6 +104,33 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def report(graph: dict[str, set[str]], problems: list[str], n_modules: int, n_circles: int,
+           modules: bool) -> str:
+    """The Mermaid graph (of modules, or of packages), its counts and the problems found."""
+    node = (lambda m: m) if modules else package_of
+    edges = sorted({(node(a), node(b)) for a, targets in graph.items() for b in targets
+                    if node(a) != node(b) and not node(b) == "gtopk_hvd"})
+    lines = ["```mermaid", "flowchart TD"]
+    lines += [f"    {a.replace('gtopk_hvd.', '')} --> {b.replace('gtopk_hvd.', '')}"
+              for a, b in edges]
+    lines += ["```", "", f"{n_modules} modules, {len(edges)} arrows between "
+              f"{'modules' if modules else 'packages'}, {n_circles} circle(s) between modules"]
+    lines += [f"- {problem}" for problem in problems]
+    return "\n".join(lines)
+
+
+def write_doc(path: Path, block: str) -> bool:
+    """Replace the block between BEGIN and END in `path` (markers included); True if it changed."""
+    text = path.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        sys.exit(f"{path}: no block between {BEGIN!r} and {END!r} to rewrite")
+    new = text[:start] + block + text[end + len(END):]
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
@@ -104,7 +139,13 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 on a circle between modules or a framework import in the "
                              "neutral core")
+    parser.add_argument("--doc", action="store_true",
+                        help=f"print the package graph as {DOC} holds it, between its markers")
+    parser.add_argument("--write-doc", action="store_true",
+                        help=f"rewrite the block between the markers in the root's {DOC}")
     arguments = parser.parse_args()
+    if arguments.modules and (arguments.doc or arguments.write_doc):
+        parser.error(f"{DOC} shows the package graph: --doc and --write-doc take no --modules")
     root = arguments.root / "gtopk_hvd"
     paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))
              if "bench" not in path.parts}
@@ -117,18 +158,14 @@ def main() -> int:
     module_circles = circles(graph)
     problems += [f"circle: {' -> '.join(c)}" for c in module_circles]
 
-    node = (lambda m: m) if arguments.modules else package_of
-    edges = sorted({(node(a), node(b)) for a, targets in graph.items() for b in targets
-                    if node(a) != node(b) and not node(b) == "gtopk_hvd"})
-    print("```mermaid\nflowchart TD")
-    for a, b in edges:
-        print(f"    {a.replace('gtopk_hvd.', '')} --> {b.replace('gtopk_hvd.', '')}")
-    print("```")
-    print(f"\n{len(paths)} modules, {len(edges)} arrows between "
-          f"{'modules' if arguments.modules else 'packages'}, "
-          f"{len(module_circles)} circle(s) between modules")
-    for problem in problems:
-        print(f"- {problem}")
+    text = report(graph, problems, len(paths), len(module_circles), arguments.modules)
+    if arguments.doc or arguments.write_doc:
+        text = f"{BEGIN}\n{text}\n{END}"
+    if arguments.write_doc:
+        changed = write_doc(arguments.root / DOC, text)
+        print(f"{DOC}: {'rewritten' if changed else 'already up to date'}")
+    else:
+        print(text)
     return 1 if arguments.check and problems else 0
 
 
