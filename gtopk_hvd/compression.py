@@ -349,21 +349,60 @@ class Compression:
 
     @staticmethod
     def topk(density: float, **options: Any) -> SparseCompression:
-        """Top-k S-SGD (all-gather of local top-k sets), the scheme "topk". Options: see the
-        module docstring (not exact, sparsifier, reduction or scheme: Top-k fixes them)."""
+        """Top-k S-SGD: the all-gather of every worker's local top-k set, the scheme "topk".
+
+        Args:
+            density: k / d, in (0, 1].
+            **options: the sparse options of the module docstring, but not exact, sparsifier,
+                reduction or scheme (Top-k fixes them).
+
+        Returns:
+            The SparseCompression of the scheme "topk".
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _preset("topk", density, options, "Compression.topk")
 
     @staticmethod
     def gtopk(density: float, **options: Any) -> SparseCompression:
-        """gTop-k S-SGD (global top-k by recursive doubling), the scheme "gtopk" ("gtopk-exact"
-        with exact=True). Options: module docstring (not sparsifier, reduction or scheme)."""
+        """gTop-k S-SGD: the global top-k by recursive doubling, the scheme "gtopk".
+
+        Args:
+            density: k / d, in (0, 1].
+            **options: the sparse options of the module docstring, exact included, but not
+                sparsifier, reduction or scheme (gTop-k fixes them).
+
+        Returns:
+            The SparseCompression of the scheme "gtopk" ("gtopk-exact" with exact=True).
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _preset("gtopk", density, options, "Compression.gtopk")
 
     @staticmethod
     def sparse(density: float, sparsifier: str = "topk", reduction: str | None = None,
                **options: Any) -> SparseCompression:
-        """A registered selection rule with a registered reduction (default: the one the
-        sparsifier names, e.g. "randomk" -> "allreduce"). Options: module docstring."""
+        """A registered selection rule with a registered reduction.
+
+        Args:
+            density: k / d, in (0, 1].
+            sparsifier: the selection rule, a name in `gtopk_hvd.sparsifiers.SPARSIFIERS`.
+            reduction: a name in `gtopk_hvd.reductions.REDUCTIONS`; None: the one the
+                sparsifier names (e.g. "randomk" -> "allreduce").
+            **options: the other sparse options of the module docstring (not scheme).
+
+        Returns:
+            The SparseCompression (its `name` the matching scheme's, e.g. "randomk", or
+            "select-reduce").
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         if "scheme" in options:
             _refuse_fixed("scheme", options["scheme"], "Compression.sparse", SELECT_REDUCE,
                           f"use Compression.scheme({options['scheme']!r}, density, ...)")
@@ -373,42 +412,115 @@ class Compression:
     @staticmethod
     def micro(density: float, threshold: float | None = None, controller: str = "histogram",
               **options: Any) -> SparseCompression:
-        """MiCRO (`gtopk_hvd.schemes.micro`): threshold = the start (None: measured at the
-        first step), controller = "histogram" (ours) or "multiplicative" (the authors').
-        Other options: module docstring (momentum correction and warm-up apply)."""
+        """MiCRO (`gtopk_hvd.schemes.micro`): rotating partitions, threshold selection, exact
+        sums.
+
+        Args:
+            density: k / d, in (0, 1].
+            threshold: the starting threshold; None: measured at the first step.
+            controller: how the threshold follows the density: "histogram" (gtopk_hvd's) or
+                "multiplicative" (the authors').
+            **options: the sparse options of the module docstring (momentum correction and
+                warm-up apply), but not scheme.
+
+        Returns:
+            The SparseCompression of the scheme "micro".
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _registered("micro", density, options, threshold=threshold,
                            controller=controller)
 
     @staticmethod
     def exdyna(density: float, threshold: float | None = None, controller: str = "histogram",
                blocks: int = 1024, balance: float = 0.05, **options: Any) -> SparseCompression:
-        """ExDyna (`gtopk_hvd.schemes.exdyna`): MiCRO's options, plus `blocks` (the number of
-        fine blocks) and `balance` (the count imbalance, as a fraction of the mean, that moves
-        a boundary by one block)."""
+        """ExDyna (`gtopk_hvd.schemes.exdyna`): MiCRO with count-balancing block boundaries.
+
+        Args:
+            density: k / d, in (0, 1].
+            threshold: as in `micro`.
+            controller: as in `micro`.
+            blocks: the number of fine blocks the boundaries move by.
+            balance: the count imbalance, as a fraction of the mean, that moves a boundary by
+                one block.
+            **options: the sparse options of the module docstring, but not scheme.
+
+        Returns:
+            The SparseCompression of the scheme "exdyna".
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _registered("exdyna", density, options, threshold=threshold,
                            controller=controller, blocks=blocks, balance=balance)
 
     @staticmethod
     def sketch(density: float, rows: int = 5, columns: int | None = None,
                second_round: bool = True, **options: Any) -> SparseCompression:
-        """Sketched SGD (`gtopk_hvd.schemes.sketch`): a rows x columns count sketch (columns
-        None: 10 k), and the second round of exact values (True) or the sketch's estimates."""
+        """Sketched SGD (`gtopk_hvd.schemes.sketch`): a count sketch, its heavy hitters, and a
+        second round.
+
+        Args:
+            density: k / d, in (0, 1].
+            rows: the count sketch's rows.
+            columns: its columns; None: 10 k.
+            second_round: True: a second round sends the heavy hitters' exact values; False:
+                the sketch's estimates are used.
+            **options: the sparse options of the module docstring, but not scheme.
+
+        Returns:
+            The SparseCompression of the scheme "sketch".
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _registered("sketch", density, options, rows=rows, columns=columns,
                            second_round=second_round)
 
     @staticmethod
     def oktopk(density: float, reestimate_every: int = 32, **options: Any) -> SparseCompression:
-        """Ok-Topk (`gtopk_hvd.schemes.oktopk`): reestimate_every = the steps between two exact
-        estimates of the thresholds and the regions (default 32, the paper's)."""
+        """Ok-Topk (`gtopk_hvd.schemes.oktopk`): thresholds, a balanced sparse reduce-scatter,
+        an all-gather.
+
+        Args:
+            density: k / d, in (0, 1].
+            reestimate_every: the steps between two exact estimates of the thresholds and the
+                regions (the default is the paper's).
+            **options: the sparse options of the module docstring, but not scheme.
+
+        Returns:
+            The SparseCompression of the scheme "oktopk".
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         return _registered("oktopk", density, options, reestimate_every=reestimate_every)
 
     @staticmethod
     def scheme(name: str, density: float, **options: Any) -> SparseCompression:
-        """A scheme by name: one of SCHEME_NAMES (the same configuration as its method, e.g.
-        Compression.scheme("gtopk-exact", d) is Compression.gtopk(d, exact=True)), another
-        registered scheme (`gtopk_hvd.schemes`), or "select-reduce" (an alias of
-        Compression.sparse); options that are not fields of SparseCompression are the
-        scheme's own. Options: module docstring."""
+        """A scheme by its name.
+
+        Args:
+            name: one of SCHEME_NAMES (the same configuration as its method, e.g.
+                Compression.scheme("gtopk-exact", d) is Compression.gtopk(d, exact=True)),
+                another registered scheme (`gtopk_hvd.schemes`), or "select-reduce" (an alias
+                of `sparse`).
+            density: k / d, in (0, 1].
+            **options: the sparse options of the module docstring; those that are not fields
+                of SparseCompression are the scheme's own.
+
+        Returns:
+            The SparseCompression of that scheme.
+
+        Raises:
+            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
+                wrong type, unknown, or fixed by the scheme.
+        """
         if not isinstance(name, str):
             refuse("scheme name", f"{', '.join(map(repr, SCHEME_NAMES))} or another registered "
                    "name", name, wrong_type=True)

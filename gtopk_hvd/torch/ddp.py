@@ -1,86 +1,49 @@
 """A DDP communication hook: gTop-k (or Top-k) sparsified gradients with error feedback.
 
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
-
-    model = DDP(model)                                   # under torchrun, any backend
-    state = GTopkHookState(process_group=None, density=0.01)              # gTop-k
-    # or GTopkHookState(compression=Compression.topk(0.01, momentum_correction=True))
+    state = GTopkHookState(compression=Compression.gtopk(0.01))   # one per DDP model
+    model = DistributedDataParallel(model)                         # under torchrun
     model.register_comm_hook(state, gtopk_hook)
 
-Shaped like PyTorch's PowerSGD hook: one state object (`GTopkHookState`: slotted, its fields
-public and listed in its docstring, pickled by a documented `__getstate__` / `__setstate__`),
-one hook function. For every DDP bucket b (a flat gradient g_b of d_b values, on worker p of P)
-the hook runs the core step of `gtopk_hvd.core.step` (its module docstring has the whole step,
-momentum correction and warm-up included), with a residual r_b per bucket and
-k_b = ceil(density * d_b):
+Shaped like PyTorch's PowerSGD hook: one slotted state (`GTopkHookState`), one hook function
+(`gtopk_hook`). For each DDP bucket b, a flat gradient g_b of d_b values on worker p of P, with
+its residual r_b and k_b = ceil(density * d_b), the hook runs the core step
+(`gtopk_hvd.core.step`, which adds the momentum correction and the warm-up's k; another
+scheme's exchange, `gtopk_hvd.schemes`, replaces steps 2 to 4):
 
-    acc = r_b + g_b;  (I_p, V_p) = top-k(acc, k_b);  r_b = acc with I_p set to 0
-    (I, V) = gTop-k (or Top-k all-gather) of every worker's (I_p, V_p)      V: sums
-    r_b[j] += V_p[j] for j in I_p not in I
-    bucket gradient := V / P at I, 0 elsewhere          (the same on every worker)
+    1. acc = r_b + g_b
+    2. (I_p, V_p) = top-k(acc, k_b);  r_b = acc, set to 0 at I_p
+    3. (I, V) = the reduction of every worker's (I_p, V_p) on the state's transport: gTop-k's
+       global top-k (or Top-k's all-gather); V: the sums over the workers at I
+    4. r_b[j] += V_p[j] for j in I_p, not in I             (selected here, not sent: kept)
+    5. g_b := V / P at I, 0 elsewhere                       (the same on every worker)
 
-The sparse reduction runs on the state's transport (`transport=`: None, the default, is
-`TorchDistributedTransport(process_group)`; or a registered name such as "torch" or "mpi", or a
-gtopk_hvd Transport; its workers must be the process group's, same rank and size). With
-`overlap=True` (the default), at P > 1, a bucket whose step is on the host runs it on the
-state's thread as the bucket arrives, while backward computes the next buckets
-(`gtopk_hvd.torch.early_steps`: under nonfinite="propagate" as a tentative step, committed or
-discarded at the last bucket); otherwise it blocks inside the hook (as the bucket arrives, or at
-the iteration's last bucket: below). Buckets of float16, bfloat16 or
-float64 gradients are cast to float32 for the step and back. On a GPU with gtopk_hvd's CUDA
-kernels, the selection and the residual stay on the device; without them, the bucket is copied
-to the host and back.
+The step runs on the bucket's GPU when gtopk_hvd's CUDA kernels are built, else on the host
+(the bucket copied there and back); float16, bfloat16 and float64 buckets are cast to float32
+for it and back. With `overlap=True` a host bucket's step starts on the state's thread as the
+bucket arrives (docs/ddp.md, "Overlap with backward").
 
-Non-finite gradients (GradScaler with DDP): with the compression's default nonfinite="propagate"
-the hook holds each bucket (its future completes later) until the iteration's last one, reads
-each bucket once for NaN/Inf as it arrives, on its device (on a GPU the read is enqueued behind
-the bucket's gradients and its answer stays in a device flag: no host wait, so it overlaps the
-rest of backward), brings that one flag to the host at the last bucket (one wait per iteration,
-not one per bucket), counts the workers that saw one with one all-reduce of one integer, and
-only then runs the held buckets' steps (`GTopkHookState.step_together`); an early bucket's
-tentative step, already exchanged, is committed or discarded by the same count. If any
-worker's bucket was not finite, every bucket of every worker becomes all NaN and no residual,
-velocity or step count changes, so the scaler skips the whole step on every worker and nothing
-is lost: deciding per bucket could not undo the buckets already stepped when a later one
-overflows. `state.iter` does not count such an iteration (the warm-up goes on where it was).
-Held buckets step at the last bucket instead of as each arrives (a CUDA bucket, a cast one, a
-scheme or momentum correction that cannot step tentatively, a clip that needs every bucket).
-nonfinite="raise": each bucket steps as it arrives (on the thread, with overlap) and every
-worker raises FloatingPointError at the first NaN/Inf.
+Dense start. DDP builds its final buckets after its first iteration, so the first `start_iter`
+iterations (default 2, at least 2), and with `freeze_variance_after` the optimizer's dense
+start, are DDP's plain all-reduce average; the sparse steps start after. A bucket whose layout
+changes after that raises (each keeps its own residual). The warm-up's densities count DDP
+iterations (`state.iter`), the dense ones included. More: docs/ddp.md.
 
-Without a loss scaler (bfloat16 autocast, or float32), the all-NaN gradients of a skipped
-iteration reach the optimizer, which DDP does not own: step only when the iteration was applied,
-`if not state.last_iteration_skipped: optimizer.step()`, or use gtopk_hvd's torch
-DistributedOptimizer, which does not apply a step it skipped.
+Non-finite gradients. nonfinite="propagate" (the default): each bucket is read for NaN/Inf as
+it arrives and its future completes at the iteration's last bucket, where one count of the
+workers that saw one decides the whole iteration: if any did, every bucket of every worker
+becomes all NaN, no residual, velocity or step count changes, and `state.iter` does not count
+the iteration. A GradScaler then skips the step; without one, give the state `optimizer=` (or
+step only `if not state.last_iteration_skipped`). nonfinite="raise": each bucket steps as it
+arrives, and every worker raises FloatingPointError at the first NaN/Inf. More: docs/ddp.md.
 
-When the hook raises (a step's error, a bucket that changed, a transport that failed), every
-bucket future it still holds fails with the same exception and nothing stays held: the error
-surfaces from backward(), and neither DDP nor the next iteration waits on a future that will never
-complete.
-
-DDP builds its final buckets only after its first iteration, so (as PowerSGD does) the first
-`start_iter` iterations (default 2, at least 2) run DDP's plain all-reduce average over the
-process group; the sparse steps start after. A bucket whose layout changes later raises an
-error: each keeps its own residual. The warm-up densities of the compression count DDP
-iterations (`state.iter`), the dense ones included.
-
-Checkpointing: pickling the state (torch.save, weights_only=False to load) keeps the
-compression, `iter`, `start_iter`, every bucket's layout, residual, velocity and step count,
-and the record of where each parameter lies in DDP's buckets; it drops the process group
-(`process_group` is None, the default group, after loading) and a Transport object
-(`transport` is None after loading; a registered name is kept): set them again before the next
-iteration for others (`GTopkHookState.__getstate__`). `state_dict()` / `load_state_dict()`
-give the same as plain tensors. Each worker saves its own (residuals differ between workers).
-A restored state registered on a new DDP model continues exactly as the saved one would have:
-in the new model's first iteration, whose buckets are DDP's construction-time ones, the hook
-splits the gradients into the saved buckets and runs their steps (`gtopk_hvd.torch.bucket_remap`
-states the rule). A job restarted on another number of workers restores too: a rank the saved
-job did not have loads another's state with `load_state_dict(state, keep_residuals=False)`.
-
-The end of the program: `end_process_group()` (on every rank, once the function that trained has
-returned) frees what still holds the group, waits for every rank and destroys the group; a Gloo
-group left to the interpreter's exit can abort a finished program.
+Checkpoints. `state_dict()` / `load_state_dict()` hold `iter`, `start_iter`, each bucket's
+layout, residual, velocity and step count, and where each parameter lies in DDP's buckets;
+pickling the state (`torch.save`; `torch.load(..., weights_only=False)`) adds the compression
+and the settings, and drops the process group, the optimizer and a Transport object (None
+after loading; a registered transport name is kept): set them again before the next iteration.
+Each worker saves its own (residuals differ between workers). A restored state continues as
+the saved one would have, on a new DDP model too (`gtopk_hvd.torch.bucket_remap`); a rank the
+saved job did not have loads another's with `keep_residuals=False`. More: docs/ddp.md.
 """
 
 from __future__ import annotations
@@ -125,33 +88,50 @@ class HookBucket(NamedTuple):
 class GTopkHookState:
     """What `gtopk_hook` keeps between iterations (one per DDP model, like `PowerSGDState`).
 
-    Constructor: process_group: the group whose workers reduce (None: the default group; use
-    DDP's). density: k / d of each bucket (default 0.01), with `reduction` ("gtopk", or
-    "allgather" for Top-k S-SGD) and `options`, the other fields of
-    `gtopk_hvd.compression.SparseCompression` (wire_dtype, warmup_densities, warmup_steps,
-    momentum_correction, momentum, momentum_masking, granularity, sparsifier, seed, nonfinite);
-    or, instead of these, a ready `compression=` (e.g. Compression.gtopk(..)). granularity
-    "model" selects over each bucket as a whole, "bucket" each parameter's share. start_iter:
-    DDP iterations of plain all-reduce before the sparse steps (>= 2). transport: what the
-    sparse reductions run on: a gtopk_hvd Transport, a registered name ("torch", "mpi",
-    "horovod": `gtopk_hvd.transports`),
-    or None (the default: torch.distributed over process_group; for NCCL, make that group with
-    backend="nccl": "torch" / None is how the hook runs on NCCL); its workers must be the
-    process group's (the same rank and size), or the first hook call raises (the constructor
-    already, for a Transport object once torch.distributed is initialised). skip_on_device:
-    nonfinite="propagate" decides a skipped iteration on the device, without a host read
-    (`gtopk_hvd.core.device_skip`; module docstring): None (the default) on CUDA buckets where
-    the scheme can (Top-k and gTop-k, plain or exact, with their reduction on the device; the
-    sketch on tensors), True
-    on any device where the steps keep torch state and the scheme can (the same results; CPU
-    buckets keep numpy state, so there it changes nothing), False never. optimizer: the
-    optimizer the updates go to (or a client's wrapper of it; also `attach_optimizer`): a
-    skipped iteration is then not applied. freeze_variance_after=N (Adam or AdamW, N >=
-    start_iter): N dense steps, then Adam's second moment frozen and the preconditioned
-    gradient reduced, the optimizer's step taken over by the rule; max_grad_norm: each worker's
-    clip of its own gradient in that sparse phase (`gtopk_hvd.torch.hook_optimizer`).
-    overlap: at P > 1, host buckets step on the state's thread as they arrive (module
-    docstring; `gtopk_hvd.torch.early_steps`); False: in the hook, as before.
+    Args:
+        process_group: the group whose workers reduce: DDP's (None: the default group).
+        density: k / d of each bucket (None: 0.01), with `reduction` and `**options`; leave
+            the three out when giving `compression`.
+        compression: a ready sparse choice (`Compression.gtopk(...)`, `.topk`, `.micro`, ...:
+            `gtopk_hvd.compression`) instead of density, reduction and options.
+        reduction: the reduction of gTop-k's select-and-reduce step: "gtopk" (None: the
+            default) or "allgather" (Top-k S-SGD); a scheme's name is refused here.
+        start_iter: DDP iterations of plain all-reduce before the sparse steps, >= 2 (module
+            docstring, "Dense start").
+        transport: what the sparse reductions run on: None (torch.distributed over
+            `process_group`; for NCCL, a group made with backend="nccl"), a registered name
+            ("torch", "mpi", "horovod": `gtopk_hvd.transports`) or a gtopk_hvd Transport. Its
+            workers must be the process group's, the same rank and size.
+        skip_on_device: where nonfinite="propagate" decides a skipped iteration
+            (`gtopk_hvd.core.device_skip`). None: on the device for CUDA buckets whose scheme
+            can (Top-k and gTop-k, plain or exact, with their reduction on the device; the
+            sketch on tensors); True: on any device where the steps keep torch state and the
+            scheme can (CPU buckets keep numpy state: no change there); False: on the host.
+        optimizer: the optimizer the updates go to, or a client's wrapper of it (also
+            `attach_optimizer`): an iteration skipped for a NaN/Inf is then not applied.
+        freeze_variance_after: N >= start_iter (Adam or AdamW, with `optimizer`): N dense
+            steps, then Adam's second moment frozen and the preconditioned gradient reduced,
+            the optimizer's step taken over by the rule (`gtopk_hvd.torch.hook_optimizer`);
+            None: off.
+        max_grad_norm: with freeze_variance_after, each worker's clip of its own gradient in
+            the sparse phase (nonfinite="propagate" only); None: no clip.
+        overlap: at P > 1, a host bucket's step runs on the state's thread as the bucket
+            arrives, while backward goes on (`gtopk_hvd.torch.early_steps`); False: inside
+            the hook. May be changed between iterations, alike on every worker.
+        **options: the other fields of `gtopk_hvd.compression.SparseCompression`
+            (wire_dtype, warmup_densities, warmup_steps, momentum_correction, momentum,
+            momentum_masking, granularity, sparsifier, seed, nonfinite). granularity "model"
+            selects over each bucket as a whole, "bucket" over each parameter's share.
+
+    Raises:
+        OptionError, OptionTypeError (`gtopk_hvd.options`; ValueError, TypeError): an option
+            out of range or of the wrong type, `compression` given together with density,
+            reduction or options, a scheme's name as `reduction`, an unknown transport name.
+        ValueError: max_grad_norm without freeze_variance_after or with nonfinite="raise";
+            freeze_variance_after with an optimizer the rule does not cover
+            (`attach_optimizer`).
+        RuntimeError: a Transport object whose workers are not the process group's, when
+            torch.distributed is initialised already (otherwise at the first hook call).
 
     Fields (public; set process_group and transport before the first iteration):
 
@@ -190,9 +170,8 @@ class GTopkHookState:
                     clip, the step hooks
     preconditioned  (property) whether this iteration reduces the preconditioned gradient
 
-    Pickling (`__getstate__`) and `state_dict()` keep compression, iter, start_iter, the
-    buckets' residuals, velocities and step counts and the remap's record; the rest lives in
-    this process only.
+    What a checkpoint keeps: module docstring, "Checkpoints"; the rest lives in this process
+    only.
     """
 
     __slots__ = ("_iter", "_last_skipped", "_registration", "_unresolved", "active_transport",
@@ -302,9 +281,20 @@ class GTopkHookState:
         return self._iter < self.start_iter or self.optimizer_link.dense
 
     def attach_optimizer(self, optimizer: Any) -> None:
-        """The optimizer the hook's updates go to (or a client's wrapper of it), before the
-        first backward: a skipped iteration is then not applied, and freeze_variance_after's
-        rule takes over its step (`gtopk_hvd.torch.hook_optimizer`)."""
+        """Attaches the optimizer the hook's updates go to, before the first backward: an
+        iteration skipped for a NaN/Inf is then not applied, and freeze_variance_after's rule
+        takes over its step (`gtopk_hvd.torch.hook_optimizer`).
+
+        Args:
+            optimizer: a torch optimizer, or a client's wrapper of one (accelerate's,
+                Lightning's, the Trainer's: the innermost torch optimizer is taken).
+                Attaching the same one again does nothing.
+
+        Raises:
+            RuntimeError: the state has another optimizer already.
+            ValueError: with freeze_variance_after, an optimizer the rule does not cover
+                (not Adam or AdamW; amsgrad, maximize, or Adam's L2 weight_decay).
+        """
         self.optimizer_link.attach(optimizer)
 
     @property
@@ -364,10 +354,16 @@ class GTopkHookState:
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """{"iter", "start_iter", "buckets": {index: its layout, parameter sizes, the number
-        of workers it stepped with, residual (velocity) as tensors, step count, the scheme's
-        own state; only the layout and sizes for a bucket not yet stepped}, "construction":
-        the remap's record (`BucketRemap.record`)}."""
+        """This worker's hook state as plain values and tensors, for `load_state_dict`.
+
+        Returns:
+            {"iter", "start_iter", "buckets": {DDP bucket index: its layout, parameter sizes,
+            the number of workers it stepped with, residual (and velocity) as tensors, step
+            count, the scheme's own state; only the layout and sizes for a bucket not yet
+            stepped}, "construction": the remap's record (`BucketRemap.record`),
+            "compression_fields": the compression's fields, which `load_state_dict` checks}.
+            Each worker saves its own: residuals differ between workers.
+        """
         buckets = dict(self.restored_buckets)
         for index, (layout, sizes) in self.seen_buckets.items():
             buckets.setdefault(index, {"layout": layout, "sizes": sizes})
@@ -382,16 +378,24 @@ class GTopkHookState:
                 "compression_fields": _fields(self.compression)}
 
     def load_state_dict(self, state: dict, *, keep_residuals: bool = True) -> None:
-        """Restores what state_dict() returned (the compression must be the saved one's); what
-        lives in this process only starts afresh (`reset_process_state`).
+        """Restores what `state_dict()` returned; what lives in this process only starts
+        afresh (`reset_process_state`).
 
-        A job restarted on a different number of workers (torchrun's restarts after a node was
-        lost or added): each worker loads the state it saved, and a worker that has none (its
-        rank did not exist) loads another worker's with keep_residuals=False: its residuals and
-        velocities start at zero, the rest (iter, step counts, buckets) is the job's, so that
-        every worker issues the same collectives. A bucket saved with another number of workers
-        keeps its residual, velocity and step count; its scheme's own state (MiCRO's partition
-        and threshold, ExDyna's boundaries) was for the old P and starts again."""
+        A bucket saved with another number of workers keeps its residual, velocity and step
+        count; its scheme's own state (MiCRO's partition and threshold, ExDyna's boundaries)
+        was for the old P and starts again.
+
+        Args:
+            state: what `state_dict()` returned, on this worker (or, with keep_residuals=False,
+                on another).
+            keep_residuals: False for a worker the saved job did not have (a restart on more
+                workers): its residuals and velocities start at zero, the rest (iter, step
+                counts, buckets) is the job's, so that every worker issues the same
+                collectives.
+
+        Raises:
+            ValueError: the state was saved with another compression.
+        """
         saved, mine = state.get("compression_fields") or {}, _fields(self.compression)
         differ = ", ".join(f"{name}={saved[name]!r} (this state: {mine[name]!r})"
                            for name in sorted(set(saved) & set(mine))
@@ -590,8 +594,30 @@ def check_matches_process_group(transport: Transport, process_group: Any = None)
 def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
                ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's gradient becomes the sparse update averaged over
-    the workers (module docstring); plain all-reduce for the first state.start_iter
-    iterations. If it raises, every future it held fails with the error first."""
+    the workers (module docstring, steps 1 to 5); DDP's plain all-reduce average in the dense
+    start.
+
+    Args:
+        state: the `GTopkHookState` given to `register_comm_hook` (one per DDP model).
+        bucket: the DDP bucket whose flat gradient is reduced.
+
+    Returns:
+        A future of the bucket's buffer holding the averaged update, the same on every worker;
+        under nonfinite="propagate" it completes at the iteration's last bucket (all NaN in
+        an iteration skipped for a NaN/Inf).
+
+    Raises:
+        TypeError: `state` is not a GTopkHookState.
+        NotImplementedError: DDP hands the hook one parameter's gradient, not a bucket
+            (compiled autograd with optimize_ddp="python_reducer").
+        RuntimeError: a bucket whose layout changed after the dense start, a second DDP model
+            on the same state, a rank of the process group without the hook, a transport whose
+            workers are not the process group's, freeze_variance_after without an optimizer.
+        FloatingPointError: nonfinite="raise" and a NaN/Inf on some worker.
+
+    Whatever it raises, every bucket future it still holds fails first with the same error,
+    so neither DDP nor the next iteration waits on a future that never completes.
+    """
     if not isinstance(state, GTopkHookState):
         raise TypeError(
             f"gtopk_hook's state must be a GTopkHookState, got {type(state).__name__}: "

@@ -82,13 +82,18 @@ class SparseFSDP:
         return sum(comm.dense_bytes for comm in self.comms.values())
 
     def residual_bytes(self) -> int:
-        """The bytes this worker's residuals hold."""
+        """Returns the bytes this worker's residuals hold."""
         return sum(comm.residual.numel() * comm.residual.element_size()
                    for comm in self.comms.values() if comm.residual is not None)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every unit's residual and counters, this worker's, and with the remedy's clip the
-        unit's last gradient norm (`clip_norm`, which the next step's clip reads)."""
+        """This worker's state of every unit, for `load_state_dict`.
+
+        Returns:
+            {unit name: {"density", "residual", "steps", "skips"}, and with the remedy's clip
+            "clip_norm", the unit's last gradient norm, which the next step's clip reads}.
+            Each worker saves its own: residuals differ between workers.
+        """
         state = {name: comm.state_dict() for name, comm in self.comms.items()}
         if self.remedy is not None:
             for name, comm in self.comms.items():
@@ -96,7 +101,16 @@ class SparseFSDP:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what `state_dict` returned, on the same model."""
+        """Restores what `state_dict` returned on this worker.
+
+        Args:
+            state: the saved state, from the same model sharded the same way, registered
+                with the same density and residual_dtype.
+
+        Raises:
+            OptionError (a ValueError): the saved units, density or residual dtype are not
+                this model's.
+        """
         if sorted(state) != sorted(self.comms):
             refuse("state", f"the units {sorted(self.comms)}", sorted(state),
                    "restore the state saved from this model, sharded the same way")
@@ -127,7 +141,19 @@ def register(model: nn.Module, density: float, *, residual_dtype: torch.dtype = 
             unit by unit (`gtopk_hvd.torch.fsdp_adamw`), or None.
 
     Returns:
-        The `SparseFSDP` holding each unit's comm (its residual, bytes and checkpoint).
+        The `SparseFSDP` holding each unit's comm (its residual, bytes and checkpoint); an
+        empty one, with a warning, when the model is sharded over one worker (FSDP reduces
+        nothing there).
+
+    Raises:
+        ValueError: an argument out of range (`OptionError`), or a model or unit the sparse
+            reduce-scatter does not serve (module docstring, rule 2; no FSDP unit; an FSDP1
+            model registered below its root; a float16 reduce dtype; more than one parameter
+            group in a unit; a unit registered already), or max_grad_norm,
+            freeze_variance_after and optimizer given other than together (with an Adam or
+            AdamW that holds the sharded parameters, on FSDP2).
+        TypeError: a model that holds FSDP1 units but is not their root.
+        RuntimeError: FSDP2 without `set_custom_reduce_scatter` (torch < 2.9).
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -285,15 +311,28 @@ def _register_fsdp1(model: nn.Module, like: SparseReduceScatter
 def fsdp1_hook(state: tuple[SparseReduceScatter, Any], gradient: torch.Tensor,
                output: torch.Tensor) -> None:
     """FSDP1's communication hook for a sharded strategy: the unit's padded flat gradient into
-    this worker's shard, summed sparsely, then divided by the world size."""
+    this worker's shard, summed sparsely, then divided by the world size.
+
+    Args:
+        state: (the unit's `SparseReduceScatter`, the unit's process group).
+        gradient: the unit's padded flat gradient.
+        output: this worker's shard, written in place.
+    """
     comm, group = state
     comm.reduce(output, gradient, group)
     output.div_(group.size())
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter of an FSDP2 model whole (its shards gathered), by name: the same tensors
-    on every worker."""
+    """Every parameter of an FSDP2 model whole, its shards gathered (a collective: call it on
+    every worker).
+
+    Args:
+        model: an FSDP2 model (`fully_shard`).
+
+    Returns:
+        {parameter name: a detached copy of the whole parameter}, the same on every worker.
+    """
     return {name: (parameter.full_tensor() if hasattr(parameter, "full_tensor")
                    else parameter).detach().clone()
             for name, parameter in model.named_parameters()}

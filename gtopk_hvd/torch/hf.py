@@ -58,7 +58,15 @@ def _rank_and_size() -> tuple[int, int]:
 
 
 def save_worker_state(state: GTopkHookState, directory: str) -> str:
-    """Writes this worker's hook state into `directory` (made if missing); returns the path."""
+    """Writes this worker's hook state into `directory` as `STATE_FILE` of its rank.
+
+    Args:
+        state: the GTopkHookState registered with the hook.
+        directory: the checkpoint's folder (made if missing).
+
+    Returns:
+        The path of the file written.
+    """
     rank, size = _rank_and_size()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE.format(rank=rank))
@@ -67,8 +75,17 @@ def save_worker_state(state: GTopkHookState, directory: str) -> str:
 
 
 def load_worker_state(state: GTopkHookState, directory: str) -> None:
-    """Reads this worker's hook state from `directory` (module docstring: a rank the saved job
-    did not have takes rank 0's without residuals); raises if the folder has none."""
+    """Reads this worker's hook state from `directory` into `state`: the file of its rank, or,
+    for a rank the saved job did not have, rank 0's without residuals (module docstring).
+
+    Args:
+        state: the GTopkHookState registered with the hook.
+        directory: the checkpoint's folder that `save_worker_state` wrote into.
+
+    Raises:
+        FileNotFoundError: the folder holds no hook state (rank 0's file is missing).
+        ValueError: the saved state was made with another compression.
+    """
     rank, _ = _rank_and_size()
     own = os.path.join(directory, STATE_FILE.format(rank=rank))
     first = os.path.join(directory, STATE_FILE.format(rank=0))
@@ -100,10 +117,24 @@ def _register(model: Any, state: GTopkHookState, optimizer: Any, client: str) ->
 # -- accelerate -----------------------------------------------------------------------------
 
 def register_on_accelerator(accelerator: Any, model: Any, state: GTopkHookState) -> None:
-    """gtopk_hook with `state` on `model` (what `accelerator.prepare` returned), the
-    accelerator's optimizer attached (the only one it prepared), and every worker's hook state
-    in `save_state` / `load_state` (module docstring). Call after prepare, before the first
-    backward."""
+    """Registers gtopk_hook with `state` on the prepared DDP model, attaches the accelerator's
+    optimizer (when it prepared exactly one) and keeps every worker's hook state in
+    `save_state` / `load_state` (module docstring). Call after prepare, before the first
+    backward.
+
+    Args:
+        accelerator: the `accelerate.Accelerator` that prepared the model.
+        model: the model `accelerator.prepare` returned (DDP, or torch.compile's wrapper of
+            it).
+        state: the GTopkHookState for the hook.
+
+    Raises:
+        TypeError: `state` is not a GTopkHookState.
+        RuntimeError: the model is not DDP (one process, FSDP, DeepSpeed); the model has
+            another communication hook or state; freeze_variance_after without an optimizer
+            on the state while the accelerator prepared other than one.
+        ValueError: the optimizer is refused by `GTopkHookState.attach_optimizer`.
+    """
     optimizers = list(getattr(accelerator, "_optimizers", []))
     if state.optimizer_link.after is not None and state.optimizer_link.optimizer is None \
             and len(optimizers) != 1:
@@ -123,14 +154,42 @@ def register_on_accelerator(accelerator: Any, model: Any, state: GTopkHookState)
 
 def register_on_trainer(trainer: Any, state: GTopkHookState) -> Any:
     """Adds the callback that registers gtopk_hook with `state` on the Trainer's DDP model and
-    keeps the hook state in the Trainer's checkpoints (module docstring); returns it."""
+    keeps the hook state in the Trainer's checkpoints (module docstring). Call before
+    `trainer.train()`.
+
+    Args:
+        trainer: the `transformers.Trainer`.
+        state: the GTopkHookState for the hook.
+
+    Returns:
+        The callback added (`trainer_callback`).
+
+    Raises:
+        TypeError: `state` is not a GTopkHookState.
+        RuntimeError: a Trainer without the checkpoint methods the state is saved through;
+            at `train()`, a model that is not DDP, or a resumed checkpoint without hook state.
+    """
     callback = trainer_callback(trainer, state)
     trainer.add_callback(callback)
     return callback
 
 
 def trainer_callback(trainer: Any, state: GTopkHookState) -> Any:
-    """The `TrainerCallback` of `register_on_trainer` (transformers imported here only)."""
+    """The `TrainerCallback` of `register_on_trainer`, the Trainer's checkpoint methods wrapped
+    to save and load the hook state (transformers imported here only).
+
+    Args:
+        trainer: the `transformers.Trainer`.
+        state: the GTopkHookState for the hook.
+
+    Returns:
+        The callback, not yet added to the Trainer.
+
+    Raises:
+        TypeError: `state` is not a GTopkHookState.
+        RuntimeError: a Trainer without `_save_optimizer_and_scheduler` /
+            `_load_optimizer_and_scheduler`.
+    """
     from transformers import TrainerCallback
 
     if not isinstance(state, GTopkHookState):

@@ -1,7 +1,7 @@
 """PyTorch Lightning: the DDP hook in a Trainer, and its state in Lightning's checkpoints.
 
     from lightning.pytorch.strategies import DDPStrategy
-    from gtopk_hvd.torch.ddp import GTopkHookState, register_once
+    from gtopk_hvd.torch.ddp import GTopkHookState, gtopk_hook
     from gtopk_hvd.torch.lightning import GTopkHookCallback
 
     state = GTopkHookState(density=0.01)
@@ -49,7 +49,21 @@ CHECKPOINT_KEY = "gtopk_hook"
 
 class GTopkHookCallback(Callback):
     """Registers gtopk_hook with `state` where Lightning did not, and keeps every worker's
-    hook state in Lightning's checkpoints (module docstring)."""
+    hook state in Lightning's checkpoints (module docstring).
+
+    Args:
+        state: the GTopkHookState given to the hook (the same as DDPStrategy's
+            `ddp_comm_state`, if given there).
+
+    Raises:
+        TypeError: `state` is not a GTopkHookState.
+        RuntimeError: at fit start, a strategy that is not DDP, or one that registered another
+            hook or state; freeze_variance_after without an optimizer on the state while the
+            module configured other than one.
+        ValueError: at fit start, freeze_variance_after's clip with a
+            gradient_clip_algorithm other than "norm".
+        KeyError: on resume, a checkpoint saved without the callback.
+    """
 
     def __init__(self, state: GTopkHookState) -> None:
         if not isinstance(state, GTopkHookState):

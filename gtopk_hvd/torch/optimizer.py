@@ -199,8 +199,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> Any:
         """synchronize() unless already done or inside skip_synchronize(), then the wrapped
-        optimizer's step on the update; no step, and None, when the sparse step was skipped
-        for a NaN/Inf (module docstring)."""
+        optimizer's step on the update (or, after freeze_variance_after, the frozen rule's).
+
+        Args:
+            closure: as torch's `Optimizer.step`: reevaluates the model, returns the loss.
+
+        Returns:
+            The wrapped step's result (the closure's loss, or None); None, and no step, when
+            the sparse step was skipped for a NaN/Inf (module docstring).
+        """
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -225,14 +232,24 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state plus this worker's residual (and velocity): each worker
-        saves its own, since residuals differ between workers."""
+        """The checkpoint: each worker saves its own, since residuals differ between workers.
+
+        Returns:
+            The wrapped optimizer's state dict, plus "gtopk": this worker's residual (and
+            velocity) as tensors, the step count and the scheme's own state.
+        """
         state = super(self.__class__, self).state_dict()
         state["gtopk"] = {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
                           for key, value in self._sparse.state_dict().items()}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what `state_dict` returned on this worker.
+
+        Args:
+            state_dict: the saved state; without "gtopk" (a plain optimizer's), only the
+                wrapped optimizer's state is restored.
+        """
         state_dict = dict(state_dict)
         sparse = state_dict.pop("gtopk", None)
         super(self.__class__, self).load_state_dict(state_dict)
@@ -308,15 +325,41 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
 ) -> torch.optim.Optimizer:
     """horovod.torch.DistributedOptimizer with gtopk_hvd's Compression choices.
 
-    compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
-    docstring); Compression.none / .fp16: Horovod's own dense allreduce. The other arguments are
-    Horovod's. With a sparse compression, num_groups / groups and process sets other than the
-    global one raise NotImplementedError (all gradients are fused into one selection); op may be
-    Average or Sum. transport: how the sparse reduction communicates (module docstring).
-    freeze_variance_after=N (Adam or AdamW, a sparse compression): N dense steps, then Adam's
-    second moment is frozen and the scheme reduces the preconditioned gradient
-    (`gtopk_hvd.torch.frozen_variance`; docs/adamw.md); with the compression's
-    momentum_correction (its momentum Adam's beta1) Adam's first moment moves into the exchange.
+    Args:
+        optimizer: the torch optimizer to wrap; the result shares its param_groups.
+        named_parameters: (name, parameter) pairs, usually `model.named_parameters()`, each
+            of the optimizer's parameters once; None: `allreduce.noname.<group>.<index>`.
+        compression: a sparse choice (`Compression.gtopk(density)`, `.topk`, `.micro`, ...:
+            the module docstring's sparse step), or Compression.none / .fp16 (gtopk_hvd's or
+            Horovod's): Horovod's own DistributedOptimizer, dense.
+        backward_passes_per_step: backward passes accumulated in `p.grad` before each
+            reduction, >= 1.
+        op: Horovod's Average (None: the default) or Sum.
+        gradient_predivide_factor: Horovod's; other than 1.0 with Average only.
+        num_groups: Horovod's; with a sparse compression 0 only (every gradient is fused into
+            one selection).
+        groups: Horovod's; with a sparse compression None only.
+        sparse_as_dense: Horovod's, for a dense compression.
+        process_set: Horovod's; with a sparse compression the global one only.
+        transport: how the sparse reduction communicates (module docstring;
+            `gtopk_hvd.transports`).
+        freeze_variance_after: N (Adam or AdamW, a sparse compression): N dense steps, then
+            Adam's second moment frozen and the preconditioned gradient reduced
+            (`gtopk_hvd.torch.frozen_variance`; docs/adamw.md); with the compression's
+            momentum_correction (its momentum Adam's beta1) Adam's first moment moves into the
+            exchange. None: off.
+
+    Returns:
+        An instance of a subclass of the optimizer's class, sharing its param_groups, whose
+        `step()` reduces the gradients first (module docstring); for a dense compression,
+        Horovod's own DistributedOptimizer.
+
+    Raises:
+        NotImplementedError: with a sparse compression, num_groups / groups, a process set
+            other than the global one, or an op other than Average or Sum.
+        ValueError: an argument out of range or of the wrong type (`gtopk_hvd.options`), bad
+            named_parameters, gradient_predivide_factor with op Sum, freeze_variance_after
+            with a dense compression or an optimizer the rule does not cover.
     """
     import horovod.torch as hvd
 
