@@ -71,6 +71,9 @@ transform (it selects over all gradients fused, against a residual kept between 
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -85,11 +88,11 @@ from gtopk_hvd.options import (
 )
 from gtopk_hvd.scheme_names import (
     PRESETS,
-    SCHEME_NAMES,
     SELECT_REDUCE,
     call_for,
     choice_for,
 )
+from gtopk_hvd.schemes import SCHEMES, Scheme, check_config, known_scheme_names, options_owners
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
 GRANULARITIES = ("model", "bucket")
@@ -157,8 +160,6 @@ class SparseCompression:
         check_fields(self)
         object.__setattr__(self, "warmup_densities", tuple(self.warmup_densities))
         object.__setattr__(self, "options", tuple(tuple(pair) for pair in self.options))
-        from gtopk_hvd.schemes import check_config  # the implementations load on first use
-
         check_config(self)
         if self.scheme == SELECT_REDUCE and self.reduction is None:  # one configuration, one value
             from gtopk_hvd.sparsifiers import SPARSIFIERS
@@ -295,8 +296,6 @@ def _method_of(reduction: str | None) -> str:
 
 def _refuse_unknown_option(option: tuple[str, Any], choice: str) -> None:
     """OptionTypeError: `choice` (a select-reduce choice) has no option named option[0]."""
-    from gtopk_hvd.schemes import options_owners
-
     name, value = option
     owners = options_owners(name)
     fix = (f"{name} is an option of {', '.join(owners)}: "
@@ -340,9 +339,27 @@ def _preset(name: str, density: float, options: dict[str, Any], choice: str
     return sparse_config(fixed.pop("reduction"), density, choice=choice, **options, **fixed)
 
 
-class Compression:
+class _Registered(type):
+    """Compression's own type: a registered scheme's name that is an identifier and no method
+    of Compression's is one more method (`_method_for`), read from the registry when asked, so
+    that a scheme registered later is there too."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.isidentifier() and name in SCHEMES.names() and name not in PRESETS:
+            return _method_for(SCHEMES.get(name))
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+    def __dir__(cls) -> list[str]:
+        return sorted({*super().__dir__(), *(name for name in SCHEMES.names()
+                                             if name.isidentifier() and name not in PRESETS)})
+
+
+class Compression(metaclass=_Registered):
     """The namespace users pass as `compression=` (mirrors horovod.*.Compression). Every
-    option is checked when the choice is made (`SparseCompression`)."""
+    option is checked when the choice is made (`SparseCompression`). Besides the methods
+    below, each registered scheme named by an identifier is a method of its own (e.g.
+    `Compression.micro(density, threshold=None, controller="histogram", **options)`: its
+    `Options`' fields, positional or by keyword)."""
 
     none = DenseCompression("none")
     fp16 = DenseCompression("fp16")
@@ -410,98 +427,6 @@ class Compression:
                              sparsifier=sparsifier)
 
     @staticmethod
-    def micro(density: float, threshold: float | None = None, controller: str = "histogram",
-              **options: Any) -> SparseCompression:
-        """MiCRO (`gtopk_hvd.schemes.micro`): rotating partitions, threshold selection, exact
-        sums.
-
-        Args:
-            density: k / d, in (0, 1].
-            threshold: the starting threshold; None: measured at the first step.
-            controller: how the threshold follows the density: "histogram" (gtopk_hvd's) or
-                "multiplicative" (the authors').
-            **options: the sparse options of the module docstring (momentum correction and
-                warm-up apply), but not scheme.
-
-        Returns:
-            The SparseCompression of the scheme "micro".
-
-        Raises:
-            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
-                wrong type, unknown, or fixed by the scheme.
-        """
-        return _registered("micro", density, options, threshold=threshold,
-                           controller=controller)
-
-    @staticmethod
-    def exdyna(density: float, threshold: float | None = None, controller: str = "histogram",
-               blocks: int = 1024, balance: float = 0.05, **options: Any) -> SparseCompression:
-        """ExDyna (`gtopk_hvd.schemes.exdyna`): MiCRO with count-balancing block boundaries.
-
-        Args:
-            density: k / d, in (0, 1].
-            threshold: as in `micro`.
-            controller: as in `micro`.
-            blocks: the number of fine blocks the boundaries move by.
-            balance: the count imbalance, as a fraction of the mean, that moves a boundary by
-                one block.
-            **options: the sparse options of the module docstring, but not scheme.
-
-        Returns:
-            The SparseCompression of the scheme "exdyna".
-
-        Raises:
-            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
-                wrong type, unknown, or fixed by the scheme.
-        """
-        return _registered("exdyna", density, options, threshold=threshold,
-                           controller=controller, blocks=blocks, balance=balance)
-
-    @staticmethod
-    def sketch(density: float, rows: int = 5, columns: int | None = None,
-               second_round: bool = True, **options: Any) -> SparseCompression:
-        """Sketched SGD (`gtopk_hvd.schemes.sketch`): a count sketch, its heavy hitters, and a
-        second round.
-
-        Args:
-            density: k / d, in (0, 1].
-            rows: the count sketch's rows.
-            columns: its columns; None: 10 k.
-            second_round: True: a second round sends the heavy hitters' exact values; False:
-                the sketch's estimates are used.
-            **options: the sparse options of the module docstring, but not scheme.
-
-        Returns:
-            The SparseCompression of the scheme "sketch".
-
-        Raises:
-            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
-                wrong type, unknown, or fixed by the scheme.
-        """
-        return _registered("sketch", density, options, rows=rows, columns=columns,
-                           second_round=second_round)
-
-    @staticmethod
-    def oktopk(density: float, reestimate_every: int = 32, **options: Any) -> SparseCompression:
-        """Ok-Topk (`gtopk_hvd.schemes.oktopk`): thresholds, a balanced sparse reduce-scatter,
-        an all-gather.
-
-        Args:
-            density: k / d, in (0, 1].
-            reestimate_every: the steps between two exact estimates of the thresholds and the
-                regions (the default is the paper's).
-            **options: the sparse options of the module docstring, but not scheme.
-
-        Returns:
-            The SparseCompression of the scheme "oktopk".
-
-        Raises:
-            OptionError, OptionTypeError (`gtopk_hvd.options`): an option out of range, of the
-                wrong type, unknown, or fixed by the scheme.
-        """
-        return _registered("oktopk", density, options, reestimate_every=reestimate_every)
-
-    @staticmethod
     def scheme(name: str, density: float, **options: Any) -> SparseCompression:
         """A scheme by its name.
 
@@ -531,24 +456,55 @@ class Compression:
         return _registered(name, density, options)
 
 
-_OWN_DEFAULTS = {"threshold": None, "controller": "histogram", "blocks": 1024, "balance": 0.05,
-                 "rows": 5, "columns": None, "second_round": True, "reestimate_every": 32}
-"""The defaults of Compression.micro / .exdyna / .sketch / .oktopk's own arguments: left out of the
-configuration, so that Compression.micro(d) == Compression.scheme("micro", d)."""
-
-
-def _registered(name: str, density: float, options: dict[str, Any], **own: Any
-                ) -> SparseCompression:
-    """A registered scheme's configuration (`scheme` may not be given again; own options at
-    their defaults, of the default's type, are left out)."""
-    own = {option: value for option, value in own.items()
-           if not (type(value) is type(_OWN_DEFAULTS[option]) and value == _OWN_DEFAULTS[option])}
+def _registered(name: str, density: float, options: dict[str, Any]) -> SparseCompression:
+    """A registered scheme's configuration (`scheme` may not be given again; its own options at
+    their defaults, of the default's type, are left out, so that one configuration has one
+    value: Compression.micro(d) == Compression.scheme("micro", d, controller="histogram"))."""
+    defaults = SCHEMES.get(name).defaults() if name in SCHEMES.names() else {}
+    options = {option: value for option, value in options.items()
+               if not (option in defaults and type(value) is type(defaults[option])
+                       and value == defaults[option])}
     choice = choice_for(name)
     if "scheme" in options:
         _refuse_fixed("scheme", options["scheme"], choice, name,
                       f"use Compression.scheme({options['scheme']!r}, density, ...)")
-    return sparse_config(None, density, scheme_options=True, choice=choice, **own, **options,
+    return sparse_config(None, density, scheme_options=True, choice=choice, **options,
                          scheme=name)
+
+
+def _method_for(scheme: type[Scheme]) -> Callable[..., SparseCompression]:
+    """`Compression.<name>` of a registered scheme: density, then the scheme's own options
+    (its `Options`' fields and defaults, positional or by keyword), then the sparse options of
+    the module docstring."""
+    own = scheme.option_names
+
+    def make(density: float, *positional: Any, **options: Any) -> SparseCompression:
+        if len(positional) > len(own):
+            raise TypeError(f"Compression.{scheme.name}() takes at most {1 + len(own)} "
+                            f"positional arguments ({len(positional) + 1} given)")
+        for option, value in zip(own, positional, strict=False):
+            if option in options:
+                raise TypeError(f"Compression.{scheme.name}() got multiple values for argument "
+                                f"{option!r}")
+            options[option] = value
+        return _registered(scheme.name, density, options)
+
+    parameter = inspect.Parameter
+    make.__name__ = make.__qualname__ = scheme.name
+    make.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [parameter("density", parameter.POSITIONAL_OR_KEYWORD, annotation=float),
+         *(parameter(field.name, parameter.POSITIONAL_OR_KEYWORD, default=field.default)
+           for field in fields(scheme.Options)),
+         parameter("options", parameter.VAR_KEYWORD)], return_annotation=SparseCompression)
+    summary = (inspect.getdoc(sys.modules[scheme.__module__]) or scheme.name).split("\n\n")[0]
+    make.__doc__ = (f"{summary}\n\nArgs:\n    density: k / d, in (0, 1].\n    "
+                    + "".join(f"{field.name}: its own option (default {field.default!r}; "
+                              f"`{scheme.__module__}`).\n    " for field in fields(scheme.Options))
+                    + "**options: the sparse options of the module docstring, but not scheme."
+                    f"\n\nReturns:\n    The SparseCompression of the scheme {scheme.name!r}."
+                    "\n\nRaises:\n    OptionError, OptionTypeError (`gtopk_hvd.options`): an "
+                    "option out of range, of the wrong type, unknown, or fixed by the scheme.")
+    return make
 
 
 def compression_for(framework: str) -> type[Compression]:
@@ -565,6 +521,21 @@ def compression_for(framework: str) -> type[Compression]:
     return type("Compression", (Compression,), {
         "__doc__": f"{Compression.__doc__} none / fp16: horovod.{framework}.Compression's.",
         "__module__": f"gtopk_hvd.{framework}", "none": horovod.none, "fp16": horovod.fp16})
+
+
+SCHEME_NAMES = tuple(known_scheme_names())
+"""The shipped schemes' names (`gtopk_hvd.schemes.known_scheme_names()` when this module was
+imported; a scheme registered later is in known_scheme_names(), not here)."""
+
+
+def wire_cost(name: str, workers: int, d: int, k: int, union: float | None = None,
+              **options: Any) -> tuple[float, float]:
+    """(messages, bytes) one worker sends in one step of scheme `name` (`Scheme.wire`) at
+    P = workers with k of d entries selected and a global set of `union` (None: k), the scheme
+    made as `Compression.scheme(name, k / d, **options)`: the planner's and `bench schemes`'
+    one source."""
+    config = Compression.scheme(name, min(1.0, k / d), **options)
+    return tuple(check_config(config).wire(config, workers, d, k, union))
 
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

@@ -27,20 +27,9 @@ DDP hook's early steps are not modelled), which favours the baselines:
 
     step(P)     = t_compute + t_select + T(messages, bytes)
 
-with |I| = k for the schemes that send a global set (MiCRO's threshold keeps |I| near k) and
-ring collectives:
-
-    topk          (P-1),            (P-1) 8 k                     all-gather of every set
-    gtopk         R,                R 8 k                         R = recursive doubling rounds
-    gtopk-exact   R + 2 (P-1),      R 8 k + 2 (P-1)/P 4 k         + all-reduce of the values
-    micro/exdyna  6 (P-1),          (P-1)/P (4 k + 2 4 k + 2 4 NB) + 16 (P-1)
-                                   indices all-gathered, values and the NB-bin histogram
-                                   all-reduced, the counts all-gathered
-    sketch        4 (P-1),          2 (P-1)/P 4 (rows columns + k)   table, then exact values
-    oktopk        4 (P-1),          2 (P-1)/P 8 k + 8 (P-1)       sparse reduce-scatter of k
-                                   entries, all-gather of the k survivors and their counts
-                                   (a step with the thresholds reused and |S_p| = |I| = k;
-                                   the estimates every reestimate_every steps not included)
+with each scheme's messages and bytes its own (`Scheme.wire`, in the scheme's module: a step
+with |I| = k, rings for the collectives; `gtopk_hvd.compression.wire_cost`), so a scheme
+registered with a wire cost is priced here too.
 
     efficiency  = t_compute / step(P);   vs dense = dense's step(P) / step(P)
 
@@ -72,15 +61,19 @@ from pathlib import Path
 
 from gtopk_hvd import convergence, ddp_wire, model_shapes, recommendation
 from gtopk_hvd.bench import cost_model, devices, pipeline
-from gtopk_hvd.schemes.threshold import N_BINS
+from gtopk_hvd.schemes import known_scheme_names
 
 MODELS = {name: model_shapes.count(shapes()) for name, shapes in model_shapes.MODELS.items()}
 """Parameter counts of well-known models, for --params (`gtopk_hvd.model_shapes` has their
 shapes)."""
-SCHEMES = ("dense", "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch", "oktopk")
-"""The schemes modelled, by their names (`gtopk_hvd.compression.SCHEME_NAMES`, and "dense";
-random-k is not modelled)."""
-SKETCH_ROWS, SKETCH_COLUMNS_PER_K = 5, 10  # Compression.sketch's defaults
+
+
+def configurations() -> list[str]:
+    """The configurations modelled: "dense", then every registered scheme by its name
+    (`gtopk_hvd.schemes.known_scheme_names`)."""
+    return ["dense", *known_scheme_names()]
+
+
 SHIPPED = convergence.SHIPPED
 VALIDATED = (
     "How far the step model holds (docs/scale.md): checked on emulated 10 Mbit/s links at P = 2 "
@@ -93,24 +86,11 @@ VALIDATED = (
 
 
 def messages_and_bytes(scheme: str, workers: int, d: int, k: int) -> tuple[float, float]:
-    """(messages, bytes) one worker sends in one step (module docstring); dense, Top-k and
-    gTop-k are the link-fitting model's own terms (`gtopk_hvd.bench.cost_model.terms`)."""
-    p = workers
-    if p <= 1:
+    """(messages, bytes) one worker sends in one step (module docstring): dense's ring
+    all-reduce, or the scheme's own wire cost."""
+    if workers <= 1:
         return 0.0, 0.0
-    if scheme in cost_model.SCHEMES:
-        return cost_model.terms(scheme, p, d, k)
-    ring = (p - 1) / p
-    rounds = cost_model.gtopk_rounds(p)
-    if scheme == "gtopk-exact":
-        return rounds + 2.0 * (p - 1), rounds * 8.0 * k + 2 * ring * 4 * k
-    if scheme in ("micro", "exdyna"):
-        return 6.0 * (p - 1), ring * (4 * k + 2 * 4 * k + 2 * 4 * N_BINS) + 16 * (p - 1)
-    if scheme == "sketch":
-        return 4.0 * (p - 1), 2 * ring * 4 * (SKETCH_ROWS * SKETCH_COLUMNS_PER_K * k + k)
-    if scheme == "oktopk":
-        return 4.0 * (p - 1), 2 * ring * 8 * k + 8 * (p - 1)
-    raise ValueError(f"unknown scheme {scheme!r}; one of {SCHEMES}")
+    return cost_model.terms(scheme, workers, d, k)
 
 
 @dataclass(frozen=True)
@@ -193,10 +173,10 @@ def link_shares(path: str | None) -> dict[str, float]:
     """Each scheme's achieved share of the link rate from a link fit (scripts/link_scale.py's
     model.json); every scheme 1.0 without one. The baselines take dense's."""
     if path is None:
-        return dict.fromkeys(SCHEMES, 1.0)
+        return dict.fromkeys(configurations(), 1.0)
     with open(path) as file:
         shares = json.load(file)["link_share"]
-    return {scheme: float(shares.get(scheme, 1.0)) for scheme in SCHEMES}
+    return {scheme: float(shares.get(scheme, 1.0)) for scheme in configurations()}
 
 
 def parse_count(text: str) -> int:
@@ -284,7 +264,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              f"scale study's shipped in the package ({', '.join(SHIPPED)}; "
                              f"default {convergence.DEFAULT_TABLE}); a missing one: no time to "
                              "target")
-    parser.add_argument("--schemes", nargs="+", choices=SCHEMES[1:],
+    parser.add_argument("--schemes", nargs="+", choices=configurations()[1:],
                         default=["topk", "gtopk", "oktopk", "micro"],
                         help="the sparse schemes to predict, by the names Compression.scheme "
                              "takes")
@@ -367,7 +347,7 @@ def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, 
             rows.append(TimeToTarget(run.name, workers, steps[run.name],
                                      reference_step(run.scheme), run.steps))
             continue
-        if run.scheme not in SCHEMES:
+        if run.scheme not in shares:
             continue
         modelled = predict(run.scheme, workers, d, run.density, rate_bps, latency_s,
                            compute_s, select_s.get(run.density, 0.0), shares[run.scheme])

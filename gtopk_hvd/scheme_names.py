@@ -1,16 +1,11 @@
-"""Each sparse scheme's one name, and the calls that make it: what users read and type
-(`Compression.scheme(name, density)`, `SparseCompression.name` and its repr, the planner's and
-`bench schemes`' --schemes, README and docs). Imports nothing: the configuration
-(`gtopk_hvd.compression`) and the checks (`gtopk_hvd.schemes.check_config`) both read it."""
+"""The named schemes of the select-reduce family, and the calls that make a scheme, for the
+messages. Imports nothing: the configuration (`gtopk_hvd.compression`) and the checks
+(`gtopk_hvd.schemes.check_config`) both read it. The names themselves come from the registry
+(`gtopk_hvd.schemes.known_scheme_names`: these presets, then every other registered scheme)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-SCHEME_NAMES = ("gtopk", "gtopk-exact", "topk", "randomk", "micro", "exdyna", "sketch",
-                "oktopk")
-"""Each sparse scheme's one name: `Compression.scheme(name, density)`, `SparseCompression.name`
-and its repr, the planner's and `bench schemes`' --schemes (with "dense"), README and docs."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gtopk": {"sparsifier": "topk", "reduction": "gtopk", "exact": False},
@@ -26,19 +21,26 @@ SELECT_REDUCE = "select-reduce"
 `Compression.sparse` (the sparsifier and reduction as options); a configuration that matches
 one of PRESETS is named, and printed, by that scheme's name."""
 
-CHOICE_OF = {"gtopk": "Compression.gtopk", "topk": "Compression.topk",
-             "micro": "Compression.micro", "exdyna": "Compression.exdyna",
-             "sketch": "Compression.sketch", "oktopk": "Compression.oktopk"}
-"""The scheme names that have a method of their own in `Compression`."""
+PRESET_METHODS = ("gtopk", "topk")
+"""The presets with a method of their own in `Compression`; every other registered scheme named
+by an identifier has one too (`Compression`'s type)."""
+
+
+def has_method(name: str) -> bool:
+    """Whether `Compression.<name>` makes scheme `name` (a registered scheme's name, or one of
+    PRESETS)."""
+    if name in PRESETS:
+        return name in PRESET_METHODS
+    return name.isidentifier() and name != SELECT_REDUCE.replace("-", "_")
 
 
 def choice_for(name: str) -> str:
     """What makes scheme `name`, for the messages (e.g. "Compression.micro")."""
-    return CHOICE_OF.get(name, f"Compression.scheme({name!r}, ...)")
+    return f"Compression.{name}" if has_method(name) else f"Compression.scheme({name!r}, ...)"
 
 
 def call_for(name: str, arguments: str) -> str:
     """The call that makes scheme `name` with `arguments` (e.g. "Compression.micro(0.01)")."""
-    if name in CHOICE_OF:
-        return f"{CHOICE_OF[name]}({arguments})"
+    if has_method(name):
+        return f"Compression.{name}({arguments})"
     return f"Compression.scheme({name!r}, {arguments})"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 WIRE_VALUE_TYPES = ("float32", "float16", "bfloat16")
+VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes of one value of each wire dtype."""
 
 
 def bfloat16_bits(values: np.ndarray) -> np.ndarray:

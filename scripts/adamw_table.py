@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from gtopk_hvd import convergence
-from gtopk_hvd.plan import SCHEMES, TimeToTarget, parse_rate, times_to_target
+from gtopk_hvd.plan import TimeToTarget, configurations, parse_rate, times_to_target
 
 NEAR = (1.0, 1.1)
 
@@ -72,7 +72,8 @@ def time_table(folder: str, histories: dict[str, dict], args: argparse.Namespace
         for near in NEAR:
             _, timed = times_to_target(
                 runs, workers, near, d, args.link, args.latency_us * 1e-6, args.compute_ms / 1e3,
-                {run.density: args.select_ms / 1e3 for run in runs}, dict.fromkeys(SCHEMES, 1.0))
+                {run.density: args.select_ms / 1e3 for run in runs},
+                dict.fromkeys(configurations(), 1.0))
             for row in timed:
                 rows.setdefault((row.config, workers), []).append(row)
     for name, history in histories.items():

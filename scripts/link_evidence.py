@@ -122,7 +122,7 @@ def fit_models(rows: list[dict], fit_workers: list[int]) -> dict[str, cost_model
     print("| scheme | alpha (us) | beta (ns/B) | effective Gbit/s | fit error (median, max) | "
           "held-out error (median, max) |")
     print("|---|---|---|---|---|---|")
-    for scheme in cost_model.SCHEMES:
+    for scheme in cost_model.FITTED:
         model = models[scheme] = cost_model.fit(scheme, fitted)
         errors = [np.abs(cost_model.relative_errors(model, part)) if part else np.array([np.nan])
                   for part in (fitted, held_out)]

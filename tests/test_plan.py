@@ -112,7 +112,8 @@ def test_time_to_target_counts_the_measured_steps_times_the_modelled_step(tmp_pa
         convergence.steps_to_target(runs, 16, 1.1)
 
     args = dict(d=25_600_000, rate_bps=1e9, latency_s=50e-6, compute_s=0.05,
-                select_s={0.01: 0.002, 0.001: 0.001}, shares=dict.fromkeys(plan.SCHEMES, 1.0))
+                select_s={0.01: 0.002, 0.001: 0.001},
+                shares=dict.fromkeys(plan.configurations(), 1.0))
     _, rows = plan.times_to_target(runs, 8, 1.1, **args)
     by_name = {row.config: row for row in rows}
     # dense: the modelled all-reduce (its bytes are the formula's); topk_0.01: the run's 8 bytes
@@ -169,7 +170,7 @@ def test_another_studys_runs_are_read_by_their_names_with_their_dense_start(tmp_
     assert loaded["topk-0.01-preconditioned-dense30"].dense_steps == 30
     assert convergence.describe(list(loaded.values()), tmp_path) == f"the runs in {tmp_path}"
 
-    shares = dict.fromkeys(plan.SCHEMES, 1.0)
+    shares = dict.fromkeys(plan.configurations(), 1.0)
     _, rows = plan.times_to_target(list(loaded.values()), 32, 1.0, 1000, 1e9, 50e-6, 0.004,
                                    {0.01: 0.0005}, shares)
     by_name = {row.config: row for row in rows}

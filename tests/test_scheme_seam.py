@@ -1,12 +1,16 @@
-"""The core's scheme seam fits schemes that are more than "select k, then reduce": a scheme
-defined here in one class plus its registration (a partitioned selection with a union
-all-reduce, the shape of MiCRO: worker p selects only in partition (p + t) mod P, the indices
-are all-gathered and every worker's accumulated values at their union are summed) runs through
-`SparseStep` unchanged, with momentum correction, warm-up and a checkpointed state of its own,
-and is checked against a numpy replay of its rule: exclusivity, conservation, identical
-results on every worker."""
+"""The core's scheme seam fits schemes that are more than "select k, then reduce": a scheme in
+one class plus its registration, docs/extending.md's worked example run from the doc (a
+partitioned selection with a union all-reduce, the shape of MiCRO: worker p selects only in
+partition (p + t) mod P, the indices are all-gathered and every worker's accumulated values at
+their union are summed), runs through `SparseStep` unchanged, with momentum correction, warm-up
+and a checkpointed state of its own, and is checked against a numpy replay of its rule:
+exclusivity, conservation, identical results on every worker. With no other file touched, its
+options are checked when the choice is made, and the planner and `bench schemes` price it by
+its own wire cost, which is what it sends."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,57 +19,27 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.density import Budget
-from gtopk_hvd.schemes import SCHEMES, Exchange, Scheme, check_config
+from gtopk_hvd.schemes import SCHEMES, check_config
 
 
-class PartitionUnion(Scheme):
-    """Worker p takes the `share` (option) largest |acc| of partition (p + step) mod P; the
-    union of every worker's indices is all-gathered; the sum over workers of acc at the union
-    is all-reduced, and every worker's residual is cleared there. Keeps a counter of steps in
-    its own state (to check that the step object saves and restores it)."""
-
-    option_names = ("share",)
-
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)
-        self.share = dict(self.config.options).get("share", 1.0)
-        self.exchanges = 0
-
-    @classmethod
-    def check(cls, config: object) -> None:
-        share = dict(config.options).get("share", 1.0)
-        if not 0 < share <= 1:
-            raise ValueError(f"share must be in (0, 1], got {share}")
-
-    def exchange(self, gradient: np.ndarray, residual: np.ndarray, budget: Budget, step: int,
-                 clear_gradient: bool) -> Exchange:
-        residual += gradient
-        if clear_gradient:
-            gradient[:] = 0
-        size, d = self.transport.size, residual.size
-        bounds = np.linspace(0, d, size + 1).astype(np.int64)
-        part = (self.transport.rank + step) % size
-        begin, end = bounds[part], bounds[part + 1]
-        k = max(1, int(np.ceil(self.share * budget.k / size)))
-        order = np.argsort(-np.abs(residual[begin:end]), kind="stable")[:k]
-        mine = np.sort(order).astype(self.index_dtype) + begin
-        counts = self.transport.allgather(np.array([mine.size], np.int64))[:, 0]
-        union = np.unique(self.transport.allgatherv(mine, counts))
-        values = residual[union].copy()
-        self.transport.allreduce_sum(values)
-        residual[union] = 0
-        self.exchanges += 1
-        return Exchange(union, values, union)
-
-    def state_dict(self) -> dict:
-        return {"exchanges": np.array(self.exchanges)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.exchanges = int(state["exchanges"])
+def worked_example() -> str:
+    """docs/extending.md's scheme, the block after its marker, at its own line numbers (a
+    traceback points into the doc): the test runs the doc's code."""
+    doc = (ROOT / "docs" / "extending.md").read_text()
+    before, after = doc.split(MARKER, 1)
+    head, block = after.split("```python\n", 1)
+    lines = before.count("\n") + head.count("\n") + 1
+    return "\n" * lines + block.split("```", 1)[0]
 
 
-SCHEMES.register("test-partition-union")(PartitionUnion)
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = "<!-- tests/test_scheme_seam.py runs the block below -->"
+if "test-partition-union" not in SCHEMES.names():  # once, whoever imports this module first
+    EXAMPLE: dict = {}
+    exec(compile(worked_example(), "docs/extending.md", "exec"), EXAMPLE)
+    PartitionUnion = EXAMPLE["PartitionUnion"]
+else:
+    PartitionUnion = SCHEMES.get("test-partition-union")
 
 
 def replay(gradients: np.ndarray, density: float, share: float, momentum: float | None
@@ -176,3 +150,32 @@ def test_a_registered_scheme_runs_through_the_adapters_under_mpirun(framework: s
     to the core, and the update equals the replay on 3 real MPI workers."""
     output = run_mpi("mpi_scheme_adapters.py", 3, framework, timeout_s=600)
     assert f"SCHEME THROUGH {framework} OK" in output
+
+
+def test_the_planner_and_bench_price_a_registered_scheme_by_its_own_wire_cost(capsys) -> None:
+    """The scheme's class is the one place of its wire cost: the planner's row and `bench
+    schemes`' formula read it, and it is what the scheme sends (the step's counted bytes)."""
+    from gtopk_hvd import plan
+    from gtopk_hvd.bench import schemes as bench_schemes
+    from gtopk_hvd.transports.local import LocalGroup
+
+    plan.main(["--params", "1M", "--workers", "8", "--compute-ms", "10", "--select-ms", "1",
+               "--schemes", "test-partition-union", "topk", "--convergence", "none"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("   8 test-partition-union"))
+    messages, sent = PartitionUnion.wire(Compression.scheme("test-partition-union", 0.01),
+                                         8, 1_000_000, 10_000)
+    assert float(row.split()[2]) == pytest.approx(sent / 1e6, abs=5e-4), row  # MB a step
+    assert "test-partition-union" in bench_schemes.configurations()
+
+    workers, d, density = 4, 4000, 0.05
+    group = LocalGroup(workers)
+    rng = np.random.default_rng(5)
+    gradients = rng.standard_normal((workers, 4, d)).astype(np.float32)
+    try:
+        rows = group.run(lambda rank: bench_schemes.measure(
+            "test-partition-union", density, [d], group.transports[rank], 4,
+            lambda t: gradients[rank, t].copy()))
+    finally:
+        group.close()
+    assert rows[0]["bytes"] == pytest.approx(rows[0]["formula_bytes"], rel=0.05), rows[0]

@@ -7,11 +7,13 @@ The CUDA kernels are checked against the same references in tests/test_ops_cuda.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
 from gtopk_hvd import ops
-from gtopk_hvd.bench.memory import SCHEMES as MEMORY_SCHEMES
+from gtopk_hvd.bench.memory import MEASURED as MEMORY_SCHEMES
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core.step import SparseStep
 from gtopk_hvd.transports.local import LocalGroup
@@ -128,7 +130,7 @@ def test_take_at_refuses_values_it_cannot_add() -> None:
                     (np.array([1]), np.array([1.0])))
 
 
-CLEARING = {**{name: make for name, make in MEMORY_SCHEMES.items()},
+CLEARING = {**{name: partial(Compression.scheme, name) for name in MEMORY_SCHEMES},
             "sketch": lambda density, **options: Compression.sketch(density, columns=64,
                                                                     **options),
             "oktopk": lambda density, **options: Compression.oktopk(density, **options)}

@@ -1,12 +1,11 @@
 """The alpha-beta cost model of one step's communication, fitted to measurements.
 
-Per worker and step, P workers, d parameters, k = density * d entries of 8 bytes (int32 index,
-float32 value), alpha = seconds per message (latency), beta = seconds per byte:
+Per worker and step, P workers, d parameters, k = density * d entries, alpha = seconds per
+message (latency), beta = seconds per byte, and (m, b) the step's messages and bytes:
 
-    dense ring all-reduce      T = 2 (P-1) alpha + 2 (P-1)/P * 4 d * beta
-    Top-k all-gather           T = (P-1) alpha   + (P-1) * 8 k * beta
-    gTop-k recursive doubling  T = R alpha       + R * 8 k * beta,   R = ceil(log2 P) rounds,
-                                                                      + 2 when P is not 2^n
+    T = m alpha + b beta
+    dense ring all-reduce      m = 2 (P-1), b = 2 (P-1)/P 4 d
+    a sparse scheme            its own wire cost (`Scheme.wire`, in the scheme's module)
 
 Each scheme gets its own (alpha, beta): beta then absorbs what a scheme does per byte besides
 sending it (the dense sum, gTop-k's merges), alpha what it does per round. The fit is a
@@ -17,36 +16,30 @@ step, communication not overlapped: e(P) = t_compute / (t_compute + t_select + T
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import nnls
 
-SCHEMES = ("dense", "topk", "gtopk")
-VALUE_BYTES = 8  # one int32 index + one float32 value
+from gtopk_hvd.compression import wire_cost
+from gtopk_hvd.reductions.gtopk_reduction import gtopk_rounds  # noqa: F401  (the rounds' one home)
+from gtopk_hvd.schemes import known_scheme_names
 
-
-def gtopk_rounds(workers: int) -> int:
-    """Message rounds of gTop-k's recursive doubling, with fold-in/fold-out when P != 2^n."""
-    if workers <= 1:
-        return 0
-    below = 1 << (workers.bit_length() - 1)
-    return int(math.log2(below)) + (2 if below != workers else 0)
+FITTED = ("dense", "topk", "gtopk")
+"""The configurations whose links are fitted (`fit`)."""
 
 
 def terms(scheme: str, workers: int, d: int, k: int) -> tuple[float, float]:
-    """(messages, bytes) of one worker's step: T = messages * alpha + bytes * beta."""
+    """(messages, bytes) of one worker's step: T = messages * alpha + bytes * beta; dense's ring
+    all-reduce, a sparse scheme's own wire cost (`gtopk_hvd.compression.wire_cost`)."""
     p = workers
     if scheme == "dense":
         return 2.0 * (p - 1), 2.0 * (p - 1) / p * 4 * d
-    if scheme == "topk":
-        return float(p - 1), float((p - 1) * VALUE_BYTES * k)
-    if scheme == "gtopk":
-        rounds = gtopk_rounds(p)
-        return float(rounds), float(rounds * VALUE_BYTES * k)
-    raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    if scheme not in known_scheme_names():
+        raise ValueError(f"unknown scheme {scheme!r}; one of dense, "
+                         f"{', '.join(known_scheme_names())}")
+    return wire_cost(scheme, workers, d, k)
 
 
 @dataclass(frozen=True)

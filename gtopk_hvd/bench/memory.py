@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +40,11 @@ import numpy as np
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
+from gtopk_hvd.schemes import check_config, known_scheme_names
 from gtopk_hvd.transports.local import LocalGroup
 
-SCHEMES: dict[str, Callable[..., Any]] = {
-    "topk": lambda density, **o: Compression.topk(density, **o),
-    "gtopk": lambda density, **o: Compression.gtopk(density, **o),
-    "gtopk-exact": lambda density, **o: Compression.gtopk(density, exact=True, **o),
-    "micro": lambda density, **o: Compression.micro(density, **o),
-    "exdyna": lambda density, **o: Compression.exdyna(density, **o),
-    "sketch": lambda density, **o: Compression.sketch(density, **o),
-}
+MEASURED = ("topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
+"""The schemes `bench memory` measures by default (--schemes takes any registered one)."""
 STATES = ("numpy", "torch-cpu", "cuda")
 WARM_UP_D = 1 << 14
 """Each row first runs its steps on a gradient this small, unmeasured but for the same paths."""
@@ -179,7 +174,7 @@ def measure(name: str, state: str, d: int, density: float, steps: int, momentum:
             call: str, workers: int = 1) -> Row:
     """One row: the scheme's peak temporaries over `steps` steps of `workers` workers (threads
     of one `LocalGroup`, all measured at once: the peak of their sum, divided by P)."""
-    config = SCHEMES[name](density, momentum_correction=momentum)
+    config = Compression.scheme(name, density, momentum_correction=momentum)
     if d > WARM_UP_D:  # what is made once per process (imports, the profiler) is not a step's
         measure(name, state, WARM_UP_D, density, steps, momentum, call, workers)
     predivide = 2.0 if call == "step" else 1.0
@@ -200,7 +195,11 @@ def measure(name: str, state: str, d: int, density: float, steps: int, momentum:
             largest = max(largest, meter.peak)
     finally:
         group.close()
-    state_size = 1.0 + (made[0][0].velocity is not None)
+    state_size = check_config(config).state_values(config, d) / d  # the scheme's own word
+    kept = 1.0 + (made[0][0].velocity is not None)  # what the step holds
+    if state_size != kept:
+        raise AssertionError(f"{name}: state_values says {state_size} gradients, the step "
+                             f"keeps {kept}")
     return Row(name, state, momentum, call, state_size, largest / workers / (4 * d))
 
 
@@ -222,7 +221,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="P (> 1: threads of one process, `gtopk_hvd.transports.local`)")
     parser.add_argument("--states", nargs="+", default=None, choices=STATES,
                         help="default: numpy, torch-cpu, and cuda where a GPU is present")
-    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=list(MEASURED),
+                        choices=known_scheme_names())
 
 
 def default_states() -> list[str]:

@@ -12,18 +12,8 @@ P from the file), below them noise smaller than the smallest recorded magnitude.
 step's count of what this worker sends (each collective counted as a ring moves it, each
 message as sent), the mean over the steps after the first and the largest over workers; the
 formula is the scheme's leading term, with k = density d and |I| the union's size where the
-scheme sends the union:
-
-    dense            2 4 d (P-1)/P                  ring all-reduce
-    Top-k            8 k (P-1)                      all-gather of every worker's k entries
-    gTop-k           8 k log2 P                     (P a power of two; + 8k a fold otherwise)
-    gTop-k exact     8 k log2 P + 8 |I| (P-1)/P     + the all-reduce of the global set's values
-    MiCRO / ExDyna   12 |I| (P-1)/P                 indices all-gathered, values all-reduced
-                     + 4 N_BINS 2 (P-1)/P + 16 (P-1)  the density histogram, the counts
-    sketch           8 rows columns (P-1)/P + 8 k (P-1)/P
-    Ok-Topk          8 k (P-1)/P + 8 |I| (P-1)/P    the sparse reduce-scatter of about k
-                     + 8 (P-1)                      entries (each worker's threshold), the
-                                                    all-gather of the survivors and counts
+scheme sends the union: dense's ring all-reduce, 2 4 d (P-1)/P, and each sparse scheme's own
+(`Scheme.wire`, in the scheme's module: the planner reads the same).
 
 "selected" is |I| / k. Time: each worker's step minus its own selection and write-back (what
 the step spends communicating and merging), the slowest worker's, median over the steps after
@@ -43,18 +33,20 @@ from functools import partial
 
 import numpy as np
 
-import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.reductions import dense_allreduce
+from gtopk_hvd.schemes import check_config, known_scheme_names
 from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
-SCHEMES = {"dense": None, **{name: partial(Compression.scheme, name) for name in (
-    "topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch", "oktopk")}}
-"""The schemes by their names (`gtopk_hvd.compression.SCHEME_NAMES`; random-k has no formula
-here), each made by `Compression.scheme(name, density)`."""
+
+def configurations() -> dict[str, Callable[[float], object] | None]:
+    """"dense" and every registered scheme by its name (`gtopk_hvd.schemes.known_scheme_names`),
+    each made by `Compression.scheme(name, density)`."""
+    return {"dense": None, **{name: partial(Compression.scheme, name)
+                              for name in known_scheme_names()}}
 LATENCY_REPEATS = 200
 
 
@@ -62,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parameters", type=int, default=1_000_000, help="d")
     parser.add_argument("--density", type=float, default=0.001, help="k / d")
     parser.add_argument("--steps", type=int, default=6, help="steps per scheme")
-    parser.add_argument("--schemes", nargs="+", default=[s for s in SCHEMES if s != "dense"],
-                        choices=list(SCHEMES), help="the schemes, by their names")
+    names = list(configurations())
+    parser.add_argument("--schemes", nargs="+", default=names[1:], choices=names,
+                        help="the schemes, by their names")
     parser.add_argument("--k-sets", metavar="NPZ", default=None,
                         help="each worker's recorded gradient (simulated_cluster.py "
                              "--record-k-sets) instead of a random one; d from the file")
@@ -75,23 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def formula(name: str, d: int, k: int, union: float, size: int, config: object) -> float:
     """The scheme's leading bytes per worker per step (module docstring)."""
-    ring = (size - 1) / size
-    rounds = math.log2(size)
     if name == "dense":
-        return 2 * 4 * d * ring
-    if name == "topk":
-        return 8 * k * (size - 1)
-    if name == "gtopk":
-        return 8 * k * rounds
-    if name == "gtopk-exact":
-        return 8 * k * rounds + 8 * union * ring
-    if name in ("micro", "exdyna"):
-        return 12 * union * ring + 8 * control.N_BINS * ring + 16 * (size - 1)
-    if name == "oktopk":
-        return 8 * k * ring + 8 * union * ring + 8 * (size - 1)
-    options = dict(config.options)
-    columns = options.get("columns") or 10 * k
-    return 8 * options.get("rows", 5) * columns * ring + 8 * k * ring
+        return 2 * 4 * d * (size - 1) / size
+    return check_config(config).wire(config, size, d, k, union).bytes
 
 
 def gradient(d: int, rank: int, step: int) -> np.ndarray:
@@ -134,7 +113,8 @@ def measure(name: str, density: float, sizes: list[int], transport: Transport, s
             data_for_step: Callable[[int], np.ndarray]) -> dict:
     """One scheme's row: bytes, union and communication time over `steps` steps."""
     d = sum(sizes)
-    config = None if SCHEMES[name] is None else SCHEMES[name](density)
+    make = configurations()[name]
+    config = None if make is None else make(density)
     step = None if config is None else SparseStep(config, sizes, transport)
     sent, unions, seconds = [], [], []
     for t in range(steps):

@@ -98,6 +98,11 @@ class AllgatherReduction(Reduction):
     """Every worker's set, summed; values travel as float32 (other wire dtypes are refused)."""
 
     wire_dtypes = ("float32",)
+
+    @classmethod
+    def wire(cls, workers: int, k: int, entry_bytes: int) -> tuple[float, float]:
+        """A ring all-gather: P - 1 messages of k entries."""
+        return float(workers - 1), float((workers - 1) * entry_bytes * k)
     takes_tensors = True
 
     def reduce(self, indices: Any, values: Any, k: int) -> SparseResult:

@@ -35,6 +35,12 @@ class Reduction(ABC):
         self.index_dtype = np.dtype(index_dtype)
         self.wire_dtype = wire_dtype
 
+    @classmethod
+    def wire(cls, workers: int, k: int, entry_bytes: int) -> tuple[float, float]:
+        """(messages, bytes) one worker sends to reduce sets of k entries of `entry_bytes` each
+        (an index and a value) over P = workers, for the planner and `bench schemes`."""
+        raise NotImplementedError(f"reduction {cls.__name__} states no wire cost")
+
     @abstractmethod
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
         """The global set of this worker's index-sorted local set (at most k entries): host

@@ -14,12 +14,26 @@ from gtopk_hvd.reductions.result import SparseResult
 from gtopk_hvd.transports import Transport
 
 
+def gtopk_rounds(workers: int) -> int:
+    """Message rounds of gTop-k's recursive doubling, with fold-in/fold-out when P != 2^n."""
+    if workers <= 1:
+        return 0
+    below = 1 << (workers.bit_length() - 1)
+    return below.bit_length() - 1 + (2 if below != workers else 0)
+
+
 @REDUCTIONS.register("gtopk")
 class GTopkReduction(Reduction):
     """The sparse step's gTop-k: one GTopkReducer per k (the warm-up uses a few, then one), or
     per k a `DeviceGTopkReducer` for sets held as tensors."""
 
     takes_tensors = True
+
+    @classmethod
+    def wire(cls, workers: int, k: int, entry_bytes: int) -> tuple[float, float]:
+        """One set of k entries a round, R = gtopk_rounds(P) rounds."""
+        rounds = gtopk_rounds(workers)
+        return float(rounds), float(rounds * entry_bytes * k)
 
     def __init__(self, transport: Transport, index_dtype: Any, wire_dtype: str) -> None:
         super().__init__(transport, index_dtype, wire_dtype)

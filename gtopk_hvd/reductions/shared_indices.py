@@ -19,6 +19,13 @@ class SharedIndexAllreduce(Reduction):
     needs_shared_indices = True
     wire_dtypes = ("float32",)
 
+    @classmethod
+    def wire(cls, workers: int, k: int, entry_bytes: int) -> tuple[float, float]:
+        """A ring all-reduce of k float32 values, no index."""
+        if workers <= 1:
+            return 0.0, 0.0
+        return 2.0 * (workers - 1), 2.0 * (workers - 1) / workers * 4 * k
+
     def reduce(self, indices: np.ndarray, values: np.ndarray, k: int) -> SparseResult:
         summed = np.array(values, dtype=np.float32)  # a copy: the caller's set stays as it was
         stats = sum_over_workers(self.transport, summed)

@@ -17,6 +17,7 @@ is made. `build_scheme` makes the scheme a `SparseStep` runs (checking again).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,15 @@ import numpy as np
 from gtopk_hvd.backend import ArrayBackend
 from gtopk_hvd.options import OptionTypeError, check_choice, one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
-from gtopk_hvd.scheme_names import SCHEME_NAMES, SELECT_REDUCE, call_for, choice_for
-from gtopk_hvd.schemes import exdyna, micro, oktopk, select_reduce, sketch  # noqa: F401  (registration)
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.scheme_names import PRESETS, SELECT_REDUCE, call_for, choice_for
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
 from gtopk_hvd.schemes.select_reduce import SelectReduce, reduction_name
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
 from gtopk_hvd.transports.base import Transport
+
+for _module in ("micro", "exdyna", "sketch", "oktopk", "select_reduce"):
+    importlib.import_module(f"gtopk_hvd.schemes.{_module}")  # registered in this order: the
+    # order of their names (known_scheme_names)
 
 EXACT_REDUCTIONS = ("allgather", "allreduce")
 """Reductions that already sum every worker's values at the global set: `exact` adds nothing."""
@@ -52,10 +56,11 @@ def check_config(config: Any) -> type[Scheme]:
 
 
 def known_scheme_names() -> list[str]:
-    """Every scheme name `Compression.scheme` takes: SCHEME_NAMES, then the other registered
-    ones ("select-reduce", the family of the first four, is an alias of Compression.sparse)."""
-    return list(SCHEME_NAMES) + [name for name in SCHEMES.names()
-                                 if name not in SCHEME_NAMES and name != SELECT_REDUCE]
+    """Every scheme name `Compression.scheme` takes: the select-reduce family's named presets
+    (`gtopk_hvd.scheme_names.PRESETS`), then every other registered scheme in the order
+    registered ("select-reduce", the presets' family, is an alias of Compression.sparse)."""
+    return list(PRESETS) + [name for name in SCHEMES.in_order()
+                            if name not in PRESETS and name != SELECT_REDUCE]
 
 
 def options_owners(option: str) -> list[str]:
@@ -122,5 +127,6 @@ def build_scheme(config: Any, transport: Transport, backend: ArrayBackend, sizes
     return check_config(config)(config, transport, backend, sizes, index_dtype)
 
 
-__all__ = ["SCHEMES", "Exchange", "Scheme", "build_scheme", "check_config", "known_scheme_names",
+__all__ = ["SCHEMES", "Exchange", "Scheme", "Wire", "build_scheme", "check_config",
+           "known_scheme_names",
            "options_owners"]

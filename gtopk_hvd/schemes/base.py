@@ -17,16 +17,23 @@ taken (the step clears the momentum-correction velocity there).
 
 What a scheme does in between is its own: select k then reduce (`select_reduce`: any
 registered sparsifier with any registered reduction), or rank-dependent selection with a union
-all-reduce, or a sketch all-reduced densely and a second round. A new scheme is one module: a
-subclass registered with `@SCHEMES.register(name)` and imported by `gtopk_hvd.schemes`; then
-`Compression.scheme(name, density, **options)` runs it under every adapter and transport.
+all-reduce, or a sketch all-reduced densely and a second round.
+
+A scheme's class is the one place for its facts: its name (`@SCHEMES.register(name)` sets
+`name`), its own options (`Options`: a frozen dataclass with their defaults, which checks them
+when made), its wire cost (`wire`: the messages and bytes one worker sends in a step, which the
+planner and `bench schemes` read) and the state it keeps (`state_values`, which `bench memory`
+reads). A new scheme is one module with such a subclass, imported before it is chosen; then
+`Compression.scheme(name, density, **options)` runs it under every adapter and transport, and
+the planner and the benchmarks price it (docs/extending.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -52,33 +59,84 @@ class Exchange:
     select_seconds: float = 0.0  # the local work before the first exchange
 
 
+class Wire(NamedTuple):
+    """What one worker sends in one step: messages (each costs the link's latency) and bytes."""
+
+    messages: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a scheme that has none of its own."""
+
+
 class Scheme(ABC):
     """One worker's scheme for one fused layout.
 
     Made once per step object with the configuration (`config`: a SparseCompression, whose
     `options` hold the scheme's own, by name, among `option_names`), the resolved transport, the
-    array backend, the layout's sizes and the index dtype of d.
+    array backend, the layout's sizes and the index dtype of d; `self.options` is the scheme's
+    `Options` made from them.
     """
 
+    name: ClassVar[str] = ""
+    """The registered name (`Compression.scheme(name, ...)`, the planner's, bench's), which
+    `SCHEMES.register` sets."""
+    Options: ClassVar[type] = NoOptions
+    """The scheme's own options (`Compression.scheme(name, density, **options)`): a frozen
+    dataclass whose fields carry the defaults and whose `__post_init__` checks the values (an
+    OptionError naming the option, the value and the fix: `gtopk_hvd.options`)."""
     option_names: ClassVar[tuple[str, ...]] = ()
-    """The scheme's own options (`Compression.scheme(name, density, **options)`)."""
+    """The names of Options' fields (set for every subclass)."""
     takes_accumulated: ClassVar[bool] = False
     """True when `exchange` also takes gradient=None: the residual already holds r + g (the
     step then divides a predivided gradient into it in blocks instead of making g / f)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.option_names = tuple(f.name for f in dataclasses.fields(cls.Options))
+
     def __init__(self, config: Any, transport: Transport, backend: ArrayBackend,
                  sizes: list[int], index_dtype: np.dtype) -> None:
         self.config = config
+        self.options = self.options_of(config)
         self.transport = transport
         self.backend = backend
         self.sizes = sizes
         self.index_dtype = np.dtype(index_dtype)
 
     @classmethod
+    def options_of(cls, config: Any) -> Any:
+        """`config`'s own options as `Options`: the defaults filled in, every value checked."""
+        return cls.Options(**dict(config.options))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each own option's default, by name."""
+        return {f.name: f.default for f in dataclasses.fields(cls.Options)}
+
+    @classmethod
     def check(cls, config: Any) -> None:
-        """Raises ValueError naming what `config` asks that this scheme cannot do. Called where
-        a step is built (and by adapters that build it late, when they are made)."""
-        return None
+        """Raises ValueError naming what `config` asks that this scheme cannot do (its own
+        options first: `options_of`). Called where a step is built (and by adapters that build
+        it late, when they are made); a subclass adds its own rules and calls this one."""
+        cls.options_of(config)
+
+    @classmethod
+    def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
+             ) -> Wire:
+        """What one worker sends in one step at P = workers, for the planner and `bench
+        schemes`: a step with k entries selected and a global set of `union` entries (None: k).
+        Rings for the collectives; the leading terms, not a count of every header."""
+        raise NotImplementedError(f"scheme {cls.name!r} states no wire cost; give its class a "
+                                  "wire() (docs/extending.md)")
+
+    @classmethod
+    def state_values(cls, config: Any, d: int) -> float:
+        """Values each worker keeps between steps for d gradient entries: the residual, and
+        with momentum correction its velocity (a scheme with more state adds it)."""
+        return float(d) * (2 if config.momentum_correction else 1)
 
     @abstractmethod
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
@@ -117,4 +175,25 @@ class Scheme(ABC):
         return None
 
 
-SCHEMES: Registry[type[Scheme]] = Registry("scheme")
+class SchemeRegistry(Registry[type[Scheme]]):
+    """The schemes by name; registering one sets its class's `name`."""
+
+    def register(self, name: str) -> Any:
+        add = super().register(name)
+
+        def named(scheme: type[Scheme]) -> type[Scheme]:
+            scheme.name = name
+            return add(scheme)
+
+        return named
+
+    def in_order(self) -> list[str]:
+        """The names in the order registered."""
+        return list(self._entries)
+
+    def unregister(self, name: str) -> None:
+        """Removes a scheme (a test's own, registered for the length of the test)."""
+        del self._entries[name]
+
+
+SCHEMES = SchemeRegistry("scheme")

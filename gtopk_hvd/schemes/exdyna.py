@@ -18,36 +18,42 @@ part of the scheme's state (checkpointed with the step).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gtopk_hvd.options import check_integer, check_number
 from gtopk_hvd.schemes.base import SCHEMES
-from gtopk_hvd.schemes.micro import Micro
+from gtopk_hvd.schemes.micro import Micro, MicroOptions
+
+
+@dataclass(frozen=True)
+class ExDynaOptions(MicroOptions):
+    """ExDyna's own options: MiCRO's, `blocks` and `balance` (module docstring)."""
+
+    blocks: int = 1024
+    balance: float = 0.05
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_integer("blocks", self.blocks, 1,
+                      fix="the number of fine blocks the partitions are made of (default 1024)")
+        check_number("balance", self.balance, 0.0, 1.0, high_open=True,
+                     fix="the count imbalance, as a fraction of the mean, that moves a boundary "
+                         "(default 0.05)")
 
 
 @SCHEMES.register("exdyna")
 class ExDyna(Micro):
 
-    option_names = Micro.option_names + ("blocks", "balance")
-
-    @classmethod
-    def check(cls, config: Any) -> None:
-        super().check(config)
-        options = dict(config.options)
-        check_integer("blocks", options.get("blocks", 1024), 1,
-                      fix="the number of fine blocks the partitions are made of (default 1024)")
-        check_number("balance", options.get("balance", 0.05), 0.0, 1.0, high_open=True,
-                     fix="the count imbalance, as a fraction of the mean, that moves a boundary "
-                         "(default 0.05)")
+    Options = ExDynaOptions
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        options = dict(self.config.options)
-        self.tolerance = float(options.get("balance", 0.05))
+        self.tolerance = float(self.options.balance)
         size = self.transport.size
-        block = -(-self.d // int(options.get("blocks", 1024)))
+        block = -(-self.d // int(self.options.blocks))
         self.block = 32 * -(-block // 32) if block >= 32 else max(1, block)
         self.n_blocks = -(-self.d // self.block)
         self.min_blocks = max(1, self.n_blocks // (4 * size)) if self.n_blocks >= size else 0

@@ -11,9 +11,9 @@ by every worker (no top-k, and no index is chosen by two workers):
     V = sum over p of acc_p[I]                         (one sum all-reduce, `union.sum_at`)
     r_p = acc_p, then r_p[I] = 0 on every worker
 
-Bytes per worker per step, |I| = k: 4k (P-1)/P (indices, all-gather) + 8k (P-1)/P (values, ring
-all-reduce) + 8 N_BINS (P-1)/P (the density histogram) + 16 (P-1) (counts): about 12k, nearly
-independent of P (gTop-k: 8k log2 P; Top-k: 8k (P-1)).
+Bytes per worker per step (`Micro.wire`): 4 |I| (P-1)/P (indices, all-gather) + 8 |I| (P-1)/P
+(values, ring all-reduce) + 8 N_BINS (P-1)/P (the density histogram) + 16 (P-1) (counts): about
+12k at |I| = k, nearly independent of P (gTop-k: 8k log2 P; Top-k: 8k (P-1)).
 
 tau is set for each step's k (`gtopk_hvd.schemes.threshold`): "histogram" (default) measures it
 on the step (a histogram counted in the accumulation pass, summed by one all-reduce, then a read
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from gtopk_hvd.density import Budget
 from gtopk_hvd.lockstep import OwnTime, Phases, drive
 from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
 from gtopk_hvd.schemes.union import (
     check_fused_float32,
     gather_indices,
@@ -56,29 +57,48 @@ from gtopk_hvd.schemes.union import (
 )
 
 
+@dataclass(frozen=True)
+class MicroOptions:
+    """MiCRO's own options (module docstring), checked when made."""
+
+    threshold: float | None = None
+    controller: str = "histogram"
+
+    def __post_init__(self) -> None:
+        start = self.threshold
+        if start is not None and not (is_number(start) and 0 < start < math.inf):
+            refuse("threshold", "a finite number > 0 or None", start,
+                   "the first step's threshold (a magnitude); None (the default) measures it "
+                   "at the first step", wrong_type=not is_number(start))
+        check_choice("controller", self.controller, control.CONTROLLERS,
+                     fix="'histogram' (ours, the default) or the authors' 'multiplicative'")
+
+
 @SCHEMES.register("micro")
 class Micro(Scheme):
 
-    option_names = ("threshold", "controller")
+    Options = MicroOptions
     takes_accumulated = True  # ops.accumulate_threshold(None, ...) reads the residual as it is
 
     @classmethod
     def check(cls, config: Any) -> None:
         check_fused_float32(config)
-        options = dict(config.options)
-        start = options.get("threshold")
-        if start is not None and not (is_number(start) and 0 < start < math.inf):
-            refuse("threshold", "a finite number > 0 or None", start,
-                   "the first step's threshold (a magnitude); None (the default) measures it "
-                   "at the first step", wrong_type=not is_number(start))
-        check_choice("controller", options.get("controller", "histogram"), control.CONTROLLERS,
-                     fix="'histogram' (ours, the default) or the authors' 'multiplicative'")
+        super().check(config)
+
+    @classmethod
+    def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
+             ) -> Wire:
+        p, union = workers, k if union is None else union
+        if p <= 1:
+            return Wire(0.0, 0.0)
+        ring = (p - 1) / p
+        return Wire(6.0 * (p - 1),
+                    ring * (4 * union + 2 * 4 * union + 2 * 4 * control.N_BINS) + 16 * (p - 1))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        options = dict(self.config.options)
-        self.controller = options.get("controller", "histogram")
-        start = options.get("threshold")
+        self.controller = self.options.controller
+        start = self.options.threshold
         self.threshold: float | None = None if start is None else float(np.float32(start))
         self.selected = -1  # |I| of the last step (-1: none yet)
         self.d = sum(self.sizes)

@@ -74,6 +74,7 @@ runs on the state's arrays (numpy, or torch on any device); the exchange on the 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,7 @@ from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_integer
 from gtopk_hvd.reductions.result import ReductionStats
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
 from gtopk_hvd.schemes.threshold import SMALLEST_THRESHOLD
 from gtopk_hvd.schemes.union import check_fused_float32, sum_counted
 from gtopk_hvd.transports.base import Transport
@@ -136,22 +137,43 @@ def at_or_above(values: np.ndarray, tau: float) -> np.ndarray:
     return (magnitudes >= np.float32(tau)) | np.isnan(magnitudes)
 
 
+@dataclass(frozen=True)
+class OkTopkOptions:
+    """Ok-Topk's own option (module docstring), checked when made."""
+
+    reestimate_every: int = REESTIMATE_EVERY
+
+    def __post_init__(self) -> None:
+        check_integer("reestimate_every", self.reestimate_every, 1,
+                      fix="the steps between two exact estimates of the thresholds (default 32; "
+                          "1: every step)")
+
+
 @SCHEMES.register("oktopk")
 class OkTopk(Scheme):
 
-    option_names = ("reestimate_every",)
+    Options = OkTopkOptions
 
     @classmethod
     def check(cls, config: Any) -> None:
         check_fused_float32(config)
-        check_integer("reestimate_every", dict(config.options).get(
-            "reestimate_every", REESTIMATE_EVERY), 1,
-            fix="the steps between two exact estimates of the thresholds (default 32; 1: "
-                "every step)")
+        super().check(config)
+
+    @classmethod
+    def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
+             ) -> Wire:
+        """A step with the thresholds reused, |S_p| = k and balanced regions (module
+        docstring): the sparse reduce-scatter of k entries, the all-gather of the |I|
+        survivors and their counts; a re-estimation step's extra is left out."""
+        p, union = workers, k if union is None else union
+        if p <= 1:
+            return Wire(0.0, 0.0)
+        ring = (p - 1) / p
+        return Wire(4.0 * (p - 1), ring * 8 * k + ring * 8 * union + 8 * (p - 1))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.every = int(dict(self.config.options).get("reestimate_every", REESTIMATE_EVERY))
+        self.every = int(self.options.reestimate_every)
         self.d = sum(self.sizes)
         size = self.transport.size
         self.local_threshold: float | None = None

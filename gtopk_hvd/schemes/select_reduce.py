@@ -37,9 +37,10 @@ from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
 from gtopk_hvd.schemes.union import sum_at, sum_at_tensors
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
+from gtopk_hvd.wire import VALUE_BYTES
 
 
 def reduction_name(config: Any) -> str:
@@ -68,6 +69,21 @@ class SelectReduce(Scheme):
                    config.wire_dtype,
                    "leave wire_dtype out, or use gTop-k (reduction 'gtopk'), which sends "
                    "float16 and bfloat16")
+
+    @classmethod
+    def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
+             ) -> Wire:
+        """The reduction's (`Reduction.wire`, entries of a 4-byte index and a wire_dtype value),
+        and with `exact` one ring all-reduce of the |I| float32 values at the global set."""
+        if workers <= 1:
+            return Wire(0.0, 0.0)
+        entry = 4 + VALUE_BYTES[config.wire_dtype]
+        messages, sent = REDUCTIONS.get(reduction_name(config)).wire(workers, k, entry)
+        if config.exact:
+            union = k if union is None else union
+            messages += 2.0 * (workers - 1)
+            sent += 2.0 * (workers - 1) / workers * 4 * union
+        return Wire(messages, sent)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

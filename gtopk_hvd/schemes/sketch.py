@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ from gtopk_hvd import _C, ops
 from gtopk_hvd.density import Budget
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
 from gtopk_hvd.schemes.union import (
     check_fused_float32,
     on_device,
@@ -97,6 +98,27 @@ def sketch_keys(rows: int, seed: int) -> np.ndarray:
     """The (rows, 2) uint32 hash keys (key0_j: buckets, key1_j: signs) of a seed."""
     keys = np.random.default_rng([seed, 0x5EED]).integers(0, 2**32, (rows, 2), dtype=np.uint64)
     return keys.astype(np.uint32)
+
+
+@dataclass(frozen=True)
+class SketchOptions:
+    """The sketch's own options (module docstring), checked when made."""
+
+    rows: int = 5
+    columns: int | None = None
+    second_round: bool = True
+
+    def __post_init__(self) -> None:
+        check_integer("rows", self.rows, 1, fix="the count sketch's rows (default 5; odd is best)")
+        if self.rows > MAX_ROWS:
+            refuse("rows", f"an integer in [1, {MAX_ROWS}]", self.rows,
+                   "the kernels take the median of at most that many rows")
+        if self.columns is not None:
+            check_integer("columns", self.columns, 1,
+                          fix="the count sketch's columns, or None (the default): 10 k")
+        check_flag("second_round", self.second_round,
+                   fix="True (the default): exact values of the heavy hitters; False: the "
+                       "sketch's estimates")
 
 
 class CountSketch:
@@ -122,33 +144,32 @@ class CountSketch:
 @SCHEMES.register("sketch")
 class Sketch(Scheme):
 
-    option_names = ("rows", "columns", "second_round")
+    Options = SketchOptions
     takes_accumulated = True  # ops.sketch_table(None, ...) sketches the residual as it is
 
     @classmethod
     def check(cls, config: Any) -> None:
         check_fused_float32(config)
-        options = dict(config.options)
-        rows = options.get("rows", 5)
-        check_integer("rows", rows, 1, fix="the count sketch's rows (default 5; odd is best)")
-        if rows > MAX_ROWS:
-            refuse("rows", f"an integer in [1, {MAX_ROWS}]", rows,
-                   "the kernels take the median of at most that many rows")
-        if options.get("columns") is not None:
-            check_integer("columns", options["columns"], 1,
-                          fix="the count sketch's columns, or None (the default): 10 k")
-        check_flag("second_round", options.get("second_round", True),
-                   fix="True (the default): exact values of the heavy hitters; False: the "
-                       "sketch's estimates")
+        super().check(config)
+
+    @classmethod
+    def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
+             ) -> Wire:
+        """The table's all-reduce, then the second round's k values (module docstring)."""
+        p, options = workers, cls.options_of(config)
+        if p <= 1:
+            return Wire(0.0, 0.0)
+        ring = (p - 1) / p
+        return Wire(4.0 * (p - 1),
+                    2 * ring * 4 * (options.rows * (options.columns or 10 * k) + k))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        options = dict(self.config.options)
         self.d = sum(self.sizes)
         k = max(1, math.ceil(self.config.density * self.d))
-        columns = options.get("columns") or 10 * k
-        self.second_round = bool(options.get("second_round", True))
-        self.sketch = CountSketch(int(options.get("rows", 5)), int(columns), self.config.seed)
+        columns = self.options.columns or 10 * k
+        self.second_round = bool(self.options.second_round)
+        self.sketch = CountSketch(int(self.options.rows), int(columns), self.config.seed)
 
     def skips_on_device(self) -> bool:
         """On tensors (`union.on_device`): the table's accumulation, the second round's clear
