@@ -85,9 +85,21 @@ def lstm_lm(vocab: int = 10_002, size: int = 256, layers: int = 2) -> list[Shape
     return shapes + [(vocab,)]
 
 
+def gpt_decoder(vocab: int = 5_002, size: int = 128, layers: int = 2,
+                context: int = 64) -> list[Shape]:
+    """examples/pytorch_transformer.py's decoder (the AdamW study's sizes): the decoder's
+    weight tied to the token embedding."""
+    shapes: list[Shape] = [(vocab, size), (context, size)]
+    for _ in range(layers):
+        shapes += [(size,), (size,), (3 * size, size), (3 * size,), (size, size), (size,),
+                   (size,), (size,), (4 * size, size), (4 * size,), (size, 4 * size), (size,)]
+    return shapes + [(size,), (size,)]
+
+
 MODELS: dict[str, Callable[[], list[Shape]]] = {
     "resnet20": resnet20, "resnet50": resnet50, "vgg16": vgg16, "gpt2-350m": gpt2,
-    "lstm-lm": lstm_lm, "lstm-lm-128": lambda: lstm_lm(size=128)}
+    "lstm-lm": lstm_lm, "lstm-lm-128": lambda: lstm_lm(size=128),
+    "gpt-decoder-study": gpt_decoder}
 
 
 def count(shapes: list[Shape]) -> int:

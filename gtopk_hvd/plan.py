@@ -255,9 +255,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--links", metavar="MODEL_JSON", default=None,
                         help="each scheme's achieved share of the link rate, fitted on emulated "
                              "links (results/links_scale/model.json; default: the full rate)")
-    parser.add_argument("--near", type=float, default=1.1,
-                        help="time to target: reach this x dense's final perplexity (1.1: "
-                             "within 10%%; 1: dense's final)")
+    parser.add_argument("--near", type=float, default=1.02,
+                        help="time to target: reach this x dense's final perplexity (default "
+                             "1.02: within 2%%, where the shipped recommendation is picked; 1: "
+                             "dense's final)")
     parser.add_argument("--convergence", metavar="FOLDER_OR_TABLE",
                         default=convergence.DEFAULT_TABLE,
                         help="measured runs: a folder of histories, a table, or one of the "
@@ -387,9 +388,11 @@ def recommend(workers: int, predictions: Sequence[Prediction],
         reached = sorted((row for row in rows if row.seconds is not None),
                          key=lambda row: row.seconds)
         seconds = {row.config: row.seconds for row in reached}
+        measured = {row.config for row in rows}
         ranked = [(row.config, f"{row.seconds:.1f} s to target") for row in reached]
         against = ", ".join(
             f"{p.config} " + (f"{seconds[p.config]:.1f} s" if p.config in seconds
+                              else "(not within its run)" if p.config in measured
                               else "(convergence not measured)") for p in baselines)
         basis = "time to target, measured convergence"
     else:

@@ -134,7 +134,7 @@ def test_time_to_target_counts_the_measured_steps_times_the_modelled_step(tmp_pa
 
     out = subprocess.run([sys.executable, "-m", "gtopk_hvd.plan", "--params", "25.6M",
                           "--workers", "8", "16", "--compute-ms", "50", "--select-ms", "2",
-                          "--convergence", str(tmp_path)],
+                          "--near", "1.1", "--convergence", str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     target_tables = out.split("Time to target")[1]
     picked = [line for line in target_tables.splitlines() if "<- pick" in line]

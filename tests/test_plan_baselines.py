@@ -107,6 +107,26 @@ def test_the_lstm_shapes_are_the_examples() -> None:
     assert model_shapes.count(model_shapes.MODELS["lstm-lm-128"]()) == 1_554_450  # the study's
 
 
+def test_the_decoder_shapes_are_the_examples() -> None:
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    spec = importlib.util.spec_from_file_location("pytorch_transformer",
+                                                  root / "pytorch_transformer.py")
+    example = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(root))
+    try:
+        spec.loader.exec_module(example)
+    finally:
+        sys.path.pop(0)
+    with torch.device("meta"):
+        model = example.GPTDecoder(5_002, 128, 2, 4, 64, 0.0)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == model_shapes.MODELS["gpt-decoder-study"]()
+    assert model_shapes.count(shapes) == 1_045_248  # the AdamW study's
+
+
 def test_the_gpu_selection_time_is_the_measured_one_not_this_cpus() -> None:
     h200 = devices.DEVICES["h200"]
     for d, seconds in h200.points:
