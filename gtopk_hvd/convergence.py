@@ -7,7 +7,8 @@ hold the validation perplexity every few steps: the scale study's LSTM language 
 `lm_<scheme>[_<density>]_p<P>.json` (its other files, sweeps and seeds, are left out), or any
 other history in the folder, such as the transformer's
 `<scheme>-<density>-<mode>[-...][-p<P>].json`, named by its file name less `-p<P>` (the mode
-and options that configuration was run with). A run with a dense start
+and options that configuration was run with; a dense or DDP-baseline run named by more than its
+scheme, such as `powersgd-r4-epochs4-p8.json`, likewise). A run with a dense start
 (`freeze_variance_after`) counts its dense steps: the steps that reduced all d entries. For the
 runs at one P:
 
@@ -120,7 +121,8 @@ def load_runs(folder: Path | str = DEFAULT_DIR) -> list[Run]:
             steps=int(history["steps"]), final=evaluations[-1][1],
             bytes_per_step=float(history["evaluations"][-1].get("bytes_per_step", 0.0)),
             evaluations=evaluations,
-            label="" if scale_run or reference else configuration(path.stem),
+            label="" if scale_run or configuration(path.stem) == scheme
+            else configuration(path.stem),
             dense_steps=0 if reference else dense_start(history),
             global_batch=int(history.get("global_batch", 0))))
     return runs

@@ -12,7 +12,8 @@
 # GRID=per-worker: at PER_WORKER sequences a worker (default 8; the global batch grows with P),
 # two epochs for every run, dense swept over LRS (default 2e-3 4e-3) and the cells that decide
 # at that rate (LR, default the sweep's best): DDP's bf16 and PowerSGD, Top-k 0.01, Ok-Topk 0.01
-# and 0.05 with the frozen variance (default folder results/adamw/per_worker<PER_WORKER>).
+# and 0.05 with the frozen variance, at P = 8 also the best two over four epochs (default folder
+# results/adamw/per_worker<PER_WORKER>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PER_WORKER="${PER_WORKER:-8}"
@@ -67,6 +68,12 @@ if [[ ${GRID:-} == per-worker ]]; then
         --sparsify preconditioned --dense-steps 100
     run powersgd-r1 --compression none --baseline powersgd --powersgd-rank 1
     run powersgd-r4 --compression none --baseline powersgd --powersgd-rank 4
+    if [[ $WORKERS == 8 ]]; then  # twice the epochs: do the two best reach dense's final?
+        run oktopk-0.05-preconditioned-dense50-epochs4 --compression oktopk --density 0.05 \
+            --sparsify preconditioned --dense-steps 50 --epochs 4
+        run powersgd-r4-epochs4 --compression none --baseline powersgd --powersgd-rank 4 \
+            --epochs 4
+    fi
     exit 0
 fi
 run dense --compression none
