@@ -152,7 +152,7 @@ def main() -> None:
         summary["bound_ms"] = round(min(summary["early_communicate_ms"], summary["span_ms"]), 3)
         summary["saved_ms"] = round(summary["held_total_ms"] - summary["early_total_ms"], 3)
         summary["saved_fraction"] = round(summary["saved_ms"] / summary["held_total_ms"], 3)
-        summary["started_early"] = state.early.started
+        summary["started_early"] = state.book.early.started
         summary.update(workers=dist.get_world_size(), compression=args.compression,
                        density=args.density, params=sum(p.numel() for p in model.parameters()))
         print("OVERLAP " + json.dumps(summary), flush=True)

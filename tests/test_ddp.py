@@ -293,7 +293,7 @@ def test_when_the_hook_raises_every_held_future_fails(one_worker: None,
         assert future.done()
         with pytest.raises(TypeError, match="a step that fails"):
             future.wait()
-    assert state.pending == []
+    assert state.book.pending == []
     monkeypatch.setattr(ddp, "_step_in_place", step_in_place)
 
     changed = buckets(4)
@@ -302,7 +302,7 @@ def test_when_the_hook_raises_every_held_future_fails(one_worker: None,
     assert "bucket 1 changed" in str(error) and len(futures) == 1
     with pytest.raises(RuntimeError, match="bucket 1 changed"):
         futures[0].wait()
-    assert state.pending == []
+    assert state.book.pending == []
     got = run_hook(state, buckets(5))
     assert all(torch.isfinite(g).all() for g in got)
 
@@ -397,8 +397,8 @@ def test_restore_into_a_new_ddp_model_continues_exactly(one_worker: None,
     restored_model = DDP(fresh, bucket_cap_mb=0.001)
     restored = checkpoint["hook"]
     if saved_at >= 2:  # DDP's first buckets (one per dtype) are not its final ones (3)
-        assert len(restored.remap.saved_record["layouts"]) == 2
-        assert len(restored.restored_buckets) == 3
+        assert len(restored.book.remap.saved_record["layouts"]) == 2
+        assert len(restored.book.restored) == 3
     restored_model.register_comm_hook(restored, gtopk_hook)
     train(restored_model, torch.optim.SGD(restored_model.parameters(), lr=0.2),
           range(saved_at, 8))
@@ -532,10 +532,10 @@ def test_pickling_keeps_the_checkpoint_and_drops_the_group_and_transport(
         assert restored.process_group is None
         assert restored.compression == compression
         assert (restored.iter, restored.start_iter) == (5, 3)
-        assert not restored.buckets and restored.restored_indices == {0, 1}
-        assert restored.remap.saved_record == state.remap.record()
+        assert not restored.buckets and restored.book.restored_indices == {0, 1}
+        assert restored.book.remap.saved_record == state.book.remap.record()
         for index, bucket in state.buckets.items():
-            saved = restored.restored_buckets[index]
+            saved = restored.book.restored[index]
             assert saved["layout"] == bucket.layout and saved["sizes"] == bucket.step.sizes
             assert saved["step"] == bucket.step.step_count == 5
             np.testing.assert_array_equal(saved["residual"].numpy(), bucket.step.residual)

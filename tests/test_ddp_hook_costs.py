@@ -104,7 +104,7 @@ def test_one_sparse_iteration_reads_the_host_once(one_worker: None, device_like_
         assert outside.total + kernels.total == 1, (dict(outside), dict(kernels))
         assert state.last_iteration_skipped == (step == 5)
         assert all(bool(torch.isnan(g).all()) == (step == 5) for g in got)
-    assert state.nonfinite.flags == {}
+    assert state.book.nonfinite.flags == {}
 
 
 @pytest.mark.parametrize("scheme", ["micro", "exdyna"])
@@ -144,7 +144,7 @@ def test_a_failed_iteration_leaves_no_flag_behind(one_worker: None) -> None:
     gtopk_hook(state, buckets[0])
     with pytest.raises(RuntimeError, match="bucket 1 changed"):
         gtopk_hook(state, buckets[1])
-    assert state.nonfinite.flags == {}
+    assert state.book.nonfinite.flags == {}
     got = run_hook(state, make_buckets(4, parameters, torch.float32,
                                        device_like_tensors=False))
     assert not state.last_iteration_skipped and all(torch.isfinite(g).all() for g in got)

@@ -274,12 +274,12 @@ def test_lockstep_on_a_gpu_equals_the_steps_one_at_a_time(scheme: str) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_hook_steps_buckets_in_their_own_buffers_in_lockstep_and_cast_ones_alone(
         dtype: str) -> None:
-    """`GTopkHookState.step_together` (DDP's held buckets, MiCRO on a torch state): float32
+    """The hook's `_step_together` (DDP's held buckets, MiCRO on a torch state): float32
     buckets, stepped in their own buffers, share their reads (two in all); buckets cast to
     float32 for the step are stepped one at a time (two reads each), so that one cast copy is
     alive at a time, not every bucket's."""
     from gtopk_hvd.bench.memory import Meter
-    from gtopk_hvd.torch.ddp import GTopkHookState
+    from gtopk_hvd.torch.ddp import GTopkHookState, _step_together
 
     n, buckets = 400_000, 4
     torch_dtype = getattr(torch, dtype)
@@ -296,7 +296,7 @@ def test_the_hook_steps_buckets_in_their_own_buffers_in_lockstep_and_cast_ones_a
                        for _ in range(buckets)]
             meter = Meter("torch-cpu")
             with kernel_calls(("read_to_host",)) as calls, meter.measure():
-                assert hook.step_together(list(zip(steps, buffers))) is False
+                assert _step_together(hook, list(zip(steps, buffers))) is False
             reads.append(calls.counts()["read_to_host"])
             peak = max(peak, meter.peak / (4 * n))
         return reads, peak

@@ -51,38 +51,34 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 import time
-import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
-from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats, count_workers
+from gtopk_hvd.core import SparseStep, StepStats, count_workers
 from gtopk_hvd.core.device_skip import DeviceSkip
 from gtopk_hvd.lockstep import Phases, drive, run_in_lockstep
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.scheme_names import call_for
 from gtopk_hvd.schemes import check_config
-from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout, gather, scatter
-from gtopk_hvd.torch.early_steps import EarlySteps, starts_early, steps_on_thread
+from gtopk_hvd.torch.bucket_remap import Layout, gather, scatter
+from gtopk_hvd.torch.early_steps import starts_early, steps_on_thread
+from gtopk_hvd.torch.hook_buckets import (
+    HookBucket,
+    HookBuckets,
+    layout_of_saved,
+    without_residuals,
+)
 from gtopk_hvd.torch.hook_optimizer import HookOptimizer
 from gtopk_hvd.transports import TRANSPORTS, Transport, resolve_transport
 from gtopk_hvd.transports.base import check_same_workers
 from gtopk_hvd.transports.torch_distributed import TorchDistributedTransport, end_process_group
 
 logger = logging.getLogger(__name__)
-
-
-class HookBucket(NamedTuple):
-    """A DDP bucket that the hook steps: its layout (each parameter's shape and dtype) and its
-    sparse step (residual, velocity, step count, last_stats)."""
-
-    layout: Layout
-    step: SparseStep
 
 
 class GTopkHookState:
@@ -146,23 +142,13 @@ class GTopkHookState:
                     scaler); after an iteration decided on the device, reading it (or iter)
                     brings the flag to the host: a wait for that iteration's backward
     skip_on_device  the constructor's choice (above)
-    buckets         DDP bucket index -> `HookBucket` (layout, SparseStep) of each bucket that
-                    has stepped
-    seen_buckets    DDP bucket index -> (layout, parameter sizes) of each final bucket seen,
-                    stepped or not (a checkpoint taken before its first step keeps its layout)
-    restored_buckets  a restored state's bucket states that no bucket has taken up yet: index
-                    -> what `state_dict()["buckets"]` held for it
-    restored_indices  the restored state's bucket indices (empty: not restored)
-    remap           `BucketRemap`: where parameters lie in DDP's construction-time and final
-                    buckets, and a restored state's first iteration on a new model
+    book            `HookBuckets` (`gtopk_hvd.torch.hook_buckets`): the buckets' bookkeeping
+                    in this process (each bucket's step, the buckets seen, a restored state's,
+                    the remap, this iteration's held buckets, non-finite reads and early steps)
+    buckets         (property) DDP bucket index -> `HookBucket` (layout, SparseStep) of each
+                    bucket that has stepped: `book.stepped`
     overlap         the constructor's choice (above); may be changed between iterations,
                     alike on every worker
-    pending         nonfinite="propagate": this iteration's buckets so far (SparseStep, buffer,
-                    future), stepped together (or committed) at the last one
-    early           `EarlySteps`: this iteration's early steps and the thread that runs them
-    nonfinite       nonfinite="propagate": `NonfiniteFlags` of this iteration's buckets so far,
-                    each bucket's read enqueued as it arrives (on a GPU no host wait), read on
-                    the host once, at the last bucket
     active_transport  the Transport resolved from `transport` at the first hook call
                     (`get_transport`), None before
     last_stats      (property) each bucket's last sparse step
@@ -175,10 +161,8 @@ class GTopkHookState:
     """
 
     __slots__ = ("_iter", "_last_skipped", "_registration", "_unresolved", "active_transport",
-                 "buckets", "compression", "early", "model_parameters", "nonfinite",
-                 "optimizer_link", "overlap", "pending", "process_group", "remap",
-                 "restored_buckets", "restored_indices", "seen_buckets", "skip_on_device",
-                 "start_iter", "transport")
+                 "book", "compression", "optimizer_link", "overlap", "process_group",
+                 "skip_on_device", "start_iter", "transport")
 
     def __init__(self, process_group: Any = None, density: float | None = None, *,
                  compression: SparseCompression | None = None, reduction: str | None = None,
@@ -229,24 +213,20 @@ class GTopkHookState:
         if isinstance(transport, Transport) and dist.is_available() and dist.is_initialized():
             check_matches_process_group(transport, process_group)
 
-    def reset_process_state(self) -> None:
-        """Starts afresh all but the settings and iter: the buckets' steps, the restored bucket
-        states, the remap, the held buckets, the resolved transport, last_iteration_skipped
-        (`load_state_dict` then sets what a checkpoint holds)."""
+    def reset_process_state(self, book: HookBuckets | None = None) -> None:
+        """Starts afresh all but the settings and iter: the buckets' bookkeeping (`book`, or
+        a new one), the resolved transport, last_iteration_skipped (`load_state_dict` then
+        sets what a checkpoint holds)."""
         self.active_transport: Transport | None = None
         self._last_skipped = False
         self._unresolved: DeviceSkip | None = None
-        self.buckets: dict[int, HookBucket] = {}
-        self.seen_buckets: dict[int, tuple[Layout, list[int]]] = {}
-        self.restored_buckets: dict[int, dict] = {}
-        self.restored_indices: set[int] = set()
-        self.remap = BucketRemap()
-        # The first model's parameters (id -> weak reference), in this process.
-        self.model_parameters: dict[int, weakref.ref] | None = None
         self._registration: WorkerCount | None = None  # the workers whose hook has run
-        self.pending: list[tuple[SparseStep, torch.Tensor, torch.futures.Future]] = []
-        self.nonfinite = NonfiniteFlags()
-        self.early = EarlySteps()
+        self.book = book if book is not None else HookBuckets()
+
+    @property
+    def buckets(self) -> dict[int, HookBucket]:
+        """DDP bucket index -> the `HookBucket` of each bucket that has stepped."""
+        return self.book.stepped
 
     # -- iterations (one decided on the device is corrected when its flag is read) -----------
 
@@ -316,41 +296,6 @@ class GTopkHookState:
             self._iter += int(not skipped)
             self._last_skipped = bool(skipped)
 
-    def check_same_model(self, bucket: Any, layout: Layout) -> None:
-        """Raises if the bucket holds a parameter that this process's first iteration did not
-        while that iteration's parameters all live (the state registered on a second DDP
-        model): one state serves one model."""
-        parameters = list(bucket.parameters())
-        if self.model_parameters is None:
-            self.model_parameters = {}
-        known = self.model_parameters
-        if not self.remap.first_iteration_done:
-            known.update((id(p), weakref.ref(p)) for p in parameters)
-            return
-        if all(id(p) in known and known[id(p)]() is p for p in parameters):
-            return
-        if any(reference() is None for reference in known.values()):
-            return  # the first model is gone: nothing to confuse the state with
-        index = bucket.index()
-        was = self.buckets[index].layout if index in self.buckets else layout
-        change = (f"DDP bucket {index} changed from {_describe(was)} to {_describe(layout)} "
-                  "and holds" if was != layout else f"DDP bucket {index} holds")
-        raise RuntimeError(
-            f"gtopk_hook: {change} parameters that this state's first model did not: this "
-            "GTopkHookState is registered on a second DDP model; make one GTopkHookState per "
-            "DDP model (each keeps its own residuals)")
-
-    def fail_held(self, error: BaseException) -> None:
-        """Fails every bucket future the hook holds (this iteration's, and a restored state's
-        construction-time ones) with `error`; holds nothing after."""
-        pending, self.pending = self.pending, []
-        self.nonfinite.clear()
-        self.early.clear()
-        for _, _, future in pending:
-            if not future.done():
-                future.set_exception(error)
-        self.remap.release(error)
-
     # -- checkpoint -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -364,18 +309,9 @@ class GTopkHookState:
             "compression_fields": the compression's fields, which `load_state_dict` checks}.
             Each worker saves its own: residuals differ between workers.
         """
-        buckets = dict(self.restored_buckets)
-        for index, (layout, sizes) in self.seen_buckets.items():
-            buckets.setdefault(index, {"layout": layout, "sizes": sizes})
-        for index, (layout, sparse) in self.buckets.items():
-            saved = sparse.state_dict()
-            buckets[index] = {"layout": layout, "sizes": list(sparse.sizes),
-                              "workers": sparse.transport.size,
-                              **{key: torch.from_numpy(value) if hasattr(value, "dtype")
-                                 else value for key, value in saved.items()}}
+        buckets, construction = self.book.saved()
         return {"iter": self.iter, "start_iter": self.start_iter, "buckets": buckets,
-                "construction": self.remap.record(restoring=bool(self.restored_buckets)),
-                "compression_fields": _fields(self.compression)}
+                "construction": construction, "compression_fields": _fields(self.compression)}
 
     def load_state_dict(self, state: dict, *, keep_residuals: bool = True) -> None:
         """Restores what `state_dict()` returned; what lives in this process only starts
@@ -405,14 +341,11 @@ class GTopkHookState:
                 f"gtopk_hook: the saved state was made with another compression: {differ}. "
                 "Build the GTopkHookState with the saved configuration (its residuals, "
                 "velocities and scheme state are that configuration's) before loading it")
-        self.reset_process_state()
+        self.reset_process_state(HookBuckets(
+            {int(index): dict(bucket) if keep_residuals else without_residuals(bucket)
+             for index, bucket in state["buckets"].items()}, state.get("construction")))
         self.iter = int(state["iter"])
         self.start_iter = int(state["start_iter"])
-        self.restored_buckets = {int(index): dict(bucket) if keep_residuals else
-                                 _without_residuals(bucket)
-                                 for index, bucket in state["buckets"].items()}
-        self.restored_indices = set(self.restored_buckets)
-        self.remap = BucketRemap(state.get("construction"))
 
     def __getstate__(self) -> dict:
         """What pickling (torch.save) saves: {"compression", "transport": the registered name
@@ -461,8 +394,7 @@ class GTopkHookState:
     @property
     def last_stats(self) -> dict[int, StepStats]:
         """Each bucket's last sparse step (bytes sent and received, k, times)."""
-        return {index: bucket.step.last_stats for index, bucket in self.buckets.items()
-                if bucket.step.last_stats is not None}
+        return self.book.last_stats
 
     # -- the transport --------------------------------------------------------------------
 
@@ -478,17 +410,10 @@ class GTopkHookState:
 
     # -- per bucket -----------------------------------------------------------------------
 
-    def note_final_bucket(self, bucket: Any, layout: Layout) -> None:
-        """Records a bucket of DDP's final layout (any iteration after this process's first):
-        its parameters, for the remap's record, and its layout and sizes, for checkpoints
-        taken before its first sparse step."""
-        self.remap.note_final(bucket)
-        self.seen_buckets.setdefault(bucket.index(), (layout, _sizes(bucket)))
-
     def new_sparse_step(self, index: int, layout: Layout, sizes: list[int],
                         device: torch.device, saved: dict | None) -> SparseStep:
-        """A SparseStep for bucket `index` (from its saved state, if any), kept in
-        `buckets`."""
+        """A SparseStep for bucket `index` (from its saved state, if any): `book`'s
+        `MakeStep`."""
         sparse = SparseStep(self.compression, sizes, self.get_transport(),
                             device=_step_device(device),
                             layout=f"DDP bucket {index}: {layout}", what="DDP parameter")
@@ -498,88 +423,7 @@ class GTopkHookState:
             if saved.get("workers", sparse.transport.size) != sparse.transport.size:
                 saved = {key: value for key, value in saved.items() if key != "scheme"}
             sparse.load_state_dict(saved)
-        self.buckets[index] = HookBucket(layout, sparse)
         return sparse
-
-    def sparse_step_for(self, bucket: Any, layout: Layout) -> SparseStep:
-        """The bucket's SparseStep (made on its first sparse step, from the restored state
-        if any); raises if the bucket's layout is not the one it had or was saved with."""
-        index = bucket.index()
-        self.note_final_bucket(bucket, layout)
-        if index in self.buckets:
-            known, sparse = self.buckets[index]
-            if known != layout:
-                raise RuntimeError(
-                    f"gtopk_hook: DDP bucket {index} changed from {_describe(known)} to "
-                    f"{_describe(layout)}; the hook keeps a residual per bucket, so DDP's "
-                    "buckets must stay fixed once the sparse steps start (start_iter >= 2 lets "
-                    "DDP rebuild them first)")
-            return sparse
-        if self.restored_indices and index not in self.restored_indices:
-            raise RuntimeError(f"gtopk_hook: DDP bucket {index} is not in the restored state, "
-                               f"whose buckets are {sorted(self.restored_indices)}")
-        saved = self.restored_buckets.pop(index, None)
-        if saved is not None and _layout_of_saved(saved) != layout:
-            raise RuntimeError(
-                f"gtopk_hook: DDP bucket {index} is {_describe(layout)}, the restored state's "
-                f"was {_describe(_layout_of_saved(saved))}: restore into the same model with "
-                "the same DDP bucket settings")
-        sizes = list(saved["sizes"]) if saved is not None else _sizes(bucket)
-        return self.new_sparse_step(index, layout, sizes, bucket.buffer().device, saved)
-
-    def step_together(self, steps: list[tuple[SparseStep, torch.Tensor]],
-                      checked: bool = False, skip: bool | DeviceSkip | None = None
-                      ) -> bool | DeviceSkip:
-        """Runs the steps of one iteration's buckets in place; returns whether they were
-        skipped: a bool, or a `DeviceSkip` when decided on the device. nonfinite="propagate":
-        one count of the workers with a NaN/Inf in any bucket first (each bucket read on its
-        device into `nonfinite`, already as it arrived if `checked`), and every step skipped
-        (all NaN) if there is one: on the device (`skip_on_device`: the flag summed over the
-        workers there, and read by the steps' kernels), or on the host (one host read of the
-        flag, then one all-reduce of one integer at P > 1); "raise": each step as it is.
-        skip: the decision, when it was counted already (`EarlySteps.decide`)."""
-        if skip is None and self.compression.nonfinite == "propagate":
-            if not checked:
-                for _, buffer in steps:
-                    self.nonfinite.check(buffer)
-            device = self._skip_device(steps)
-            if device is not None:
-                flag = self.nonfinite.take(device)
-                if self.get_transport().size > 1:
-                    self.get_transport().allreduce_sum_tensors([flag])
-                skip = DeviceSkip(flag)
-            else:
-                skip = count_workers(self.get_transport(), self.nonfinite.read()) > 0
-        # In lockstep (one wait a phase) where each step works in its bucket's own buffer; a
-        # bucket cast to float32 for its step is stepped alone, so that one cast copy at a time
-        # is alive, not every bucket's.
-        in_place = [_in_own_buffer(buffer) for _, buffer in steps]
-        run_in_lockstep([_step_in_place(sparse, buffer, skip)
-                         for (sparse, buffer), own in zip(steps, in_place) if own])
-        for (sparse, buffer), own in zip(steps, in_place):
-            if not own:
-                drive(_step_in_place(sparse, buffer, skip))
-        return bool(skip) if not isinstance(skip, DeviceSkip) else skip
-
-    def _skip_device(self, steps: list[tuple[SparseStep, torch.Tensor]]) -> torch.device | None:
-        """The device on which this iteration's skip is decided (`skip_on_device`), or None
-        for the host: every bucket on that device, every step able to, and the transport
-        summing tensors there (or one worker). The same answer on every worker (the same
-        configuration, devices of the same kind)."""
-        if self.skip_on_device is False or not steps:
-            return None
-        devices = {buffer.device for _, buffer in steps}
-        if len(devices) != 1:
-            return None
-        device = devices.pop()
-        if self.skip_on_device is None and device.type != "cuda":
-            return None
-        transport = self.get_transport()
-        if transport.size > 1 and not transport.takes_tensors_on(device):
-            return None
-        if not all(sparse.skips_on_device() for sparse, _ in steps):
-            return None
-        return device
 
 
 def check_matches_process_group(transport: Transport, process_group: Any = None) -> None:
@@ -632,7 +476,7 @@ def gtopk_hook(state: GTopkHookState, bucket: dist.GradBucket
     try:
         return _hook(state, bucket)
     except BaseException as error:
-        state.fail_held(error)
+        state.book.fail_held(error)
         raise
 
 
@@ -643,20 +487,21 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
     state.get_transport()  # resolved and checked at the first call
     link = state.optimizer_link
     link.check_ready()
-    state.check_same_model(bucket, layout)
+    book = state.book
+    book.check_same_model(bucket, layout)
     if state._registration is None:
         state._registration = WorkerCount.start(state.process_group)
-    remap = state.remap
+    remap = book.remap
     first_iteration_here = not remap.first_iteration_done
     remap.observe(bucket, layout)
     dense = state.in_dense_start()
     if not first_iteration_here and dense:
-        state.note_final_bucket(bucket, layout)
+        book.note_final(bucket, layout)
     skipped: bool | DeviceSkip = False  # the iteration's decision, once its last bucket is in
     if dense:
         future = _allreduce_average(state.process_group, buffer,
                                     divide_after=link.rule is not None)
-    elif remap.applies(bucket.index(), layout, state.restored_buckets):
+    elif remap.applies(bucket.index(), layout, book.restored):
         state._registration.check_every_worker(first_iteration_here)
         future = _future(buffer)
         remap.hold(bucket, buffer, future)
@@ -668,15 +513,15 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
                            "recorded")
     else:
         state._registration.check_every_worker(first_iteration_here)  # before any sparse one
-        sparse = state.sparse_step_for(bucket, layout)
+        sparse = book.step_for(bucket, layout, state.new_sparse_step)
         if link.preconditioned:
             link.arrive(buffer, list(bucket.parameters()), bucket.index())
         if state.compression.nonfinite == "propagate":
             future, skipped = _hold_for_check(state, sparse, buffer, bucket.is_last())
         elif state.overlap and steps_on_thread(sparse, buffer, state.get_transport().size):
-            future = state.early.later(lambda: drive(_step_in_place(sparse, buffer)), buffer)
+            future = book.early.later(lambda: drive(_step_in_place(sparse, buffer)), buffer)
         else:
-            state.early.wait()
+            book.early.wait()
             drive(_step_in_place(sparse, buffer))
             future = _done(buffer)
     if bucket.is_last():
@@ -694,36 +539,37 @@ gtopk_hook.__annotations__.update(bucket=dist.GradBucket,
 
 def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Tensor,
                     last: bool) -> tuple[torch.futures.Future, bool | DeviceSkip]:
-    """nonfinite="propagate": keeps the bucket in `state.pending` until the iteration's last
-    one. A bucket that can (`state.overlap`, `early_steps.starts_early`, no clip to wait for)
-    starts its step now, tentatively, on the state's thread (`state.early`); the others enqueue
-    their non-finite read now (`state.nonfinite`). At the last bucket one count of the workers
-    decides the iteration for all of them (after the early exchanges, or `step_together`'s: on
-    the device, or one host read of the flag), the early steps are committed or discarded, the
-    others stepped with the same decision, and every future completes. Returns the bucket's
-    future and whether the iteration was skipped (False until the last bucket; a `DeviceSkip`
-    if decided there)."""
+    """nonfinite="propagate": keeps the bucket in `state.book.pending` until the iteration's
+    last one. A bucket that can (`state.overlap`, `early_steps.starts_early`, no clip to wait
+    for) starts its step now, tentatively, on the state's thread (`book.early`); the others
+    enqueue their non-finite read now (`book.nonfinite`). At the last bucket one count of the
+    workers decides the iteration for all of them (after the early exchanges, or
+    `_step_together`'s: on the device, or one host read of the flag), the early steps are
+    committed or discarded, the others stepped with the same decision, and every future
+    completes. Returns the bucket's future and whether the iteration was skipped (False until
+    the last bucket; a `DeviceSkip` if decided there)."""
     future = _future(buffer)
-    state.pending.append((sparse, buffer, future))
+    book = state.book
+    book.pending.append((sparse, buffer, future))
     link = state.optimizer_link
     if (not last and state.overlap and link.max_grad_norm is None
             and starts_early(sparse, buffer, state.get_transport().size)):
-        state.early.start(sparse, buffer)
+        book.early.start(sparse, buffer)
     else:
-        state.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
+        book.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
         return future, False
-    held = [(step, held_buffer) for step, held_buffer, _ in state.pending
-            if not state.early.holds(step)]
-    if state.early.jobs:
-        skipped: bool | DeviceSkip = state.early.decide(state.get_transport(),
-                                                        state.nonfinite.read())
-        state.early.finish(skipped)
-        state.step_together(held, skip=skipped)
+    held = [(step, held_buffer) for step, held_buffer, _ in book.pending
+            if not book.early.holds(step)]
+    if book.early.jobs:
+        skipped: bool | DeviceSkip = book.early.decide(state.get_transport(),
+                                                       book.nonfinite.read())
+        book.early.finish(skipped)
+        _step_together(state, held, skip=skipped)
     else:
         link.clip_([held_buffer for _, held_buffer in held])
-        skipped = state.step_together(held, checked=True)
-    pending, state.pending = state.pending, []
+        skipped = _step_together(state, held, checked=True)
+    pending, book.pending = book.pending, []
     for _, held_buffer, held_future in pending:
         held_future.set_result(held_buffer)
     return future, skipped
@@ -733,28 +579,90 @@ def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
     """The restored state's first iteration on a new model, at its last bucket: the saved
     buckets' steps on their parameters' gradients, cut from the held construction-time buckets
     (`BucketRemap`), run together; then every held future completes. Returns whether the
-    iteration was skipped (`step_together`)."""
+    iteration was skipped (`_step_together`)."""
     steps = []
     link = state.optimizer_link
-    gradients = state.remap.gradients()  # checks the held buckets against the record first
-    parameters = state.remap.parameters() if link.preconditioned else {}
+    book = state.book
+    gradients = book.remap.gradients()  # checks the held buckets against the record first
+    parameters = book.remap.parameters() if link.preconditioned else {}
     for index, views in gradients.items():
-        saved = state.restored_buckets.pop(index)
-        sparse = state.new_sparse_step(index, _layout_of_saved(saved), list(saved["sizes"]),
-                                       views[0].device, saved)
+        saved = book.restored.pop(index)
+        layout = layout_of_saved(saved)
+        sparse = book.add(index, layout, state.new_sparse_step(
+            index, layout, list(saved["sizes"]), views[0].device, saved))
         flat = gather(views)
         if link.preconditioned:
             link.arrive(flat, parameters[index], index)
         steps.append((sparse, flat, views))
     link.clip_([flat for _, flat, _ in steps])
-    skipped = state.step_together([(sparse, flat) for sparse, flat, _ in steps])
+    skipped = _step_together(state, [(sparse, flat) for sparse, flat, _ in steps])
     for _, flat, views in steps:
         scatter(flat, views)
-    state.remap.release()
+    book.remap.release()
     return skipped
 
 
 # -- the step ---------------------------------------------------------------------------
+
+def _step_together(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Tensor]],
+                   checked: bool = False, skip: bool | DeviceSkip | None = None
+                   ) -> bool | DeviceSkip:
+    """Runs the steps of one iteration's buckets in place; returns whether they were skipped:
+    a bool, or a `DeviceSkip` when decided on the device.
+
+    1. nonfinite="propagate" (unless `skip`, the decision, was counted already:
+       `EarlySteps.decide`): each bucket read for NaN/Inf on its device into
+       `state.book.nonfinite` (already as it arrived if `checked`), then one count of the
+       workers that saw one: on the device (`_skip_device`: the flag summed over the workers
+       there, read by the steps' kernels), or on the host (one read of the flag, one all-reduce
+       of one integer at P > 1). "raise": no count.
+    2. The steps, in lockstep (one wait a phase) where each works in its bucket's own buffer;
+       a bucket cast to float32 for its step alone, so that one cast copy at a time is alive.
+       With a skip every step leaves its state and makes its bucket all NaN.
+    """
+    book = state.book
+    if skip is None and state.compression.nonfinite == "propagate":
+        if not checked:
+            for _, buffer in steps:
+                book.nonfinite.check(buffer)
+        device = _skip_device(state, steps)
+        if device is not None:
+            flag = book.nonfinite.take(device)
+            if state.get_transport().size > 1:
+                state.get_transport().allreduce_sum_tensors([flag])
+            skip = DeviceSkip(flag)
+        else:
+            skip = count_workers(state.get_transport(), book.nonfinite.read()) > 0
+    in_place = [_in_own_buffer(buffer) for _, buffer in steps]
+    run_in_lockstep([_step_in_place(sparse, buffer, skip)
+                     for (sparse, buffer), own in zip(steps, in_place) if own])
+    for (sparse, buffer), own in zip(steps, in_place):
+        if not own:
+            drive(_step_in_place(sparse, buffer, skip))
+    return bool(skip) if not isinstance(skip, DeviceSkip) else skip
+
+
+def _skip_device(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Tensor]]
+                 ) -> torch.device | None:
+    """The device on which this iteration's skip is decided (`skip_on_device`), or None for
+    the host: every bucket on that device, every step able to, and the transport summing
+    tensors there (or one worker). The same answer on every worker (the same configuration,
+    devices of the same kind)."""
+    if state.skip_on_device is False or not steps:
+        return None
+    devices = {buffer.device for _, buffer in steps}
+    if len(devices) != 1:
+        return None
+    device = devices.pop()
+    if state.skip_on_device is None and device.type != "cuda":
+        return None
+    transport = state.get_transport()
+    if transport.size > 1 and not transport.takes_tensors_on(device):
+        return None
+    if not all(sparse.skips_on_device() for sparse, _ in steps):
+        return None
+    return device
+
 
 def _step_device(device: torch.device) -> torch.device | None:
     """Where a bucket's step keeps its residual and velocity: the bucket's GPU, in torch
@@ -938,25 +846,6 @@ def _fields(compression: SparseCompression) -> dict[str, Any]:
             for field in dataclasses.fields(compression)}
 
 
-def _without_residuals(saved: dict) -> dict:
-    """A saved bucket with its residual and velocity set to zero (a worker new to the job)."""
-    return {key: torch.zeros_like(value) if key in ("residual", "velocity") else value
-            for key, value in saved.items()}
-
-
-def _layout_of_saved(saved: dict) -> Layout:
-    return tuple((tuple(shape), dtype) for shape, dtype in saved["layout"])
-
-
-def _sizes(bucket: Any) -> list[int]:
-    """The bucket's parameter sizes (for granularity "bucket"), or its size as one part."""
-    sizes = [p.numel() for p in bucket.parameters()]
-    return sizes if sum(sizes) == bucket.buffer().numel() else [bucket.buffer().numel()]
-
-
-def _describe(layout: Layout) -> str:
-    values = sum(math.prod(shape) for shape, _ in layout)
-    return f"{len(layout)} parameters ({values} values: {[list(s) for s, _ in layout]})"
 
 
 __all__ = ["GTopkHookState", "HookBucket", "check_matches_process_group", "end_process_group",

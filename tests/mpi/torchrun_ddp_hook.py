@@ -221,7 +221,7 @@ def check_restore(route: str) -> None:
     model.register_comm_hook(state, gtopk_hook)
     optimizer = make_optimizer(model.parameters())
     train(model, optimizer, range(first))
-    assert state.buckets and state.remap.record() is not None
+    assert state.buckets and state.book.remap.record() is not None
     snapshot = io.BytesIO()
     if route == "pickle":
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
@@ -244,7 +244,7 @@ def check_restore(route: str) -> None:
     else:
         restored = GTopkHookState(compression=compression)
         restored.load_state_dict(checkpoint["hook"])
-    construction = restored.remap.saved_record
+    construction = restored.book.remap.saved_record
     assert construction is not None
     assert [list(layout) for layout in construction["layouts"]] != [
         list(layout) for layout in saved_layouts], "the new DDP's first buckets were the same"

@@ -98,7 +98,7 @@ def train(config: object, overlap: bool, nan: bool) -> tuple[bytes, list[int], i
         else:
             optimizer.step()
     weights = [p.detach().numpy().tobytes() for p in model.parameters()]
-    counts = state.early.started, len(state.buckets)
+    counts = state.book.early.started, len(state.buckets)
     return (flat(weights) + flat(state.state_dict()), skipped, counts,
             hashlib.sha256(b"".join(weights)).hexdigest())
 
