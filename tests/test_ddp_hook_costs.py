@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
-from gtopk_hvd.core import NonfiniteFlags, count_nonfinite_workers
+from gtopk_hvd.nonfinite import NonfiniteFlags, count_nonfinite_workers
 from gtopk_hvd.torch.ddp import GTopkHookState
 from gtopk_hvd.transports.local import LocalGroup, LocalTransport
 

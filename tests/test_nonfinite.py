@@ -20,7 +20,8 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression, SparseCompression
-from gtopk_hvd.core import SparseStep, count_nonfinite_workers
+from gtopk_hvd.core import SparseStep
+from gtopk_hvd.nonfinite import count_nonfinite_workers
 
 D = 1000
 SIZES = [600, 400]

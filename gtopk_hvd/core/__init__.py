@@ -16,13 +16,7 @@ object). It imports no Horovod and no framework; adapters (`gtopk_hvd.torch`,
 """
 
 from gtopk_hvd.core.stats import StepStats
-from gtopk_hvd.core.step import (
-    NonfiniteFlags,
-    SparseStep,
-    count_nonfinite_workers,
-    count_workers,
-)
+from gtopk_hvd.core.step import SparseStep, count_workers
 from gtopk_hvd.core.tentative import TentativeStep, can_step_tentatively
 
-__all__ = ["NonfiniteFlags", "SparseStep", "StepStats", "TentativeStep", "can_step_tentatively",
-           "count_nonfinite_workers", "count_workers"]
+__all__ = ["SparseStep", "StepStats", "TentativeStep", "can_step_tentatively", "count_workers"]

@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gtopk_hvd.core import NonfiniteFlags, SparseStep, StepStats
+from gtopk_hvd.core import SparseStep, StepStats
+from gtopk_hvd.nonfinite import NonfiniteFlags
 from gtopk_hvd.torch.bucket_remap import BucketRemap, Layout
 from gtopk_hvd.torch.early_steps import EarlySteps
 
