@@ -55,8 +55,9 @@ class ShippedTable:
 
 SHIPPED = {table.name: table for table in (
     ShippedTable("per-worker-8", "8 sequences a worker (global batch 8 P), SGD without momentum "
-                 "at lr 40 (picked on dense at P = 32 from 20, 40, 80; at P = 8 the global-64 "
-                 "sweep's), no warm-up; every configuration at a P the same budget: 300 steps at "
+                 "at lr 40 (picked on dense at P = 32 from 40 and 80 without warm-up and 20 to 160 "
+                 "with one; at P = 8 the global-64 sweep's), no warm-up; every configuration "
+                 "at a P the same budget: 300 steps at "
                  "P = 8 (0.65 epochs), 450 at P = 32 (3.9 epochs)",
                  (("results/scale", (8,)), ("results/scale/per_worker8_nowarmup", (8,)),
                   ("results/scale/per_worker8_long", (32,)))),

@@ -56,12 +56,12 @@ def compression(scheme: str, density: str) -> str:
 
 
 SGD = Recommendation("SGD", "oktopk_0.01", convergence.DEFAULT_TABLE)
-ADAMW = Recommendation("AdamW", "oktopk-0.05-preconditioned-dense50", "results/adamw/per_worker8")
+ADAMW = Recommendation("AdamW", "bf16", "results/adamw/per_worker8")
 ALL = (SGD, ADAMW)
 
-CANONICAL = {  # the case each was picked at: 1 Gbit/s, the H100's compute for the study's model
+CANONICAL = {  # the case each was picked at: P = 32, 1 Gbit/s, a GPU's compute for the model
     "SGD": ["--params", "lstm-lm-128", "--workers", "32", "--link", "1gbit", "--compute-ms",
             "2.8", "--near", "1.02"],
-    "AdamW": ["--params", "1.05M", "--workers", "8", "--link", "1gbit", "--compute-ms", "4",
-              "--near", "1.0"],
+    "AdamW": ["--params", "gpt-decoder-study", "--workers", "32", "--link", "1gbit",
+              "--compute-ms", "4", "--near", "1.02"],
 }
