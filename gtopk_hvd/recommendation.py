@@ -37,8 +37,9 @@ def call(config: str) -> str:
         return "dense (DDP's own all-reduce)"
     if config == "bf16":
         return "DDP's bf16_compress_hook"
-    if match := re.fullmatch(r"powersgd-r(\d+)", config):
-        return f"DDP's powerSGD_hook, matrix_approximation_rank={match[1]}"
+    if match := re.fullmatch(r"powersgd-r(\d+)(?:-epochs(\d+))?", config):
+        return (f"DDP's powerSGD_hook, matrix_approximation_rank={match[1]}"
+                + (f", {match[2]} epochs" if match[2] else ""))
     if match := re.fullmatch(r"([a-z-]+?)_([0-9.e-]+)", config):
         return f"compression={compression(match[1], match[2])}"
     if match := re.fullmatch(r"([a-z-]+?)-([0-9.]+)-preconditioned-dense(\d+)(-.*)?", config):
@@ -56,7 +57,7 @@ def compression(scheme: str, density: str) -> str:
 
 
 SGD = Recommendation("SGD", "oktopk_0.01", convergence.DEFAULT_TABLE)
-ADAMW = Recommendation("AdamW", "bf16", "results/adamw/per_worker8")
+ADAMW = Recommendation("AdamW", "powersgd-r4-epochs4", "results/adamw/per_worker8")
 ALL = (SGD, ADAMW)
 
 CANONICAL = {  # the case each was picked at: P = 32, 1 Gbit/s, a GPU's compute for the model

@@ -12,8 +12,9 @@
 # GRID=per-worker: at PER_WORKER sequences a worker (default 8; the global batch grows with P),
 # two epochs for every run, dense swept over LRS (default 2e-3 4e-3) and the cells that decide
 # at that rate (LR, default the sweep's best): DDP's bf16 and PowerSGD, Top-k 0.01, Ok-Topk 0.01
-# and 0.05 with the frozen variance, and over four epochs the best two at P = 8, Top-k 0.01 at
-# other P (default folder results/adamw/per_worker<PER_WORKER>).
+# and 0.05 with the frozen variance, and over four epochs the best two (P = 8: Ok-Topk 0.05 and
+# PowerSGD rank 4; other P: Top-k 0.01 and PowerSGD rank 4; default folder
+# results/adamw/per_worker<PER_WORKER>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PER_WORKER="${PER_WORKER:-8}"
@@ -73,9 +74,11 @@ if [[ ${GRID:-} == per-worker ]]; then
             --sparsify preconditioned --dense-steps 50 --epochs 4
         run powersgd-r4-epochs4 --compression none --baseline powersgd --powersgd-rank 4 \
             --epochs 4
-    else  # P = 32: the closest sparse run, over four epochs
+    else  # P = 32: the closest sparse run and PowerSGD rank 4, over four epochs
         run topk-0.01-preconditioned-dense100-epochs4 --compression topk --density 0.01 \
             --sparsify preconditioned --dense-steps 100 --epochs 4
+        run powersgd-r4-epochs4 --compression none --baseline powersgd --powersgd-rank 4 \
+            --epochs 4
     fi
     exit 0
 fi

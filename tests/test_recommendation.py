@@ -53,4 +53,6 @@ def test_a_configuration_name_reads_as_its_code() -> None:
     assert call("topk-0.01-preconditioned-dense100-epochs2") == (
         "compression=Compression.topk(0.01), freeze_variance_after=100")
     assert call("powersgd-r2") == "DDP's powerSGD_hook, matrix_approximation_rank=2"
+    assert call("powersgd-r4-epochs4") == (
+        "DDP's powerSGD_hook, matrix_approximation_rank=4, 4 epochs")
     assert call("bf16") == "DDP's bf16_compress_hook"
