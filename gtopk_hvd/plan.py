@@ -74,7 +74,6 @@ def configurations() -> list[str]:
     return ["dense", *known_scheme_names()]
 
 
-SHIPPED = convergence.SHIPPED
 VALIDATED = (
     "How far the step model holds (docs/scale.md): checked on emulated 10 Mbit/s links at P = 2 "
     "to 32 on one 2-core host (scripts/link_scale.py): dense within 0.3% at P = 16 and 32, the "
@@ -262,9 +261,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--convergence", metavar="FOLDER_OR_TABLE",
                         default=convergence.DEFAULT_TABLE,
                         help="measured runs: a folder of histories, a table, or one of the "
-                             f"scale study's shipped in the package ({', '.join(SHIPPED)}; "
-                             f"default {convergence.DEFAULT_TABLE}); a missing one: no time to "
-                             "target")
+                             "scale study's shipped in the package "
+                             f"({', '.join(convergence.SHIPPED)}; default "
+                             f"{convergence.DEFAULT_TABLE}); a missing one: no time to target")
     parser.add_argument("--schemes", nargs="+", choices=configurations()[1:],
                         default=["topk", "gtopk", "oktopk", "micro"],
                         help="the sparse schemes to predict, by the names Compression.scheme "
@@ -308,10 +307,13 @@ class TimeToTarget:
 
     @property
     def seconds(self) -> float | None:
-        if self.steps is None:
-            return None
-        start = min(self.steps, self.dense_steps)
-        return start * self.dense_step_s + (self.steps - start) * self.step_s
+        return None if self.steps is None else self.seconds_at(self.steps)
+
+    def seconds_at(self, steps: int) -> float:
+        """The modelled seconds of the run's first `steps` steps (a dense start's at dense's
+        step)."""
+        start = min(steps, self.dense_steps)
+        return start * self.dense_step_s + (steps - start) * self.step_s
 
 
 def times_to_target(runs: Sequence[convergence.Run], workers: int, near: float, d: int,
@@ -441,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"overlap {args.overlap:g}; the sparse schemes after backward, not overlapped.")
     print(table(predictions))
     print(f"A model, not a measurement. {VALIDATED}")
-    known = args.convergence in SHIPPED or Path(args.convergence).exists()
+    known = args.convergence in convergence.SHIPPED or Path(args.convergence).exists()
     runs = convergence.load(args.convergence) if known else []
     if not runs:
         print(f"Time to target: no convergence runs in {args.convergence}.")

@@ -57,9 +57,7 @@ def main() -> None:
         left.plot(steps, values, label=run.name)
         if run.name in steps_of:
             row = steps_of[run.name]
-            seconds = [min(s, row.dense_steps) * row.dense_step_s
-                       + max(0, s - row.dense_steps) * row.step_s for s in steps]
-            right.plot(seconds, values, label=run.name)
+            right.plot([row.seconds_at(step) for step in steps], values, label=run.name)
     for axis in (left, right):
         axis.axhline(dense_final, color="grey", linestyle="--", linewidth=0.8)
         axis.set(yscale="log", ylabel="validation perplexity")
