@@ -407,14 +407,18 @@ GPU = ("an H100", 2.8e-3, "h200")
 the planner takes): the compute and selection of the modelled time (time_lines)."""
 
 
-def time_lines(args: argparse.Namespace, d: int) -> list[str]:
-    """Time to target at a GPU's compute, per configuration and P, at 1 and 10 Gbit/s: the
-    planner's (`gtopk_hvd.plan.times_to_target`: steps measured to --near x dense's final
+RATES = (("1 Gbit/s", 1e9), ("10 Gbit/s", 1e10))
+"""The link rates of the modelled time (time_lines); the figure shows the first."""
+
+
+def time_lines(args: argparse.Namespace, times_by_rate: dict[float, dict]) -> list[str]:
+    """Time to target at a GPU's compute, per configuration and P, at each of RATES
+    (`gpu_times`: the planner's `times_to_target`, steps measured to --near x dense's final
     perplexity x the step modelled at GPU's compute, with the selection measured on its device,
     dense and DDP's baselines in DDP's buckets overlapped with backward)."""
     lines = []
-    for rate_name, rate in (("1 Gbit/s", 1e9), ("10 Gbit/s", 1e10)):
-        times = gpu_times(args, d, rate)
+    for rate_name, rate in RATES:
+        times = times_by_rate[rate]
         configs = sorted({config for config, _ in times}, key=lambda c: (c != "dense", c))
         lines += ["", f"Modelled seconds to come within {(args.near - 1) * 100:g}% of dense's "
                   f"final perplexity at {rate_name} and {GPU[0]}'s compute, and the speed-up "
@@ -496,13 +500,14 @@ def report(args: argparse.Namespace) -> None:
     any_run = next(r for r in runs.values() if r)
     sparse_run = next((r for (s, _), r in runs.items() if r and s != "dense"), any_run)
     timed = model.name == "lm"  # the modelled time to accuracy: the LM's only
+    times_by_rate = ({rate: gpu_times(args, any_run["params"], rate) for _, rate in RATES}
+                     if timed else {})
     lines += ["", model.setup(sparse_run, args.momentum_correction, runs), *sweep_lines(args),
-              *(time_lines(args, any_run["params"]) if timed else [])]
+              *(time_lines(args, times_by_rate) if timed else [])]
     (args.out / model.summary).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    d = any_run["params"]
-    modelled = gpu_times(args, d, 1e9) if timed else {}
+    modelled = times_by_rate.get(RATES[0][1], {})
     largest = max(p for p in args.workers if any(runs[(s, p)] for s in present))
     for scheme in present:
         points = [(p, final(model, runs[(scheme, p)]) * model.scale)
