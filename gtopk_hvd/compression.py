@@ -92,7 +92,14 @@ from gtopk_hvd.scheme_names import (
     call_for,
     choice_for,
 )
-from gtopk_hvd.schemes import SCHEMES, Scheme, check_config, known_scheme_names, options_owners
+from gtopk_hvd.schemes import (
+    SCHEMES,
+    Scheme,
+    check_config,
+    known_scheme_names,
+    options_owners,
+    scheme_of,
+)
 from gtopk_hvd.wire import WIRE_VALUE_TYPES
 
 GRANULARITIES = ("model", "bucket")
@@ -535,7 +542,7 @@ def wire_cost(name: str, workers: int, d: int, k: int, union: float | None = Non
     made as `Compression.scheme(name, k / d, **options)`: the planner's and `bench schemes`'
     one source."""
     config = Compression.scheme(name, min(1.0, k / d), **options)
-    return tuple(check_config(config).wire(config, workers, d, k, union))
+    return tuple(scheme_of(config).wire(config, workers, d, k, union))
 
 
 DGC_WARMUP = (0.25, 0.0625, 0.015625, 0.004)

@@ -31,7 +31,7 @@ def has_method(name: str) -> bool:
     PRESETS)."""
     if name in PRESETS:
         return name in PRESET_METHODS
-    return name.isidentifier() and name != SELECT_REDUCE.replace("-", "_")
+    return name.isidentifier()
 
 
 def choice_for(name: str) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.schemes import check_config, known_scheme_names
+from gtopk_hvd.schemes import known_scheme_names, scheme_of
 from gtopk_hvd.transports.local import LocalGroup
 
 MEASURED = ("topk", "gtopk", "gtopk-exact", "micro", "exdyna", "sketch")
@@ -195,7 +195,7 @@ def measure(name: str, state: str, d: int, density: float, steps: int, momentum:
             largest = max(largest, meter.peak)
     finally:
         group.close()
-    state_size = check_config(config).state_values(config, d) / d  # the scheme's own word
+    state_size = scheme_of(config).state_values(config, d) / d  # the scheme's own word
     kept = 1.0 + (made[0][0].velocity is not None)  # what the step holds
     if state_size != kept:
         raise AssertionError(f"{name}: state_values says {state_size} gradients, the step "

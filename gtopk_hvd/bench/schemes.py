@@ -37,7 +37,7 @@ from gtopk_hvd.bench.timing import barrier, slowest
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
 from gtopk_hvd.reductions import dense_allreduce
-from gtopk_hvd.schemes import check_config, known_scheme_names
+from gtopk_hvd.schemes import known_scheme_names, scheme_of
 from gtopk_hvd.transports import Transport
 from gtopk_hvd.transports.launch import LAUNCHABLE, close_transports, open_transport
 
@@ -70,7 +70,7 @@ def formula(name: str, d: int, k: int, union: float, size: int, config: object) 
     """The scheme's leading bytes per worker per step (module docstring)."""
     if name == "dense":
         return 2 * 4 * d * (size - 1) / size
-    return check_config(config).wire(config, size, d, k, union).bytes
+    return scheme_of(config).wire(config, size, d, k, union).bytes
 
 
 def gradient(d: int, rank: int, step: int) -> np.ndarray:

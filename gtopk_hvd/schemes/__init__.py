@@ -121,6 +121,12 @@ def _check_select_reduce(config: Any) -> None:
                "exact=True is for gTop-k's merges: Compression.gtopk(density, exact=True)")
 
 
+def scheme_of(config: Any) -> type[Scheme]:
+    """The class of a configuration already checked when it was made (a SparseCompression):
+    its wire cost and state, without checking it again."""
+    return SCHEMES.get(config.scheme)
+
+
 def build_scheme(config: Any, transport: Transport, backend: ArrayBackend, sizes: list[int],
                  index_dtype: np.dtype) -> Scheme:
     """The scheme of `config` for one layout (checked first: `check_config`)."""
@@ -128,5 +134,4 @@ def build_scheme(config: Any, transport: Transport, backend: ArrayBackend, sizes
 
 
 __all__ = ["SCHEMES", "Exchange", "Scheme", "Wire", "build_scheme", "check_config",
-           "known_scheme_names",
-           "options_owners"]
+           "known_scheme_names", "options_owners", "scheme_of"]
