@@ -5,9 +5,10 @@ count it selected) waits for the device there: for everything enqueued before, a
 then idles while the host computes what comes next. The DDP hook holds an iteration's buckets
 and steps them at the last one, so their steps can run in phases instead, one after another:
 
-    a step written as a generator (`SparseStep.update_phases`, `Scheme.exchange_phases`) yields
+    a step written as a generator (`SparseStep.phases`, `Scheme.exchange`) yields
     `HostRead(tensors)` where it needs values of the device, and is sent back those values on
-    the host (numpy arrays, in the same order); what it returns is its result.
+    the host (numpy arrays, in the same order); what it returns is its result. A method that
+    reads nothing is made one by `reads_nothing`.
 
 `drive(steps)` runs one such generator alone (a read, a wait, each time it asks).
 `run_in_lockstep([steps_0, steps_1, ...])` advances every generator to its next read, in list
@@ -27,13 +28,14 @@ Collectives: a generator may call the transport between its reads. In lockstep t
 bucket b's phase r come after those of every bucket's phase r - 1, in bucket order. That order is
 the same on every worker as long as the number of reads a step makes depends only on what every
 worker agrees on (its configuration, summed histograms, gathered counts), never on local data:
-the rule for any `exchange_phases`.
+the rule for any `Scheme.exchange`.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple
 
 from gtopk_hvd import ops
@@ -80,6 +82,18 @@ class OwnTime:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start - self.away
+
+
+def reads_nothing(method: Callable[..., Any]) -> Callable[..., Phases]:
+    """`method` (a step with no host read of its own) as a step generator: one that returns
+    its result at once, with no yield. So every step has one form, `yield from` or `drive`."""
+
+    @functools.wraps(method)
+    def phases(*args: Any, **kwargs: Any) -> Phases:
+        return method(*args, **kwargs)
+        yield  # unreachable: makes this a generator
+
+    return phases
 
 
 def drive(steps: Phases) -> Any:

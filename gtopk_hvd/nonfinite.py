@@ -42,7 +42,7 @@ class NonfiniteFlags:
     def take(self, device: Any) -> Any:
         """The flag of the gradients checked on `device` (a torch device), not read; clears.
         Raises if none was checked there or some elsewhere. For a decision that stays on the
-        device (`gtopk_hvd.core.device_skip`)."""
+        device (`gtopk_hvd.core.skip`)."""
         flags, self.flags = self.flags, {}
         flag = flags.get(str(device))
         if flag is None or len(flags) != 1:

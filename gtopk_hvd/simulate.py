@@ -87,7 +87,7 @@ class SimulatedCluster:
 
     def reduce(self, dense: bool = False) -> np.ndarray:
         """Every worker's step on its gradient at once; returns the update (module docstring).
-        The array is reused by the next call. dense: each worker's `SparseStep.dense_update`
+        The array is reused by the next call. dense: each worker's `SparseStep.update(dense=True)`
         instead (an optimizer's dense start; the sparse state is kept)."""
         if self.steps is None:
             return self._dense()
@@ -95,11 +95,8 @@ class SimulatedCluster:
         def one_worker(rank: int) -> StepStats:
             ops.set_num_threads(1)
             step = self.steps[rank]
-            if dense:
-                step.dense_update(self.gradients[rank], self._updates[rank],
-                                  clear_gradient=True)
-            else:
-                step.update(self.gradients[rank], self._updates[rank], clear_gradient=True)
+            step.update(self.gradients[rank], self._updates[rank], clear_gradient=True,
+                        dense=dense)
             return step.last_stats
 
         self.last_stats = self.group.run(one_worker)

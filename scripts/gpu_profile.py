@@ -12,7 +12,7 @@ Cases (density 0.001, float32, Gaussian values):
     fused@D         ops.accumulate_select(gradient, residual, k) alone, D = --step-d: the fused
                     accumulate-and-select of every error-feedback step (its traffic is about
                     three reads: gradient and residual read, the residual written)
-    <scheme>@D      SparseStep(...).step(gradient) at P = 1 (one-worker transport), D = --step-d
+    <scheme>@D      SparseStep(...).update(gradient) at P = 1 (one-worker transport), D = --step-d
                     for every --schemes entry
     <scheme>-update@D   the same SparseStep's update(gradient, out) into a device buffer (what
                     the adapters run) for every --update-schemes entry
@@ -129,7 +129,7 @@ def step_case(device: torch.device, d: int, density: float, scheme: str, update:
     if update:
         out = torch.empty_like(gradient)
         return lambda: step.update(gradient, out)
-    return lambda: step.step(gradient)
+    return lambda: step.update(gradient)
 
 
 def sketch_select_case(device: torch.device, d: int, density: float, row_filter: bool

@@ -9,7 +9,7 @@ For each d (one flat float32 gradient, Gaussian) in the same process:
     read        torch.amax(x): one read of d values (the floor of any pass)
     fused       ops.accumulate_select(gradient, residual, k) alone: the fused accumulate-and-
                 select kernel every error-feedback scheme's step contains
-    <scheme>    SparseStep(config, [d], a one-worker transport, device).step(gradient): the
+    <scheme>    SparseStep(config, [d], a one-worker transport, device).update(gradient): the
                 whole step (the non-finite check, selection, the exchange with itself, the
                 residual update, the global set copied to the host: step's return), median of
                 --steps after one warm-up step
@@ -153,7 +153,7 @@ def measure_step(dev: Device, config: Any, sizes: list[int], steps: int, budget_
     state_bytes = 4 * d * (2 if step.velocity is not None else 1)
     dev.synchronize()
     start = time.perf_counter()
-    step.step(gradient)
+    step.update(gradient)
     dev.synchronize()
     first_s = time.perf_counter() - start
     times = []
@@ -161,7 +161,7 @@ def measure_step(dev: Device, config: Any, sizes: list[int], steps: int, budget_
         for _ in range(steps):
             dev.synchronize()
             start = time.perf_counter()
-            step.step(gradient)
+            step.update(gradient)
             dev.synchronize()
             times.append(time.perf_counter() - start)
     peak = dev.peak()
@@ -179,11 +179,11 @@ def measure_step(dev: Device, config: Any, sizes: list[int], steps: int, budget_
     if dev.cuda and times:  # a slow scheme's step is not run again for the steady figure
         dev.reset_peak()
         steady_before = dev.allocated()
-        step.step(gradient)
+        step.update(gradient)
         steady = dev.peak() - steady_before
         record["steady_extra_x_gradient"] = steady / (4 * d)
     if times:  # what the adapters run: the dense update written into a device buffer, by a
-        # fresh step as step()'s figure was (the same gradient added again and again flattens
+        # fresh step as the set's figure was (the same gradient added again and again flattens
         # the residual's tail, which the selection sees)
         del step
         step = SparseStep(config, sizes, transport, device=dev.device)

@@ -382,7 +382,7 @@ def test_the_scheme_keeps_nothing_of_d_entries_but_its_residual() -> None:
         before = tracemalloc.get_traced_memory()[0]
         step = SparseStep(Compression.sketch(0.001), [d], LocalGroup(1).transports[0])
         for _ in range(2):
-            step.step(gradient.copy())
+            step.update(gradient.copy())
         kept = (tracemalloc.get_traced_memory()[0] - before) / gradient.nbytes
     finally:
         tracemalloc.stop()
@@ -586,12 +586,12 @@ def test_cuda_sketch_step_keeps_no_gradient_sized_buffer() -> None:
     before = torch.cuda.memory_allocated()
     step = SparseStep(Compression.sketch(0.001), [d], LocalGroup(1).transports[0],
                       device="cuda")
-    step.step(gradient)
+    step.update(gradient)
     torch.cuda.synchronize()
     first = (torch.cuda.max_memory_allocated() - before) / (4 * d)
     torch.cuda.reset_peak_memory_stats()
     steady_before = torch.cuda.memory_allocated()
-    step.step(gradient)
+    step.update(gradient)
     torch.cuda.synchronize()
     steady = (torch.cuda.max_memory_allocated() - steady_before) / (4 * d)
     assert first < 1.15 and steady < 0.15, (first, steady)

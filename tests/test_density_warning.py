@@ -82,7 +82,7 @@ def test_the_warning_leaves_the_step_unchanged() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             state = SparseStep(Compression.gtopk(density=0.001), [41_000], transport)
-        indices, values = state.step(gradient.copy())
+        indices, values = state.update(gradient.copy())
         updates.append((indices.copy(), values.copy()))
     assert warmup_warning._density_warning_issued
     np.testing.assert_array_equal(updates[0][0], updates[1][0])

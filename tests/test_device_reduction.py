@@ -16,6 +16,7 @@ from helpers.thread_transport import ThreadGroup
 
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
+from gtopk_hvd.lockstep import drive
 from gtopk_hvd.reductions.gtopk_device import DeviceGTopkReducer
 
 torch = pytest.importorskip("torch")
@@ -64,12 +65,13 @@ def test_device_reduction_equals_the_host_one_bit_for_bit(workers: int, wire_dty
 
 
 def test_the_global_set_stays_in_tensors() -> None:
-    """step() hands host arrays to its caller; inside, the reduction's result is tensors."""
+    """update() hands host arrays to its caller; inside (`phases`), the reduction's result is
+    tensors."""
 
     def work(transport: object) -> tuple:
         state = SparseStep(Compression.gtopk(0.05), SIZES, transport, device="cpu")
         gradient = device_like(torch.arange(sum(SIZES), dtype=torch.float32))
-        inside = state._step(gradient, False, None)
+        inside = drive(state.phases(gradient))
         return type(inside[0]), type(inside[1])
 
     with device_like_cpu():
@@ -188,7 +190,7 @@ def test_workers_with_their_state_in_different_places_are_refused() -> None:
                            device="cpu" if on_torch else None)
         gradient = np.ones(sum(SIZES), np.float32)
         try:
-            state.step(torch.from_numpy(gradient) if on_torch else gradient)
+            state.update(torch.from_numpy(gradient) if on_torch else gradient)
         except ValueError as error:
             return str(error)
         return "stepped"

@@ -1,4 +1,4 @@
-"""A step skipped on the device (`gtopk_hvd.core.device_skip`), tested without a GPU.
+"""A step skipped on the device (`gtopk_hvd.core.skip`), tested without a GPU.
 
 With nonfinite="propagate", the DDP hook on a GPU can leave the skip decision in a device flag
 that the step's kernels read, instead of reading it on the host (which waits for the whole
@@ -7,9 +7,9 @@ backward). Here the torch state lives on CPU tensors that refuse what a CUDA ten
 
 - each kernel with a set flag leaves its state bit-equal and returns a valid set (the sketch's
   table: that of the residual as it is); with a clear flag it equals the call without one;
-- `SparseStep.update` with `DeviceSkip` flags equals the host-decided steps bit for bit (updates,
-  residual, velocity) for Top-k, gTop-k, exact gTop-k, momentum correction, granularity
-  "bucket", a warm-up whose k follows the step count (corrected one step later) and the
+- `SparseStep.update` with device flags (`Skip.on_device`) equals the host-decided steps bit for
+  bit (updates, residual, velocity) for Top-k, gTop-k, exact gTop-k, momentum correction,
+  granularity "bucket", a warm-up whose k follows the step count (corrected one step later) and the
   sketch (with and without its second round), on one worker and on 2, 3 and 5 thread workers
   (the flag summed over them as tensors);
 - the hook with skip_on_device=True equals skip_on_device=False, iteration by iteration, and
@@ -29,7 +29,7 @@ from test_ddp_hook_costs import device_like_buckets, one_worker  # noqa: F401 (f
 from gtopk_hvd import ops
 from gtopk_hvd.compression import Compression
 from gtopk_hvd.core import SparseStep
-from gtopk_hvd.core.device_skip import DeviceSkip
+from gtopk_hvd.core.skip import Skip
 from gtopk_hvd.schemes.sketch import sketch_keys
 
 torch = pytest.importorskip("torch")
@@ -154,12 +154,12 @@ def run_steps(compression: object, transport: object, on_device: bool,
         gradient = device_like(torch.from_numpy(gradient_of(transport.rank, step, bad)))
         out = device_like(torch.empty(D))
         if on_device:
-            assert state.skips_on_device()
+            assert state.skips_on_device
             mark = ops.nonfinite_flag(gradient)
             ops.mark_nonfinite(gradient, mark)
             if transport.size > 1:
                 transport.allreduce_sum_tensors([mark])
-            skip = DeviceSkip(mark)
+            skip = Skip.on_device(mark)
             if transport.size == 1:  # the counters patch the module: one thread at a time
                 with count_host_syncs() as outside, count_kernel_host_reads() as kernels:
                     state.update(gradient, out, clear_gradient=True, skip=skip)
@@ -204,7 +204,7 @@ def test_steps_skipped_on_the_device_equal_those_skipped_on_the_host(name: str,
 
 
 def test_a_scheme_that_cannot_reads_the_flag_first() -> None:
-    """MiCRO keeps thresholds on the host: given a DeviceSkip it reads the flag and skips as
+    """MiCRO keeps thresholds on the host: given a device flag it reads the flag and skips as
     before (the same updates and state as a host decision)."""
     compression = Compression.micro(0.02)
     with device_like_cpu():
@@ -216,14 +216,14 @@ def test_a_scheme_that_cannot_reads_the_flag_first() -> None:
 
 def _micro_on_device(compression: object, transport: object) -> tuple:
     state = SparseStep(compression, SIZES, transport, device="cpu")
-    assert not state.skips_on_device()
+    assert not state.skips_on_device
     updates = []
     for step in range(3):
         gradient = device_like(torch.from_numpy(gradient_of(0, step, 0 in BAD.get(step, ()))))
         mark = ops.nonfinite_flag(gradient)
         ops.mark_nonfinite(gradient, mark)
         out = device_like(torch.empty(D))
-        state.update(gradient, out, clear_gradient=True, skip=DeviceSkip(mark))
+        state.update(gradient, out, clear_gradient=True, skip=Skip.on_device(mark))
         updates.append(out.cpu().numpy())
     return updates, state.residual.cpu().numpy()
 

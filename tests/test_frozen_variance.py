@@ -1,6 +1,6 @@
 """Adam with its second moment frozen after a dense start (`freeze_variance_after`,
 gtopk_hvd.torch.frozen_variance) and the core's dense step it starts with
-(`SparseStep.dense_update`).
+(`SparseStep.update(dense=True)`).
 
 - The torch DistributedOptimizer (Horovod of size 1, the state on the host and device-like)
   against an independent numpy replay: AdamW's dense steps, then the frozen scale, Top-k with
@@ -8,8 +8,8 @@ gtopk_hvd.torch.frozen_variance) and the core's dense step it starts with
   parameter groups (one decayed); exp_avg_sq does not move after the freeze; a NaN step is
   skipped without a change; a checkpoint resumes bit for bit, taken in either phase and
   loaded into a new optimizer or one that froze since.
-- `dense_update` over the "local" transport at P = 3: the mean of the gradients on every worker
-  alike, the sparse state untouched, a ring all-reduce's bytes, the non-finite rule, and a
+- `update(dense=True)` over the "local" transport at P = 3: the mean of the gradients on every
+  worker alike, the sparse state untouched, a ring all-reduce's bytes, the non-finite rule, and a
   joined worker taking part in the others' dense steps.
 - The same replay with the momentum correction at beta1 (the first moment in the exchange),
   with DGC's masking of the velocity and without it.
@@ -244,7 +244,7 @@ def run_dense_local(steps: list[list[str]], d: int = 50) -> list[list]:
             if kind == "sparse":
                 sparse.update(gradient, out)
             else:
-                sparse.dense_update(gradient, out, clear_gradient=True)
+                sparse.update(gradient, out, clear_gradient=True, dense=True)
                 assert not gradient.any()
                 assert np.array_equal(residual, sparse.residual)
             seen.append((kind, out.copy(), sparse.step_count, sparse.last_stats))

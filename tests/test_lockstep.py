@@ -53,7 +53,7 @@ def run(make: object, workers: int, lockstep: bool) -> list:
         record = []
         for step in range(STEPS):
             buffers = [device_like(torch.from_numpy(g)) for g in gradients(transport.rank, step)]
-            phases = [sparse.update_phases(buffer, buffer, clear_gradient=True)
+            phases = [sparse.phases(buffer, buffer, clear_gradient=True)
                       for sparse, buffer in zip(steps, buffers)]
             # the patch is the module's, seen by every thread: counted with one worker only
             with kernel_calls(WAITING if transport.size == 1 else ()) as calls:
@@ -157,7 +157,7 @@ def test_the_buckets_select_seconds_in_lockstep_add_up_to_at_most_the_wall_time(
         for step in range(3):
             buffers = [device_like(torch.from_numpy(g)) for g in gradients(0, step)]
             start = time.perf_counter()
-            run_in_lockstep([sparse.update_phases(buffer, buffer, clear_gradient=True)
+            run_in_lockstep([sparse.phases(buffer, buffer, clear_gradient=True)
                              for sparse, buffer in zip(steps, buffers)])
             wall = time.perf_counter() - start
         selects = [sparse.last_stats.select_seconds for sparse in steps]
@@ -255,7 +255,7 @@ def test_lockstep_on_a_gpu_equals_the_steps_one_at_a_time(scheme: str) -> None:
         out = []
         for step in range(STEPS):
             buffers = [torch.from_numpy(g).cuda() for g in gradients(0, step)]
-            phases = [sparse.update_phases(buffer, buffer, clear_gradient=True)
+            phases = [sparse.phases(buffer, buffer, clear_gradient=True)
                       for sparse, buffer in zip(steps, buffers)]
             if lockstep:
                 run_in_lockstep(phases)
@@ -296,7 +296,7 @@ def test_the_hook_steps_buckets_in_their_own_buffers_in_lockstep_and_cast_ones_a
                        for _ in range(buckets)]
             meter = Meter("torch-cpu")
             with kernel_calls(("read_to_host",)) as calls, meter.measure():
-                assert _step_together(hook, list(zip(steps, buffers))) is False
+                assert not _step_together(hook, list(zip(steps, buffers))).skipped()
             reads.append(calls.counts()["read_to_host"])
             peak = max(peak, meter.peak / (4 * n))
         return reads, peak
@@ -331,7 +331,7 @@ def test_a_threshold_that_falls_below_the_window_looks_lower_as_the_host_path(
             for sparse, buffer in zip(host, on_host):
                 sparse.update(buffer, buffer, clear_gradient=True)
             on_device = [device_like(torch.from_numpy(v.copy())) for v in values]
-            run_in_lockstep([sparse.update_phases(buffer, buffer, clear_gradient=True)
+            run_in_lockstep([sparse.phases(buffer, buffer, clear_gradient=True)
                              for sparse, buffer in zip(device, on_device)])
             out.append([h.tobytes() == d.as_subclass(torch.Tensor).numpy().tobytes()
                         for h, d in zip(on_host, on_device)])

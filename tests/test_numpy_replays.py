@@ -165,7 +165,7 @@ def run_library(options: Options, workers: int, gradients: np.ndarray) -> list[l
                             predivide=options.predivide)
         out = []
         for step in range(gradients.shape[1]):
-            indices, values = state.step(gradients[transport.rank][step].copy())
+            indices, values = state.update(gradients[transport.rank][step].copy())
             stats = state.last_stats
             out.append({"indices": np.array(indices), "values": np.array(values),
                         "residual": state.residual.copy(),

@@ -54,7 +54,7 @@ def run_steps(config: object, gradients: np.ndarray) -> list[list[dict]]:
         step = SparseStep(config, [d], transport)
         out = []
         for t in range(steps):
-            indices, values = step.step(gradients[transport.rank, t].copy())
+            indices, values = step.update(gradients[transport.rank, t].copy())
             out.append({"indices": indices.copy(), "values": values.copy(),
                         "residual": step.residual.copy(), "bounds": step.scheme.bounds.copy(),
                         "bytes": step.last_stats.bytes_sent, "k": step.last_stats.k})

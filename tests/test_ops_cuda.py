@@ -728,7 +728,7 @@ def test_cuda_segmented_select_equals_per_part_cuda_calls() -> None:
 @pytest.mark.parametrize("segmented", [False, True])
 def test_cuda_kernels_read_the_skip_flag_on_the_device(kind: str, d: int, k: int,
                                                         segmented: bool) -> None:
-    """A set device flag (gtopk_hvd.core.device_skip): the residual and velocity stay bit for bit
+    """A set device flag (gtopk_hvd.core.skip): the residual and velocity stay bit for bit
     and the set is the residual's own top-k (numpy's); the gradient is cleared; a clear flag
     gives the flagless call's result, residual and velocity."""
     rng = np.random.default_rng([d, k])

@@ -86,7 +86,7 @@ def test_randomk_matches_its_numpy_replay_on_every_worker(granularity: str,
         state = SparseStep(compression, sizes, transport)
         out = []
         for step in range(steps):
-            indices, values = state.step(gradients[transport.rank][step].copy())
+            indices, values = state.update(gradients[transport.rank][step].copy())
             out.append((np.array(indices), np.array(values), state.residual.copy()))
         return out
 
@@ -108,7 +108,7 @@ def test_randomk_draws_every_index_about_equally_often() -> None:
     def work(transport: object) -> None:
         state = SparseStep(compression, [50], transport)
         for _ in range(400):
-            indices, _ = state.step(np.zeros(50, np.float32))
+            indices, _ = state.update(np.zeros(50, np.float32))
             assert indices.size == 5 and np.all(np.diff(indices) > 0)
             counts[indices] += 1
 
@@ -135,7 +135,7 @@ def test_a_new_sparsifier_is_one_class_and_its_registration() -> None:
 
     def work(transport: object) -> tuple[np.ndarray, np.ndarray]:
         state = SparseStep(compression, [8], transport)
-        return state.step(gradients[transport.rank].copy())
+        return state.update(gradients[transport.rank].copy())
 
     for indices, values in ThreadGroup(2).run(work):
         np.testing.assert_array_equal(indices, [0, 1])

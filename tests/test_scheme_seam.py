@@ -89,7 +89,7 @@ def test_a_partitioned_union_scheme_runs_through_the_core_unchanged(workers: int
         step = SparseStep(config, [40, 57], transport)
         out = []
         for t in range(steps):
-            indices, values = step.step(gradients[transport.rank, t].copy())
+            indices, values = step.update(gradients[transport.rank, t].copy())
             out.append((indices.copy(), values.copy(), step.residual.copy()))
         assert step.scheme.exchanges == steps
         return out
@@ -119,7 +119,7 @@ def test_the_schemes_own_state_is_saved_and_restored_with_the_step() -> None:
     def work(transport: object) -> tuple:
         first = SparseStep(config, [50], transport)
         for _ in range(3):
-            first.step(gradient.copy())
+            first.update(gradient.copy())
         saved = first.state_dict()
         second = SparseStep(config, [50], transport)
         second.load_state_dict(saved)

@@ -42,7 +42,7 @@ def train(compression: object, device: str | None, workers: int = 3, steps: int 
         updates = []
         for gradient in gradients(transport.rank, steps):
             flat = gradient if device is None else wrap(torch.from_numpy(gradient).to(device))
-            indices, values = state.step(flat)
+            indices, values = state.update(flat)
             assert isinstance(indices, np.ndarray) and isinstance(values, np.ndarray)
             updates.append((indices.copy(), values.copy()))
         saved = state.state_dict()

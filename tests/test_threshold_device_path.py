@@ -57,7 +57,7 @@ def rising_steps(scheme: str, call: str, d: int, steps: int = 4) -> list[float]:
             if call == "update":
                 state.update(work, work, clear_gradient=True)
             else:
-                state.step(work)
+                state.update(work)
         peaks.append(meter.peak / (4 * d))
         assert state.last_stats.global_entries <= 2 * state.last_stats.k
     return peaks
@@ -103,7 +103,7 @@ def test_numpy_state_keeps_its_candidates() -> None:
                   lambda *a, **k: seen.append(a[4]) or real(*a, **k))
     try:
         for step in range(3):
-            state.step(np.random.default_rng(step).standard_normal(d).astype(np.float32))
+            state.update(np.random.default_rng(step).standard_normal(d).astype(np.float32))
     finally:
         patch.undo()
     assert seen[0] == control.NO_KEY and all(key != control.NO_KEY for key in seen[1:])
@@ -183,10 +183,10 @@ def test_cuda_rising_magnitudes_make_no_large_temporary(scheme: str) -> None:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-        indices, values = on_gpu.step(gradient)
+        indices, values = on_gpu.update(gradient)
         torch.cuda.synchronize()
         assert (torch.cuda.max_memory_allocated() - start) / (4 * d) <= TARGET_SLACK, step
-        want_indices, want_values = on_host.step(host)
+        want_indices, want_values = on_host.update(host)
         np.testing.assert_array_equal(indices, want_indices)
         np.testing.assert_array_equal(values, want_values)
 

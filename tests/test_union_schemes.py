@@ -52,7 +52,7 @@ def run_steps(config: object, gradients: np.ndarray, sizes: list[int] | None = N
         out = []
         for t in range(steps):
             before = None if record is None else np.copy(getattr(step.scheme, record))
-            indices, values = step.step(gradients[transport.rank, t].copy())
+            indices, values = step.update(gradients[transport.rank, t].copy())
             out.append({"indices": indices.copy(), "values": values.copy(),
                         "residual": step.residual.copy(), "k": step.last_stats.k,
                         "threshold": getattr(step.scheme, "threshold", None),
@@ -328,15 +328,15 @@ def test_resume_from_a_checkpoint_is_exact(name: str) -> None:
         first = SparseStep(config, [d], transport)
         through, resumed = [], []
         for t in range(steps):
-            through.append(straight.step(gradients[transport.rank, t].copy())[1].copy())
+            through.append(straight.update(gradients[transport.rank, t].copy())[1].copy())
             if t < 4:
-                resumed.append(first.step(gradients[transport.rank, t].copy())[1].copy())
+                resumed.append(first.update(gradients[transport.rank, t].copy())[1].copy())
             if t == 3:
                 saved = first.state_dict()
                 first = SparseStep(config, [d], transport)
                 first.load_state_dict(saved)
             if t >= 4:
-                resumed.append(first.step(gradients[transport.rank, t].copy())[1].copy())
+                resumed.append(first.update(gradients[transport.rank, t].copy())[1].copy())
         return through, resumed
 
     for through, resumed in ThreadGroup(workers).run(work):
@@ -419,8 +419,8 @@ def test_torch_tensors_step_as_numpy_arrays_do(name: str) -> None:
                               SparseStep(config, [d], transport, device="cpu"))
         out = []
         for t in range(steps):
-            numpy_result = on_numpy.step(gradients[transport.rank, t].copy())
-            torch_result = on_torch.step(torch.from_numpy(gradients[transport.rank, t].copy()))
+            numpy_result = on_numpy.update(gradients[transport.rank, t].copy())
+            torch_result = on_torch.update(torch.from_numpy(gradients[transport.rank, t].copy()))
             out.append((numpy_result, torch_result, on_numpy.residual.copy(),
                         on_torch.residual.numpy().copy()))
         return out

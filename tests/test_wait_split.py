@@ -107,7 +107,7 @@ def test_step_stats_carry_the_split(compression: object) -> None:
         if state is None:
             state = transport.state = SparseStep(compression, [300], transport)
         gradient = np.random.default_rng(transport.rank).standard_normal(300).astype(np.float32)
-        state.step(gradient)
+        state.update(gradient)
         s = state.last_stats
         return ReductionStats(comm_seconds=s.communicate_seconds, wait_seconds=s.wait_seconds,
                               transfer_seconds=s.transfer_seconds)

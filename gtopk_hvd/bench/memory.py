@@ -207,7 +207,7 @@ def _one_step(step: SparseStep, gradient: Any, call: str) -> None:
     if call == "update":  # the adapters' call: the update written over the gradient
         step.update(gradient, gradient, clear_gradient=True)
     else:
-        step.step(gradient)
+        step.update(gradient)
 
 
 # -- the command ------------------------------------------------------------------------------

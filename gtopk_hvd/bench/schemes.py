@@ -125,7 +125,7 @@ def measure(name: str, density: float, sizes: list[int], transport: Transport, s
             stats = dense_allreduce(data, transport)
             own, sent_now, union = time.perf_counter() - start, stats.bytes_sent, d
         else:
-            step.step(data)
+            step.update(data)
             stats = step.last_stats
             own = time.perf_counter() - start - stats.select_seconds - stats.write_seconds
             sent_now, union = stats.bytes_sent, stats.global_entries

@@ -17,7 +17,7 @@ configuration and options, and keeps its state in the same kind of arrays (a red
 device and one on the host exchange different messages), and takes the largest step count of
 the workers: `gtopk_hvd.core.agreement`), the non-finite rule, the budget k,
 scaling and the stats. It imports no framework and no Horovod: adapters fuse their gradients
-into one flat vector, call `update` (or `step`), split the result back, and check their own
+into one flat vector, call `update` (or run `phases`), split the result back, and check their own
 framework's ranks.
 
 The gradient, the residual and the velocity are of the backend's type; `clear_gradient` lets
@@ -50,7 +50,7 @@ Non-finite gradients (a NaN or Inf on any worker), by the configuration's `nonfi
 
 Each step begins with that count (with "raise" it counts no gradient, only the joined workers):
 one all-reduce of three integers, the workers whose gradient is not finite, the workers that
-have joined, and the workers taking a dense step (`dense_update`: an optimizer's dense start),
+have joined, and the workers taking a dense step (`update(dense=True)`: an optimizer's dense start),
 which a joined worker then takes part in with zeros. Uneven data (Horovod's `hvd.join()`): a
 worker out of data calls `join()`, which takes part in every further step of the others with an
 empty contribution (an all-zero gradient: its messages have their usual shape, their values are
@@ -76,7 +76,7 @@ import numpy as np
 from gtopk_hvd import ops
 from gtopk_hvd.backend import backend_for
 from gtopk_hvd.core.agreement import check_same_on_all_workers, signature
-from gtopk_hvd.core.device_skip import DeviceSkip
+from gtopk_hvd.core.skip import Skip
 from gtopk_hvd.core.stats import StepStats
 from gtopk_hvd.core.warmup_warning import warn_if_density_needs_warmup
 from gtopk_hvd.density import Schedule
@@ -129,6 +129,19 @@ class SparseStep:
         self.schedule = Schedule(config, self.sizes)
         self.scheme = build_scheme(config, self.transport, self.backend, self.sizes,
                                    self.index_dtype)
+        # What the step does, decided here once, never while it runs:
+        self.skips_on_device = (self.backend.name == "torch" and config.nonfinite == "propagate"
+                                and self.scheme.skips_on_device())
+        """Whether `phases` honours a `Skip.on_device` flag on the device without reading it:
+        torch state, nonfinite="propagate", a scheme that can (`Scheme.skips_on_device`).
+        Otherwise a flag given is read on the host first."""
+        self._prepare = (self._prepare_momentum if self.velocity is not None
+                         else self._prepare_nothing if self.predivide == 1.0
+                         else self._prepare_divided)
+        self._scale = np.float32(self.predivide / self.transport.size if average
+                                 else self.predivide)
+        self._raises_on_nonfinite = config.nonfinite == "raise"
+        self._masks_velocity = self.velocity is not None and config.momentum_masking
         self.what = what
         self.signature = signature(
             layout, sizes=self.sizes, compression=config, average=average,
@@ -137,7 +150,7 @@ class SparseStep:
         self._step_count = 0
         self._skipped_steps = 0
         self._last_stats: StepStats | None = None
-        self._unresolved: list[tuple[DeviceSkip, StepStats]] = []
+        self._unresolved: list[tuple[Skip, StepStats]] = []
         self._workers_agree = False
 
     # -- the host's counts (a step skipped on the device is corrected when its flag arrives) --
@@ -172,86 +185,120 @@ class SparseStep:
         return self._last_stats
 
     def _resolve_skips(self) -> None:
-        """Corrects the counts for the steps skipped on the device (`DeviceSkip`) whose flags
-        were not read yet: each such step counted as taken is taken back."""
+        """Corrects the counts for the steps skipped on the device (`Skip.on_device`) whose
+        flags were not read yet: each such step counted as taken is taken back."""
         unresolved, self._unresolved = self._unresolved, []
-        for device_skip, stats in unresolved:
-            if device_skip.skipped():
+        for skip, stats in unresolved:
+            if skip.skipped():
                 self._step_count -= 1
                 self._skipped_steps += 1
                 stats.skipped = True
 
-    def skips_on_device(self) -> bool:
-        """Whether `update` can take the skip decision as a flag on the device (`DeviceSkip`)
-        without reading it: torch state, nonfinite="propagate", a scheme that can
-        (`Scheme.skips_on_device`). Otherwise a DeviceSkip given is read on the host first."""
-        return (self.backend.name == "torch" and self.compression.nonfinite == "propagate"
-                and self.scheme.skips_on_device())
-
     # -- one step -----------------------------------------------------------------------------
 
-    def step(self, gradient: Any, clear_gradient: bool = False,
-             skip: bool | DeviceSkip | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-        """One step (module docstring): the global (indices, values) to apply, values scaled;
-        None for a step skipped for a non-finite gradient (nonfinite="propagate").
+    def update(self, gradient: Any, out: Any = None, clear_gradient: bool = False,
+               skip: Skip | bool | None = None, dense: bool = False) -> Any:
+        """One step, run to its end here (`phases`, driven by `gtopk_hvd.lockstep.drive`: each
+        host read waits as it is asked for).
 
-        gradient: flat float32, d values, of the backend's type; read only, unless
-        clear_gradient: then it is all zeros on return. Returns host numpy arrays: the indices
-        may be a view of the scheme's buffers, valid until the next step.
-        skip: None: the configuration's rule decides (the check costs one all-reduce); True /
-        False: the caller has already counted the non-finite workers for several steps at once
-        (`gtopk_hvd.nonfinite.count_nonfinite_workers`; the DDP hook, one count per iteration
-        over all buckets)
-        and says whether to skip this one (a `DeviceSkip`: a flag on the device, the host
-        values read at once here, since the result goes to the host anyway).
+        Args:
+            gradient, out, clear_gradient, skip, dense: as `phases`'.
+
+        Returns:
+            out, when given. Without out: the global set as host numpy arrays (indices, values
+            scaled; the indices may be a view of the scheme's buffers, valid until the next
+            step), or None for a skipped step.
         """
-        if isinstance(skip, DeviceSkip):
-            skip = skip.skipped()
-        result = self._step(gradient, clear_gradient, skip)
-        if result is None:
-            return None
+        result = drive(self.phases(gradient, out, clear_gradient, skip, dense))
+        if out is not None or result is None:
+            return result
         to_host = self.backend.to_host
-        return tuple(x if isinstance(x, np.ndarray) else to_host(x) for x in result[:2])
+        return tuple(x if isinstance(x, np.ndarray) else to_host(x) for x in result)
 
-    def _step(self, gradient: Any, clear_gradient: bool, skip: bool | DeviceSkip | None
-              ) -> tuple[Any, Any, Any] | None:
-        """`step`, its result where the scheme left it: host arrays, or the backend's tensors
-        where the reduction ran on the device; and the device skip flag the update must honour
-        (None: the step was applied)."""
-        return drive(self._step_phases(gradient, clear_gradient, skip))
+    def phases(self, gradient: Any, out: Any = None, clear_gradient: bool = False,
+               skip: Skip | bool | None = None, dense: bool = False) -> Phases:
+        """The step (module docstring) as a generator of its scheme's host reads
+        (`gtopk_hvd.lockstep`): `update` drives it alone; `run_in_lockstep` runs several
+        (the DDP hook's buckets), which then share their waits, with the same results.
 
-    def _step_phases(self, gradient: Any, clear_gradient: bool,
-                     skip: bool | DeviceSkip | None) -> Phases:
-        """`_step` as a generator of the scheme's host reads (`gtopk_hvd.lockstep`)."""
+        1. The agreement check, at the first step only.
+        2. The skip: the non-finite rule's count (`Skip.COUNT`), or the caller's decision; a
+           device flag is read on the host first unless the step honours it there
+           (`skips_on_device`) and writes into `out`.
+        3. Skipped: nothing of the state changes, the gradient is cleared if asked, out is all
+           NaN. Dense (`dense`): out = the workers' summed gradients, scaled. Otherwise the
+           predivision and momentum correction, the scheme's exchange (its host reads yielded),
+           the velocity cleared where the residual was taken, the values scaled.
+        4. The global set written into out as the dense update (out = zeros(d), out[I] = V),
+           or returned.
+
+        Args:
+            gradient: flat float32, d values, of the backend's type; read only, unless
+                clear_gradient: then it is all zeros on return.
+            out: d float32 values of the backend's type for the dense update, or None for the
+                global set itself. It may be the gradient itself, with clear_gradient (every
+                scheme having cleared it, the write is the scatter of the set alone,
+                `ops.write_sparse`'s `zeroed`); not with dense.
+            skip: a `Skip`, or None (`Skip.COUNT`), or a bool (`Skip.decided`).
+            dense: one dense step in the sparse step's place (an optimizer's dense start,
+                `gtopk_hvd.torch.frozen_variance`): one all-reduce of d values, counted as a
+                ring's bytes; the residual, the velocity and the scheme's state untouched, the
+                step count advanced (the density schedule counts dense steps too). Only with
+                the step's own count (`Skip.COUNT`).
+
+        Returns:
+            out, when given (its write timed as last_stats.write_seconds); else (indices,
+            values) where the scheme left them (host arrays, or the backend's tensors where the
+            reduction ran on the device), or None for a skipped step.
+        """
+        skip = Skip.of(skip)
+        if dense and (out is None or out is gradient or not skip.counted_by_step):
+            raise ValueError("a dense step writes the sum into out (another buffer than the "
+                             "gradient) and counts its own non-finite workers (skip=None)")
         self._check_agreement()
-        config = self.compression
         check_seconds = check_wait_seconds = 0.0
-        if isinstance(skip, DeviceSkip) and not self.skips_on_device():
-            skip = skip.skipped()
-        if skip is None:
-            skip, check_seconds, check_wait_seconds = self._check_and_count(gradient)
+        if skip.flag is not None and (out is None or not self.skips_on_device):
+            skip = skip.on_host()
+        if skip.counted_by_step:
+            skip, check_seconds, check_wait_seconds = self._check_and_count(gradient, dense)
         self._resolve_skips()
         budget = self.schedule.budget(self._step_count)
-        device_skip = skip if isinstance(skip, DeviceSkip) else None
-        if device_skip is None and skip:
-            return self._skip(gradient, clear_gradient, budget, check_seconds,
-                              check_wait_seconds)
-        flag = None if device_skip is None else device_skip.flag
+        if skip.known:
+            self._skip(gradient, clear_gradient, budget, check_seconds, check_wait_seconds)
+            result = None
+        elif dense:
+            self._dense(gradient, out, clear_gradient, check_seconds, check_wait_seconds)
+            return out
+        else:
+            result = yield from self._sparse(gradient, clear_gradient, skip, budget,
+                                             check_seconds, check_wait_seconds)
+        if out is None:
+            return result
+        start = time.perf_counter()
+        if result is None:
+            out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars
+        else:  # a gradient the step cleared needs no second zero fill
+            ops.write_sparse(out, *result, skip.flag,
+                             zeroed=clear_gradient and out is gradient)
+        self._last_stats.write_seconds = time.perf_counter() - start
+        return out
+
+    def _sparse(self, gradient: Any, clear_gradient: bool, skip: Skip, budget: Any,
+                check_seconds: float, check_wait_seconds: float) -> Phases:
+        """The sparse step proper (`phases`' 3.): returns the scaled global set."""
+        flag = skip.flag
         start = time.perf_counter()
         gradient, clear_in_pass = self._prepare(gradient, clear_gradient, flag)
         prepare_seconds = time.perf_counter() - start
-
         on_device = {} if flag is None else {"skip": flag}
-        exchange = yield from self.scheme.exchange_phases(
+        exchange = yield from self.scheme.exchange(
             gradient, self.residual, budget, self._step_count, clear_in_pass, **on_device)
-        if config.nonfinite == "raise" and not ops.all_finite(exchange.values):
+        if self._raises_on_nonfinite and not ops.all_finite(exchange.values):
             self._raise_nonfinite()
-        if (self.velocity is not None and exchange.taken is not None
-                and config.momentum_masking):
+        if self._masks_velocity and exchange.taken is not None:
             ops.zero_at(self.velocity, exchange.taken, flag)
-
-        scale = self.predivide / self.transport.size if self.average else self.predivide
-        values = exchange.values * np.float32(scale) if scale != 1.0 else exchange.values
+        scale = self._scale
+        values = exchange.values * scale if scale != 1.0 else exchange.values
         stats = exchange.stats
         self._last_stats = StepStats(
             step=self._step_count, density=budget.density, k=budget.k,
@@ -262,82 +309,53 @@ class SparseStep:
             merge_seconds=stats.merge_seconds, wait_seconds=stats.wait_seconds + check_wait_seconds,
             transfer_seconds=stats.transfer_seconds, check_seconds=check_seconds)
         self._step_count += 1
-        if device_skip is not None:
-            self._unresolved.append((device_skip, self._last_stats))
-        return exchange.indices, values, flag
+        if flag is not None:
+            self._unresolved.append((skip, self._last_stats))
+        return exchange.indices, values
 
-    def _prepare(self, gradient: Any, clear_gradient: bool,
-                 skip: Any = None) -> tuple[Any, bool]:
-        """Predivision and momentum correction (module docstring) with no temporary of the
-        gradient's size: (what the scheme accumulates, whether it clears it). A read-only
-        gradient is divided in blocks into the velocity, or into the residual (the scheme then
-        gets None: `Scheme.takes_accumulated`), unless a device skip flag is given (the residual
-        must stay as it is if it is set: then into a new array)."""
-        divisor = self.predivide
-        if self.velocity is not None:
-            ops.momentum_update(self.velocity, gradient, self.compression.momentum, divisor,
-                                skip)
-            if clear_gradient:
-                gradient[:] = 0
-            return self.velocity, False
-        if divisor == 1.0:
-            return gradient, clear_gradient
-        if clear_gradient:  # ours to change: divide in place (the same rounding as a / b)
-            gradient /= np.float32(divisor)
+    # Predivision and momentum correction (module docstring) with no temporary of the
+    # gradient's size, one of three chosen when the step is built: (what the scheme
+    # accumulates, whether it clears it).
+
+    def _prepare_momentum(self, gradient: Any, clear_gradient: bool,
+                          flag: Any) -> tuple[Any, bool]:
+        """u = m u + g / f, in the velocity (a set device flag: u unchanged)."""
+        ops.momentum_update(self.velocity, gradient, self.compression.momentum,
+                            self.predivide, flag)
+        if clear_gradient:
+            gradient[:] = 0
+        return self.velocity, False
+
+    def _prepare_nothing(self, gradient: Any, clear_gradient: bool,
+                         flag: Any) -> tuple[Any, bool]:
+        """No predivision: the gradient as it is."""
+        return gradient, clear_gradient
+
+    def _prepare_divided(self, gradient: Any, clear_gradient: bool,
+                         flag: Any) -> tuple[Any, bool]:
+        """g / f: in place where the gradient is ours to clear (the same rounding as a / b);
+        else divided in blocks into the residual (the scheme then gets None:
+        `Scheme.takes_accumulated`), unless a device flag is given (the residual must stay as
+        it is if it is set: then into a new array)."""
+        divisor = np.float32(self.predivide)
+        if clear_gradient:
+            gradient /= divisor
             return gradient, True
-        if self.scheme.takes_accumulated and skip is None:
-            ops.add_divided(self.residual, gradient, divisor)
+        if self.scheme.takes_accumulated and flag is None:
+            ops.add_divided(self.residual, gradient, self.predivide)
             return None, False
-        return gradient / np.float32(divisor), False
+        return gradient / divisor, False
 
-    def update(self, gradient: Any, out: Any, clear_gradient: bool = False,
-               skip: bool | DeviceSkip | None = None) -> Any:
-        """One `step`, its global set written into `out` as the dense update: out = zeros(d),
-        out[I] = scaled V; all NaN for a skipped step. out: d float32 values of the backend's
-        type (it may be the gradient itself, with clear_gradient: then, every scheme having
-        cleared it, the write is the scatter of the set alone, `ops.write_sparse`'s `zeroed`).
-        Times the write as last_stats.write_seconds. skip: as `step`'s; a `DeviceSkip` is
-        honoured on the device without a host read where `skips_on_device()`
-        (gtopk_hvd.core.device_skip), and read on the host first otherwise."""
-        return drive(self.update_phases(gradient, out, clear_gradient, skip))
-
-    def update_phases(self, gradient: Any, out: Any, clear_gradient: bool = False,
-                      skip: bool | DeviceSkip | None = None) -> Phases:
-        """`update` as a generator that yields its scheme's host reads and returns `out`
-        (`gtopk_hvd.lockstep`): several steps run by `run_in_lockstep` share their waits, with
-        the same results as `update` each."""
-        result = yield from self._step_phases(gradient, clear_gradient, skip)
-        start = time.perf_counter()
-        if result is None:
-            out[:] = float("nan")  # a Python float: torch tensors refuse numpy scalars
-        else:  # a gradient the step cleared needs no second zero fill
-            ops.write_sparse(out, *result, zeroed=clear_gradient and out is gradient)
-        self._last_stats.write_seconds = time.perf_counter() - start
-        return out
-
-    def dense_update(self, gradient: Any, out: Any, clear_gradient: bool = False) -> Any:
-        """One dense step in the sparse step's place (an optimizer's dense start, e.g.
-        `gtopk_hvd.torch.frozen_variance`): out = the sum over workers of the gradients,
-        divided by P for Average (as `update` scales), by one all-reduce of d values. The same
-        non-finite rule and count as `update` first (all NaN and nothing changed when skipped);
-        the residual, the velocity and the scheme's state are untouched; the step count
-        advances (the density schedule counts dense steps too). out: d float32 values of the
-        backend's type, not the gradient itself. Bytes counted as a ring all-reduce's."""
-        if out is gradient:
-            raise ValueError("dense_update writes the sum into out: pass another buffer")
-        self._check_agreement()
-        skip, check_seconds, check_wait_seconds = self._check_and_count(gradient, dense=True)
-        budget = self.schedule.budget(self.step_count)
-        if skip:
-            self._skip(gradient, clear_gradient, budget, check_seconds, check_wait_seconds)
-            out[:] = float("nan")
-            return out
+    def _dense(self, gradient: Any, out: Any, clear_gradient: bool, check_seconds: float,
+               check_wait_seconds: float) -> None:
+        """`phases`' dense step: out = the workers' gradients summed, scaled as a sparse
+        step's."""
         start = time.perf_counter()
         out[:] = gradient
         if clear_gradient:
             gradient[:] = 0
         self._sum_dense(out)
-        if self.compression.nonfinite == "raise" and not ops.all_finite(out):
+        if self._raises_on_nonfinite and not ops.all_finite(out):
             self._raise_nonfinite()
         if self.average and self.transport.size > 1:
             out /= float(self.transport.size)
@@ -345,22 +363,21 @@ class SparseStep:
         size = self.transport.size
         ring = 2 * (size - 1) * 4 * self.d // size
         self._last_stats = StepStats(
-            step=self.step_count, density=1.0, k=self.d, global_entries=self.d,
+            step=self._step_count, density=1.0, k=self.d, global_entries=self.d,
             bytes_sent=ring, bytes_received=ring, select_seconds=0.0,
             communicate_seconds=seconds + check_wait_seconds, merge_seconds=0.0,
             wait_seconds=check_wait_seconds, transfer_seconds=seconds,
             check_seconds=check_seconds)
-        self.step_count += 1
-        return out
+        self._step_count += 1
 
-    def _check_and_count(self, gradient: Any, dense: bool = False) -> tuple[bool, float, float]:
+    def _check_and_count(self, gradient: Any, dense: bool = False) -> tuple[Skip, float, float]:
         """The non-finite rule's read of this worker's gradient ("propagate") and the count of
-        every worker's: (skip this step, seconds reading, seconds in the count). The count waits
+        every worker's: (the decision, seconds reading, seconds in the count). The count waits
         for the last worker to arrive: a wait, as the exchanges' probes."""
         start = time.perf_counter()
-        local = self.compression.nonfinite == "propagate" and not ops.all_finite(gradient)
+        local = not self._raises_on_nonfinite and not ops.all_finite(gradient)
         read = time.perf_counter()
-        skip = self._count(local, dense=dense)[0] > 0
+        skip = Skip.decided(self._count(local, dense=dense)[0] > 0)
         return skip, read - start, time.perf_counter() - read
 
     def _raise_nonfinite(self) -> None:
@@ -389,7 +406,7 @@ class SparseStep:
         shape the schedule expects), its residual and velocity stay as they were, its step count
         follows the others' (so the density schedule agrees), and the update is dropped: this
         worker's model does not move, as under Horovod. The others' average still divides by
-        P. Only for steps that count their workers (`step` with skip=None)."""
+        P. Only for steps that count their workers (`Skip.COUNT`)."""
         self._check_agreement()
         joined_at = self.step_count
         zeros = self.backend.zeros(self.d)
@@ -402,11 +419,12 @@ class SparseStep:
                 self.skipped_steps += 1
                 continue
             scratch[:] = 0
-            if dense:  # the others' `dense_update`: an all-reduce of zeros
+            if dense:  # the others' dense step: an all-reduce of zeros
                 self._sum_dense(scratch)
             else:
-                self.scheme.exchange(zeros, scratch, self.schedule.budget(self.step_count),
-                                     self.step_count, False)
+                drive(self.scheme.exchange(zeros, scratch,
+                                           self.schedule.budget(self.step_count),
+                                           self.step_count, False))
             self.step_count += 1
         if self.transport.size == 1:
             return self.transport.rank

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gtopk_hvd import ops
+from gtopk_hvd.core.skip import Skip
 from gtopk_hvd.lockstep import Phases, drive
 
 if TYPE_CHECKING:
@@ -86,14 +87,14 @@ class TentativeStep:
         np.add(self.buffer, step.residual, out=self.buffer)
         residual, step.residual = step.residual, self.buffer
         try:
-            self.result = yield from step._step_phases(None, False, False)
+            self.result = yield from step.phases(None, skip=Skip.decided(False))
         finally:
             step.residual = residual
 
     def commit(self) -> None:
         """The step counts: the residual takes the accumulation's remainder, the buffer the
         update."""
-        indices, values, _ = self.result
+        indices, values = self.result
         self.step.residual[:] = self.buffer
         ops.write_sparse(self.buffer, indices, values)
 

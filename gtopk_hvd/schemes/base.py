@@ -140,29 +140,34 @@ class Scheme(ABC):
 
     @abstractmethod
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                 clear_gradient: bool) -> Exchange:
-        """The module docstring's step. gradient: read only unless clear_gradient (then all
-        zeros on return), or None where `takes_accumulated`; residual: updated in place.
-        budget: this step's k (and its parts); step: the optimizer step (0-based), the same on
-        every worker. A scheme whose `skips_on_device()` also takes skip=flag (a device skip
-        flag, `gtopk_hvd.core.device_skip`): when it is set, the residual (and the scheme's
-        state) stay as they were, and the exchange still runs with every message of its usual
-        size."""
+                 clear_gradient: bool) -> Phases:
+        """The module docstring's step, as a generator of its host reads
+        (`gtopk_hvd.lockstep`): it yields a `HostRead` where it needs values of the device on
+        the host, is sent them (a `Reply`), and returns the `Exchange`, so that several
+        buckets' steps can share their waits. Its reads must not depend on local data (the
+        lockstep's rule); its select_seconds leaves out its time at them beyond its share of
+        their waits (`OwnTime`). A scheme that reads nothing, or reads as it goes, writes a
+        plain method under `@reads_nothing`.
 
-    def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                        clear_gradient: bool, **on_device: Any) -> Phases:
-        """`exchange` as a generator of host reads (`gtopk_hvd.lockstep`): it yields a
-        `HostRead` where it needs values of the device on the host, is sent them (a `Reply`),
-        and returns the Exchange, so that several buckets' steps can share their waits. Its
-        reads must not depend on local data (the lockstep's rule); its select_seconds leaves
-        out its time at them beyond its share of their waits (`OwnTime`). Default: `exchange`,
-        with no read of its own (a scheme that reads nothing, or reads as it goes)."""
-        return self.exchange(gradient, residual, budget, step, clear_gradient, **on_device)
-        yield  # unreachable: makes this a generator
+        Args:
+            gradient: read only unless clear_gradient (then all zeros on return), or None where
+                `takes_accumulated`.
+            residual: updated in place.
+            budget: this step's k (and its parts).
+            step: the optimizer step (0-based), the same on every worker.
+            skip: (only a scheme whose `skips_on_device()`) a device skip flag
+                (`gtopk_hvd.core.skip`): when it is set, the residual (and the scheme's state)
+                stay as they were, and the exchange still runs with every message of its usual
+                size.
+
+        Returns:
+            The Exchange (as the generator's value).
+        """
 
     def skips_on_device(self) -> bool:
-        """Whether `exchange` takes skip=flag (above) for this configuration and state: a step
-        decided on the device without a host read. False unless a scheme says so."""
+        """Whether `exchange` takes skip=flag (above) for this configuration: a step decided on
+        the device without a host read. Asked once, when the step is built. False unless a
+        scheme says so."""
         return False
 
     def state_dict(self) -> dict:

@@ -41,7 +41,7 @@ import numpy as np
 import gtopk_hvd.schemes.threshold as control
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
-from gtopk_hvd.lockstep import OwnTime, Phases, drive
+from gtopk_hvd.lockstep import OwnTime, Phases
 from gtopk_hvd.options import check_choice, is_number, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
@@ -104,6 +104,7 @@ class Micro(Scheme):
         self.d = sum(self.sizes)
         # The accumulation pass keeps candidates on the host only (`_measured`).
         self.candidates = self.backend.name == "numpy"
+        self.on_tensors = on_device(self.transport, self.backend)  # the union stays there
 
     # -- partitions -------------------------------------------------------------------------
 
@@ -122,11 +123,7 @@ class Micro(Scheme):
     # -- the step ---------------------------------------------------------------------------
 
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                 clear_gradient: bool) -> Exchange:
-        return drive(self.exchange_phases(gradient, residual, budget, step, clear_gradient))
-
-    def exchange_phases(self, gradient: Any, residual: Any, budget: Budget, step: int,
-                        clear_gradient: bool) -> Phases:
+                 clear_gradient: bool) -> Phases:
         """The step (module docstring); on tensors with the histogram controller, two host
         reads yielded (`_measured_on_device`), so that the DDP hook's buckets share them
         (`gtopk_hvd.lockstep`; its time at them beyond its share of their waits is not in
@@ -136,7 +133,7 @@ class Micro(Scheme):
         bounds = self.bounds()
         part = self.owned(step)
         begin, end = int(bounds[part]), int(bounds[part + 1])
-        tensors = on_device(self.transport, self.backend)  # the union stays in tensors
+        tensors = self.on_tensors
         counts = None
         if self.controller == "multiplicative" and self.threshold is not None:
             tau = self.threshold if self.selected < 0 else control.multiplicative(

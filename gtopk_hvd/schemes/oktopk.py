@@ -81,6 +81,7 @@ import numpy as np
 
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.lockstep import reads_nothing
 from gtopk_hvd.options import check_integer
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
@@ -187,6 +188,7 @@ class OkTopk(Scheme):
 
     # -- the step ---------------------------------------------------------------------------
 
+    @reads_nothing
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool) -> Exchange:
         start = time.perf_counter()

@@ -35,6 +35,7 @@ from typing import Any
 
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.lockstep import reads_nothing
 from gtopk_hvd.options import one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
@@ -90,15 +91,18 @@ class SelectReduce(Scheme):
         self.sparsifier = SPARSIFIERS.get(self.config.sparsifier)(self.config.seed, self.backend)
         self.reduction = REDUCTIONS.get(reduction_name(self.config))(
             self.transport, self.index_dtype, self.config.wire_dtype)
+        # Where the sets are reduced, decided once: on the state's device when the reduction
+        # takes tensors there (gTop-k, the all-gather; a GPU under NCCL, or one worker).
+        self.on_tensors = (self.backend.name == "torch"
+                           and self.reduction.takes_tensors_on(self.backend.device))
 
     def skips_on_device(self) -> bool:
         """A sparsifier that takes a skip flag (Top-k) and a reduction that takes the sets on
         the state's device (gTop-k, the all-gather): every write to the state is then a kernel
         that reads the flag, or a mask cut on the device."""
-        sparsifier = type(self.sparsifier)
-        return (self.backend.name == "torch" and sparsifier.takes_skip_flag
-                and self.reduction.takes_tensors_on(self.backend.device))
+        return self.on_tensors and type(self.sparsifier).takes_skip_flag
 
+    @reads_nothing
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool, skip: Any = None) -> Exchange:
         start = time.perf_counter()
@@ -138,11 +142,9 @@ class SelectReduce(Scheme):
                         select_seconds)
 
     def _reduce_on_device(self, local_values: Any, k: int) -> bool:
-        """Whether the reduction takes the selected set where it lies (the state's device, a
-        GPU under NCCL): its transport sends tensors from there (or one worker runs) and the
+        """Whether the reduction takes the selected set where it lies (`on_tensors`) and the
         set has k entries. The exact sum then runs there too (`union.sum_at_tensors`)."""
-        return (self.backend.name == "torch" and len(local_values) == k
-                and self.reduction.takes_tensors_on(self.backend.device))
+        return self.on_tensors and len(local_values) == k
 
     def _select(self, gradient: Any, residual: Any, budget: Budget, step: int,
                 clear_gradient: bool, skip: Any = None) -> tuple[Any, Any]:

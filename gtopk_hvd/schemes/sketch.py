@@ -79,6 +79,7 @@ import numpy as np
 
 from gtopk_hvd import _C, ops
 from gtopk_hvd.density import Budget
+from gtopk_hvd.lockstep import reads_nothing
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
 from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
@@ -170,18 +171,20 @@ class Sketch(Scheme):
         columns = self.options.columns or 10 * k
         self.second_round = bool(self.options.second_round)
         self.sketch = CountSketch(int(self.options.rows), int(columns), self.config.seed)
+        self.on_tensors = on_device(self.transport, self.backend)  # decided once
 
     def skips_on_device(self) -> bool:
         """On tensors (`union.on_device`): the table's accumulation, the second round's clear
         and the no-second-round clear read the flag, and the rest writes no state."""
-        return on_device(self.transport, self.backend)
+        return self.on_tensors
 
+    @reads_nothing
     def exchange(self, gradient: Any, residual: Any, budget: Budget, step: int,
                  clear_gradient: bool, skip: Any = None) -> Exchange:
         start = time.perf_counter()
         stats = ReductionStats()
         backend = self.backend
-        on_tensors = on_device(self.transport, backend)
+        on_tensors = self.on_tensors
         if skip is not None and not on_tensors:
             raise RuntimeError("gtopk_hvd: a sketch step skipped on the device reached the "
                                "host exchange; skips_on_device() should have been False")

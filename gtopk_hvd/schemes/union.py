@@ -189,7 +189,7 @@ def sum_at_tensors(transport: Transport, residual: Any, indices: Any, stats: Red
     there. As on the host, acc[I[j]] = residual[I[j]] (+ the taken value where I[j] is taken,
     found by binary search: one rounding): the gather, the add and the clear are one call
     (`ops.take_at`: on a GPU one launch, no host wait), then V is summed.
-    skip: a device skip flag (`gtopk_hvd.core.device_skip`): when set, residual[I] keeps its
+    skip: a device skip flag (`gtopk_hvd.core.skip`): when set, residual[I] keeps its
     values (chosen on the device)."""
     values = ops.take_at(residual, indices, taken, skip)
     return sum_counted_tensors(transport, values, stats)

@@ -30,7 +30,7 @@ class Sparsifier(ABC):
     """The reduction `Compression.sparse` pairs it with unless told otherwise."""
     takes_skip_flag: ClassVar[bool] = False
     """True when `select` and `select_parts` also take skip=flag, a device skip flag
-    (`gtopk_hvd.core.device_skip`): when set, the residual is left as it is and the set is
+    (`gtopk_hvd.core.skip`): when set, the residual is left as it is and the set is
     chosen from it as it is (k entries still, so every message keeps its size)."""
 
     def __init__(self, seed: int = 0, backend: ArrayBackend = NUMPY) -> None:

@@ -60,7 +60,7 @@ import torch.distributed as dist
 from gtopk_hvd import ops
 from gtopk_hvd.compression import SCHEME_NAMES, SparseCompression, sparse_config
 from gtopk_hvd.core import SparseStep, StepStats, count_workers
-from gtopk_hvd.core.device_skip import DeviceSkip
+from gtopk_hvd.core.skip import Skip
 from gtopk_hvd.lockstep import Phases, drive, run_in_lockstep
 from gtopk_hvd.options import OptionError, OptionTypeError, check_integer, message, refuse
 from gtopk_hvd.scheme_names import call_for
@@ -99,7 +99,7 @@ class GTopkHookState:
             ("torch", "mpi", "horovod": `gtopk_hvd.transports`) or a gtopk_hvd Transport. Its
             workers must be the process group's, the same rank and size.
         skip_on_device: where nonfinite="propagate" decides a skipped iteration
-            (`gtopk_hvd.core.device_skip`). None: on the device for CUDA buckets whose scheme
+            (`gtopk_hvd.core.skip`). None: on the device for CUDA buckets whose scheme
             can (Top-k and gTop-k, plain or exact, with their reduction on the device; the
             sketch on tensors); True: on any device where the steps keep torch state and the
             scheme can (CPU buckets keep numpy state: no change there); False: on the host.
@@ -219,7 +219,7 @@ class GTopkHookState:
         sets what a checkpoint holds)."""
         self.active_transport: Transport | None = None
         self._last_skipped = False
-        self._unresolved: DeviceSkip | None = None
+        self._unresolved: Skip | None = None
         self._registration: WorkerCount | None = None  # the workers whose hook has run
         self.book = book if book is not None else HookBuckets()
 
@@ -284,17 +284,17 @@ class GTopkHookState:
         gradients are the reduced update; `max_grad_norm` clips each worker's own)."""
         return self.optimizer_link.preconditioned
 
-    def end_iteration(self, skipped: bool | DeviceSkip) -> None:
+    def end_iteration(self, skipped: Skip) -> None:
         """Counts the iteration whose last bucket has just been stepped: in iter unless it was
         skipped; a device decision counts as applied until its flag is read."""
         self._resolve()
-        if isinstance(skipped, DeviceSkip):
+        if skipped.flag is not None:
             self._iter += 1
             self._last_skipped = False
             self._unresolved = skipped
         else:
-            self._iter += int(not skipped)
-            self._last_skipped = bool(skipped)
+            self._iter += int(not skipped.skipped())
+            self._last_skipped = skipped.skipped()
 
     # -- checkpoint -----------------------------------------------------------------------
 
@@ -497,7 +497,7 @@ def _hook(state: GTopkHookState, bucket: dist.GradBucket) -> torch.futures.Futur
     dense = state.in_dense_start()
     if not first_iteration_here and dense:
         book.note_final(bucket, layout)
-    skipped: bool | DeviceSkip = False  # the iteration's decision, once its last bucket is in
+    skipped = Skip.decided(False)  # the iteration's decision, once its last bucket is in
     if dense:
         future = _allreduce_average(state.process_group, buffer,
                                     divide_after=link.rule is not None)
@@ -538,7 +538,7 @@ gtopk_hook.__annotations__.update(bucket=dist.GradBucket,
 
 
 def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Tensor,
-                    last: bool) -> tuple[torch.futures.Future, bool | DeviceSkip]:
+                    last: bool) -> tuple[torch.futures.Future, Skip]:
     """nonfinite="propagate": keeps the bucket in `state.book.pending` until the iteration's
     last one. A bucket that can (`state.overlap`, `early_steps.starts_early`, no clip to wait
     for) starts its step now, tentatively, on the state's thread (`book.early`); the others
@@ -546,8 +546,8 @@ def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Ten
     workers decides the iteration for all of them (after the early exchanges, or
     `_step_together`'s: on the device, or one host read of the flag), the early steps are
     committed or discarded, the others stepped with the same decision, and every future
-    completes. Returns the bucket's future and whether the iteration was skipped (False until
-    the last bucket; a `DeviceSkip` if decided there)."""
+    completes. Returns the bucket's future and whether the iteration was skipped (not until
+    the last bucket; a device flag if decided there)."""
     future = _future(buffer)
     book = state.book
     book.pending.append((sparse, buffer, future))
@@ -558,13 +558,13 @@ def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Ten
     else:
         book.nonfinite.check(buffer)  # enqueued now: on a GPU it overlaps the rest of backward
     if not last:
-        return future, False
+        return future, Skip.decided(False)
     held = [(step, held_buffer) for step, held_buffer, _ in book.pending
             if not book.early.holds(step)]
     if book.early.jobs:
-        skipped: bool | DeviceSkip = book.early.decide(state.get_transport(),
-                                                       book.nonfinite.read())
-        book.early.finish(skipped)
+        skipped = Skip.decided(book.early.decide(state.get_transport(),
+                                                 book.nonfinite.read()))
+        book.early.finish(skipped.skipped())
         _step_together(state, held, skip=skipped)
     else:
         link.clip_([held_buffer for _, held_buffer in held])
@@ -575,7 +575,7 @@ def _hold_for_check(state: GTopkHookState, sparse: SparseStep, buffer: torch.Ten
     return future, skipped
 
 
-def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
+def _step_remapped(state: GTopkHookState) -> Skip:
     """The restored state's first iteration on a new model, at its last bucket: the saved
     buckets' steps on their parameters' gradients, cut from the held construction-time buckets
     (`BucketRemap`), run together; then every held future completes. Returns whether the
@@ -605,10 +605,9 @@ def _step_remapped(state: GTopkHookState) -> bool | DeviceSkip:
 # -- the step ---------------------------------------------------------------------------
 
 def _step_together(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Tensor]],
-                   checked: bool = False, skip: bool | DeviceSkip | None = None
-                   ) -> bool | DeviceSkip:
-    """Runs the steps of one iteration's buckets in place; returns whether they were skipped:
-    a bool, or a `DeviceSkip` when decided on the device.
+                   checked: bool = False, skip: Skip = Skip.COUNT) -> Skip:
+    """Runs the steps of one iteration's buckets in place; returns whether they were skipped
+    (decided on the host, or a flag on the device).
 
     1. nonfinite="propagate" (unless `skip`, the decision, was counted already:
        `EarlySteps.decide`): each bucket read for NaN/Inf on its device into
@@ -621,7 +620,7 @@ def _step_together(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Te
        With a skip every step leaves its state and makes its bucket all NaN.
     """
     book = state.book
-    if skip is None and state.compression.nonfinite == "propagate":
+    if skip.counted_by_step and state.compression.nonfinite == "propagate":
         if not checked:
             for _, buffer in steps:
                 book.nonfinite.check(buffer)
@@ -630,16 +629,16 @@ def _step_together(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Te
             flag = book.nonfinite.take(device)
             if state.get_transport().size > 1:
                 state.get_transport().allreduce_sum_tensors([flag])
-            skip = DeviceSkip(flag)
+            skip = Skip.on_device(flag)
         else:
-            skip = count_workers(state.get_transport(), book.nonfinite.read()) > 0
+            skip = Skip.decided(count_workers(state.get_transport(), book.nonfinite.read()) > 0)
     in_place = [_in_own_buffer(buffer) for _, buffer in steps]
     run_in_lockstep([_step_in_place(sparse, buffer, skip)
                      for (sparse, buffer), own in zip(steps, in_place) if own])
     for (sparse, buffer), own in zip(steps, in_place):
         if not own:
             drive(_step_in_place(sparse, buffer, skip))
-    return bool(skip) if not isinstance(skip, DeviceSkip) else skip
+    return Skip.decided(False) if skip.counted_by_step else skip  # "raise": none skipped
 
 
 def _skip_device(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Tensor]]
@@ -659,7 +658,7 @@ def _skip_device(state: GTopkHookState, steps: list[tuple[SparseStep, torch.Tens
     transport = state.get_transport()
     if transport.size > 1 and not transport.takes_tensors_on(device):
         return None
-    if not all(sparse.skips_on_device() for sparse, _ in steps):
+    if not all(sparse.skips_on_device for sparse, _ in steps):
         return None
     return device
 
@@ -671,20 +670,20 @@ def _step_device(device: torch.device) -> torch.device | None:
 
 
 def _step_in_place(sparse: SparseStep, buffer: torch.Tensor,
-                   skip: bool | DeviceSkip | None = None) -> Phases:
+                   skip: Skip = Skip.COUNT) -> Phases:
     """buffer := the averaged sparse update of the gradient it holds (any float dtype); all NaN
-    if skip (`SparseStep.step`'s skip). A generator of the step's host reads
+    if skipped (`SparseStep.phases`' skip). A generator of the step's host reads
     (`gtopk_hvd.lockstep`): `drive` it alone, or `run_in_lockstep` with the iteration's other
     buckets, whose steps then share their waits (MiCRO's and ExDyna's two a step on a device)."""
     work = buffer if _in_own_buffer(buffer) else buffer.to(torch.float32).contiguous()
     if sparse.backend.name == "torch":  # the state is on the bucket's device
-        yield from sparse.update_phases(work, work, clear_gradient=True, skip=skip)
+        yield from sparse.phases(work, work, clear_gradient=True, skip=skip)
     elif not work.is_cuda:
         array = work.detach().numpy()
-        sparse.update(array, array, clear_gradient=True, skip=skip)
+        yield from sparse.phases(array, array, clear_gradient=True, skip=skip)
     else:  # a GPU without gtopk_hvd's CUDA kernels: the step on the host
         array = work.detach().cpu().numpy()
-        sparse.update(array, array, clear_gradient=True, skip=skip)
+        yield from sparse.phases(array, array, clear_gradient=True, skip=skip)
         work.copy_(torch.from_numpy(array))
     if work is not buffer:
         buffer.copy_(work)

@@ -9,7 +9,7 @@ with v frozen each step is linear in what is reduced, so error feedback delivers
 preconditioned gradient's sum as it delivers SGD's. With N = `after` and t the wrapped
 optimizer's step count:
 
-    t < N   the workers' gradients are all-reduced densely (`SparseStep.dense_update`) and the
+    t < N   the workers' gradients are all-reduced densely (`SparseStep.update(dense=True)`) and the
             wrapped optimizer steps as it always does;
     t >= N  s = 1 / (sqrt(v / (1 - beta2^N)) + eps) from its exp_avg_sq, which is not updated
             again; each worker hands the scheme g * s (so the selection ranks coordinates by the

@@ -14,7 +14,7 @@ end in its `step()`), and the DDP hook tells it what the iteration was. The rule
 step count:
 
 1. t < N (the dense start): each bucket is all-reduced and divided by P afterwards (the
-   arithmetic of the optimizer path's dense start, `SparseStep.dense_update`); the optimizer
+   arithmetic of the optimizer path's dense start, `SparseStep.update(dense=True)`); the optimizer
    steps as it always does, unless the reduced gradients hold a NaN/Inf (the same on every
    worker after the all-reduce): then its step is not applied (nonfinite="propagate") or raises
    FloatingPointError ("raise"), as the optimizer path's dense start.

@@ -130,15 +130,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         gradient = self._fused.gather()
         update = self._fused.update_buffer(gradient)
         self._dense_step = self._frozen is not None and self._frozen.dense
-        if self._dense_step:
-            self._sparse.dense_update(_step_array(gradient, self._step_device),
-                                      _step_array(update, self._step_device),
-                                      clear_gradient=True)
-        else:
-            if self._frozen is not None:
-                self._frozen.precondition_(gradient)
-            self._sparse.update(_step_array(gradient, self._step_device),
-                                _step_array(update, self._step_device), clear_gradient=True)
+        if self._frozen is not None and not self._dense_step:
+            self._frozen.precondition_(gradient)
+        self._sparse.update(_step_array(gradient, self._step_device),
+                            _step_array(update, self._step_device), clear_gradient=True,
+                            dense=self._dense_step)
         self._fused.cleared(gradient)
         self._fused.expose_update(update)
         self.last_stats = self._sparse.last_stats

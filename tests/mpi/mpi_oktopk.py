@@ -34,7 +34,7 @@ def core_steps(transport: object, everyone: np.ndarray) -> list[tuple]:
     step = SparseStep(CONFIG, [D], transport)
     out = []
     for t in range(STEPS):
-        indices, values = step.step(everyone[transport.rank, t].copy())
+        indices, values = step.update(everyone[transport.rank, t].copy())
         update = np.zeros(D, np.float32)
         update[indices] = values
         out.append((indices.copy(), values.copy(), step.residual.copy(), update))

@@ -73,7 +73,7 @@ class Reference:
     def synchronize(self) -> None:
         flat = torch.cat([torch.zeros(p.numel()) if p.grad is None
                           else p.grad.detach().reshape(-1).float() for p in self.parameters])
-        indices, values = self.state.step(flat.numpy())
+        indices, values = self.state.update(flat.numpy())
         update = np.zeros(self.state.d, dtype=np.float32)
         update[indices] = values
         for p, begin, end in zip(self.parameters, self.state.offsets[:-1],

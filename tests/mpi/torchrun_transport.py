@@ -124,7 +124,7 @@ def check_sparse_step(transport: TorchDistributedTransport) -> None:
             what = f"sparse step, {reduction}, step {step}, rank {rank}"
             gradient = np.random.default_rng([rank, step]).standard_normal(d).astype(np.float32)
             counting.take()
-            indices, values = state.step(gradient.copy())
+            indices, values = state.update(gradient.copy())
             check_reduction_calls(counting.take(), state.last_stats, reduction, d, rank, size,
                                   what)
             gathered: list = [None] * size
@@ -154,8 +154,8 @@ def check_reduction_on_tensors(transport: TorchDistributedTransport) -> None:
         for step in range(3):
             gradient = np.random.default_rng([rank, step, 9]).standard_normal(
                 sum(sizes)).astype(np.float32)
-            want = on_host.step(gradient.copy())
-            got = on_tensors.step(torch.from_numpy(gradient.copy()))
+            want = on_host.update(gradient.copy())
+            got = on_tensors.update(torch.from_numpy(gradient.copy()))
             what = f"{wire_dtype}, step {step}, rank {rank}"
             assert np.array_equal(got[0], want[0]), what
             assert got[1].tobytes() == want[1].tobytes(), what
