@@ -7,8 +7,8 @@ and steps them at the last one, so their steps can run in phases instead, one af
 
     a step written as a generator (`SparseStep.phases`, `Scheme.exchange`) yields
     `HostRead(tensors)` where it needs values of the device, and is sent back those values on
-    the host (numpy arrays, in the same order); what it returns is its result. A method that
-    reads nothing is made one by `reads_nothing`.
+    the host (numpy arrays, in the same order); what it returns is its result. A scheme's method
+    that reads nothing is made one by `gtopk_hvd.schemes.reads_nothing`.
 
 `drive(steps)` runs one such generator alone (a read, a wait, each time it asks).
 `run_in_lockstep([steps_0, steps_1, ...])` advances every generator to its next read, in list
@@ -33,9 +33,8 @@ the rule for any `Scheme.exchange`.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple
 
 from gtopk_hvd import ops
@@ -82,18 +81,6 @@ class OwnTime:
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start - self.away
-
-
-def reads_nothing(method: Callable[..., Any]) -> Callable[..., Phases]:
-    """`method` (a step with no host read of its own) as a step generator: one that returns
-    its result at once, with no yield. So every step has one form, `yield from` or `drive`."""
-
-    @functools.wraps(method)
-    def phases(*args: Any, **kwargs: Any) -> Phases:
-        return method(*args, **kwargs)
-        yield  # unreachable: makes this a generator
-
-    return phases
 
 
 def drive(steps: Phases) -> Any:

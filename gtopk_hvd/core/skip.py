@@ -42,7 +42,7 @@ class Skip:
     """One step's skip decision: to be counted by the step, decided on the host, or a flag on
     the device (module docstring). Immutable; `of` turns a caller's bool / None into one."""
 
-    __slots__ = ("_later", "flag", "known")
+    __slots__ = ("_later", "counted_by_step", "flag", "known")
 
     COUNT: ClassVar[Skip]
 
@@ -50,6 +50,7 @@ class Skip:
         self.known = known  # the host decision; None while undecided or on the device
         self.flag = flag  # the device flag, or None
         self._later = None if flag is None else ops.LaterFlag(flag)
+        self.counted_by_step = known is None and flag is None  # COUNT: the step decides
 
     @classmethod
     def decided(cls, skipped: bool) -> Skip:
@@ -67,11 +68,6 @@ class Skip:
         if isinstance(value, Skip):
             return value
         return cls.COUNT if value is None else cls.decided(value)
-
-    @property
-    def counted_by_step(self) -> bool:
-        """Whether the step itself decides (COUNT)."""
-        return self.known is None and self.flag is None
 
     def skipped(self) -> bool:
         """Whether the step is (was) skipped; a device flag is read on the host (the first call

@@ -26,7 +26,7 @@ from gtopk_hvd.backend import ArrayBackend
 from gtopk_hvd.options import OptionTypeError, check_choice, one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
 from gtopk_hvd.scheme_names import PRESETS, SELECT_REDUCE, call_for, choice_for
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire, reads_nothing
 from gtopk_hvd.schemes.select_reduce import SelectReduce, reduction_name
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
 from gtopk_hvd.transports.base import Transport
@@ -134,4 +134,4 @@ def build_scheme(config: Any, transport: Transport, backend: ArrayBackend, sizes
 
 
 __all__ = ["SCHEMES", "Exchange", "Scheme", "Wire", "build_scheme", "check_config",
-           "known_scheme_names", "options_owners", "scheme_of"]
+           "known_scheme_names", "options_owners", "reads_nothing", "scheme_of"]

@@ -31,7 +31,9 @@ the planner and the benchmarks price it (docs/extending.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -178,6 +180,18 @@ class Scheme(ABC):
     def load_state_dict(self, state: dict) -> None:
         """Restores what `state_dict` returned."""
         return None
+
+
+def reads_nothing(method: Callable[..., Any]) -> Callable[..., Phases]:
+    """A scheme's `exchange` written as a plain method (no host read of its own) as the
+    generator the step runs: it returns the method's result at once, with no yield."""
+
+    @functools.wraps(method)
+    def phases(*args: Any, **kwargs: Any) -> Phases:
+        return method(*args, **kwargs)
+        yield  # unreachable: makes this a generator
+
+    return phases
 
 
 class SchemeRegistry(Registry[type[Scheme]]):

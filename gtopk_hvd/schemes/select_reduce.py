@@ -35,10 +35,9 @@ from typing import Any
 
 from gtopk_hvd import ops
 from gtopk_hvd.density import Budget
-from gtopk_hvd.lockstep import reads_nothing
 from gtopk_hvd.options import one_of, refuse
 from gtopk_hvd.reductions.base import REDUCTIONS
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire, reads_nothing
 from gtopk_hvd.schemes.union import sum_at, sum_at_tensors
 from gtopk_hvd.sparsifiers.base import SPARSIFIERS
 from gtopk_hvd.wire import VALUE_BYTES

@@ -79,10 +79,9 @@ import numpy as np
 
 from gtopk_hvd import _C, ops
 from gtopk_hvd.density import Budget
-from gtopk_hvd.lockstep import reads_nothing
 from gtopk_hvd.options import check_flag, check_integer, refuse
 from gtopk_hvd.reductions.result import ReductionStats
-from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire
+from gtopk_hvd.schemes.base import SCHEMES, Exchange, Scheme, Wire, reads_nothing
 from gtopk_hvd.schemes.union import (
     check_fused_float32,
     on_device,
