@@ -93,7 +93,7 @@ class GTopkState(trackable_base.Trackable):
         """One sparse step on the fused local gradient `flat` (float32, d values, read only).
 
         Returns the dense update (d values, zero outside the global set, scaled as
-        `SparseStep.step` scales it), the same on every worker. With passes > 1 the gradients of
+        `SparseStep.update` scales it), the same on every worker. With passes > 1 the gradients of
         `passes` calls are summed (averaged if average_passes) locally first: the first
         passes - 1 calls return None and communicate nothing.
         """
