@@ -2,6 +2,7 @@
 
     python scripts/step_path.py                    # torch DistributedOptimizer, gTop-k, P = 1
     python scripts/step_path.py --granularity bucket --momentum-correction
+    python scripts/step_path.py --functions        # the core's, lockstep's and schemes' calls
     PYTHONPATH=OTHER python scripts/step_path.py   # another checkout's gtopk_hvd
 
 Runs one warm-up step, then traces one `optimizer.step()` with `sys.setprofile`: every call
@@ -9,6 +10,8 @@ into a function of gtopk_hvd is an event; consecutive calls within one module ar
 Prints the path (module per visit, in order), the visits per module, the calls from one layer
 into another (adapter, core, scheme, transport, kernels: `LAYERS`; a call's layer is its
 module's, the caller's that of the frame that called it), and the calls of the density rule.
+--functions also prints the calls into the step's own floors (the core, the lockstep, the
+schemes), in order, indented by their depth among them (a generator resumed counts as a call).
 Horovod's single-process init is used (no launcher needed).
 """
 
@@ -25,6 +28,9 @@ LAYERS = (("adapter", ("torch", "tensorflow")),
           ("scheme", ("schemes", "sparsifiers", "reductions")),
           ("transport", ("transports",)),
           ("kernels", ("ops", "_arrays", "wire", "backend")))
+
+
+STEP_FLOORS = ("gtopk_hvd.core", "gtopk_hvd.lockstep", "gtopk_hvd.schemes")
 
 
 def layer_of(module: str) -> str:
@@ -45,6 +51,7 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--granularity", choices=["model", "bucket"], default="model")
     parser.add_argument("--momentum-correction", action="store_true")
+    parser.add_argument("--functions", action="store_true")
     arguments = parser.parse_args()
 
     import horovod.torch as hvd
@@ -70,13 +77,19 @@ def main() -> None:
 
     one_step()
     path, density_calls, crossings = [], Counter(), Counter()
+    calls: list[str] = []  # --functions: the step floors' calls, indented by depth
+    depth = [0]
 
     def profile(frame: object, event: str, _: object) -> None:
-        if event != "call":
-            return
         module = frame.f_globals.get("__name__", "")
-        if not module.startswith("gtopk_hvd"):
+        own = module.startswith(STEP_FLOORS)
+        if event == "return" and own:
+            depth[0] -= 1
+        if event != "call" or not module.startswith("gtopk_hvd"):
             return
+        if own:
+            calls.append("  " * depth[0] + f"{module[len('gtopk_hvd.'):]}.{frame.f_code.co_name}")
+            depth[0] += 1
         if "density" in frame.f_code.co_name or frame.f_code.co_name in ("k_at", "budget"):
             density_calls[f"{module}.{frame.f_code.co_name}"] += 1
         if not path or path[-1] != module:
@@ -97,6 +110,9 @@ def main() -> None:
     for crossing, count in sorted(crossings.items()):
         print(f"  {count:3d}  {crossing}")
     print("density rule calls:", dict(density_calls) or "none")
+    if arguments.functions:
+        print("\ncalls into the core, the lockstep and the schemes:")
+        print("\n".join(calls))
 
 
 if __name__ == "__main__":
