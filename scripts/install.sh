@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Kept at this path for callers outside the repository and older instructions: the script is
+# scripts/ci/install.sh.
+exec bash "$(dirname "${BASH_SOURCE[0]}")/ci/install.sh" "$@"
