@@ -18,7 +18,7 @@ the place of the sparse step:
 
 With --bucket-cap-mb large enough for one bucket (the default here, 1024), every sparse step
 selects over the whole gradient as the Horovod optimizer does, and the two paths end with the
-same weights (tests/test_hook_adamw.py). `--compression none` is DDP's own all-reduce.
+same weights (tests/torch/test_hook_adamw.py). `--compression none` is DDP's own all-reduce.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ of a step (examples/step_timing.py) and the bytes each worker sent per step.
 
 Rank 0 ends with a RESULT line, every rank with a CHECKSUM line of its parameters (replicas
 must be bitwise identical); --history writes every evaluation as JSON for
-scripts/time_to_accuracy.py. "seconds" there is training time: evaluation is not counted.
+scripts/studies/time_to_accuracy.py. "seconds" there is training time: evaluation is not counted.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ structure: each worker's velocity of the preconditioned gradient is what is spar
         .venv/bin/python examples/pytorch_transformer.py --compression gtopk --density 0.01
 
 examples/simulated_cluster.py transformer runs the same job with P simulated workers in one
-process, ending with bitwise the same weights for the sparse schemes (tests/test_simulate.py).
+process, ending with bitwise the same weights for the sparse schemes (tests/tools/test_simulate.py).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ model. Worker r's forward and backward are exactly those of rank r of
 examples/pytorch_digits.py: its DistributedSampler shard,
 its learning rate x P), so the two end with bitwise identical weights for the sparse schemes
 (their sums are gtopk_hvd's own) and equal to float rounding for dense (Horovod's all-reduce
-sums in its own order): tests/test_simulate.py. Prints the history as the example does, a
+sums in its own order): tests/tools/test_simulate.py. Prints the history as the example does, a
 RESULT line and the parameters' CHECKSUM; --history writes the evaluations as JSON
-(scripts/scale_study.py reads them); lm --save and digits --checkpoint write the weights; lm
+(scripts/studies/scale_study.py reads them); lm --save and digits --checkpoint write the weights; lm
 --record-k-sets the workers' largest entries at the last step (for `bench schemes --k-sets`).
 """
 

@@ -1,6 +1,6 @@
 """Measured convergence runs, for the planner's time to target: steps each configuration took to
-reach a quality target, read from the scale study's runs (`scripts/scale_study.py run`) or the
-transformer's (`scripts/adamw_study.sh`).
+reach a quality target, read from the scale study's runs (`scripts/studies/scale_study.py run`) or
+the transformer's (`scripts/studies/adamw_study.sh`).
 
 A run is one JSON history of the simulated cluster at a fixed global batch, whose "evaluations"
 hold the validation perplexity every few steps: the scale study's LSTM language model,
@@ -17,9 +17,9 @@ runs at one P:
                     ended above it (not reached in its `steps`)
 
 The package ships the scale study's runs as tables (`SHIPPED`, written by
-scripts/convergence_table.py), one per regime: at 8 sequences a worker (the global batch grows with
-P, as users scale; the default) and at a global batch of 64 sequences whatever P. A table measured
-on one model at the study's sizes; the planner says so, and which regime, beside every use.
+scripts/studies/convergence_table.py), one per regime: at 8 sequences a worker (the global batch
+grows with P, as users scale; the default) and at a global batch of 64 sequences whatever P. A table
+measured on one model at the study's sizes; the planner says so, and which regime, beside every use.
 """
 
 from __future__ import annotations

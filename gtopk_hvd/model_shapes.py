@@ -11,7 +11,7 @@ the shapes, not only their count.
     lstm-lm    examples/pytorch_lm.py at its defaults (2 layers of 256)       3,623,186
     lstm-lm-128  the scale study's LSTM (--size 128)                         1,554,450
 
-Each is checked against the model built from its definition (tests/test_model_shapes.py). A
+Each is checked against the model built from its definition (tests/tools/test_plan_baselines.py). A
 model of your own: `json.dump([list(p.shape) for p in model.parameters()], file)` and
 `--shapes file`.
 """

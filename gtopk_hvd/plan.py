@@ -7,7 +7,7 @@ the baselines a DDP user has (dense with overlap, bf16, PowerSGD).
 The model, per worker and step, P workers, d parameters, k = density d (an alpha-beta model of
 each configuration's messages and bytes as they are sent; rates and latency are the link's, not
 fitted; share = 1, or with --links each scheme's share of the rate its transfers achieved on
-emulated links, fitted on P <= 8 and checked at P = 16 and 32 by scripts/link_scale.py):
+emulated links, fitted on P <= 8 and checked at P = 16 and 32 by scripts/studies/link_scale.py):
 
     T(m, b) = m alpha + b beta           alpha = --latency-us, beta = 8 / (rate share)
 
@@ -76,8 +76,8 @@ def configurations() -> list[str]:
 
 VALIDATED = (
     "How far the step model holds (docs/scale.md): checked on emulated 10 Mbit/s links at P = 2 "
-    "to 32 on one 2-core host (scripts/link_scale.py): dense within 0.3% at P = 16 and 32, the "
-    "sparse schemes within 25% in 25 of 28 cells once each scheme's per-message floor is "
+    "to 32 on one 2-core host (scripts/studies/link_scale.py): dense within 0.3% at P = 16 and "
+    "32, the sparse schemes within 25% in 25 of 28 cells once each scheme's per-message floor is "
     "measured (results/links_scale_eager); DDP's bucket pipeline at overlap 0 within 5% of DDP "
     "under torchrun on CPU, where Gloo overlaps nothing (results/ddp_overlap). Not checked on a "
     "cluster, at 1-100 Gbit/s, or on a GPU, whose overlap is --overlap.")
@@ -169,8 +169,9 @@ def predict_baseline(config: str, workers: int, model: Model, rate_bps: float,
 
 
 def link_shares(path: str | None) -> dict[str, float]:
-    """Each scheme's achieved share of the link rate from a link fit (scripts/link_scale.py's
-    model.json); every scheme 1.0 without one. The baselines take dense's."""
+    """Each scheme's achieved share of the link rate from a link fit
+    (scripts/studies/link_scale.py's model.json); every scheme 1.0 without one. The baselines take
+    dense's."""
     if path is None:
         return dict.fromkeys(configurations(), 1.0)
     with open(path) as file:

@@ -1,10 +1,10 @@
 """What we recommend, in one place: the configuration to start from with SGD and with AdamW.
 
 README.md, docs/schemes.md and docs/adamw.md quote `Recommendation.text()` verbatim and the
-planner prints it beside its own pick; tests/test_recommendation.py holds them to this module, and
-this module to the planner's pick on the measured runs at `CANONICAL` (the planner's arguments for
-the case it was picked at). A recommendation names its configuration as the convergence runs name
-it (`gtopk_hvd.convergence.Run.name`): `<scheme>_<density>` for the scale study's,
+planner prints it beside its own pick; tests/docs/test_recommendation.py holds them to this module,
+and this module to the planner's pick on the measured runs at `CANONICAL` (the planner's arguments
+for the case it was picked at). A recommendation names its configuration as the convergence runs
+name it (`gtopk_hvd.convergence.Run.name`): `<scheme>_<density>` for the scale study's,
 `<scheme>-<density>-preconditioned-dense<N>` for the transformer's (AdamW's second moment frozen
 after N dense steps, `freeze_variance_after=N`).
 """

@@ -20,7 +20,7 @@ user's own compression (`baseline=`, with compression=None: an object whose
 `gtopk_hvd.torch.ddp_baselines`' bf16 and PowerSGD): update = baseline.reduce(gradients).
 
 The sparse steps, schemes, reductions and byte counts are the ones a real job runs (under
-mpirun the same configuration ends with bitwise the same weights: tests/test_simulate.py);
+mpirun the same configuration ends with bitwise the same weights: tests/tools/test_simulate.py);
 only the transport differs. Each worker's kernels run on one thread (the P workers are the
 parallelism), as under a launcher with P ranks on a machine.
 """

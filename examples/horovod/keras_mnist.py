@@ -18,7 +18,8 @@
 #       Keras 3, and otherwise runs Horovod's code as upstream does.
 #   (d) a final `TEST_ACCURACY` line (digits' test split) on rank 0 and a
 #       `CHECKSUM rank=<r> <sha256>` line of the model's weights on every rank, for
-#       tests/test_horovod_examples.py (which also reads a `KERAS_3 rank=<r> True/False` line).
+#       tests/horovod/test_horovod_examples.py (which also reads a `KERAS_3 rank=<r> True/False`
+# line).
 import argparse
 import hashlib
 import math

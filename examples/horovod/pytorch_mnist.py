@@ -12,7 +12,7 @@
 #   (b) gtopk_hvd: the import `import gtopk_hvd.torch as gtopk` and the compression line
 #       (`--gtopk-density D`: gtopk.Compression.gtopk(D); 0, the default: Horovod's line as is).
 #   (c) a final `TEST_ACCURACY` line on rank 0 and a `CHECKSUM rank=<r> <sha256>` line of the
-#       parameters on every rank, for tests/test_horovod_examples.py.
+#       parameters on every rank, for tests/horovod/test_horovod_examples.py.
 import argparse
 import hashlib
 

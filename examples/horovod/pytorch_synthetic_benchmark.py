@@ -9,7 +9,7 @@
 #   (b) gtopk_hvd: the import `import gtopk_hvd.torch as gtopk` and the compression line
 #       (`--gtopk-density D`: gtopk.Compression.gtopk(D); 0, the default: Horovod's line as is).
 #   (c) a final `CHECKSUM rank=<r> <sha256>` line of the parameters on every rank, for
-#       tests/test_horovod_examples.py.
+#       tests/horovod/test_horovod_examples.py.
 #   (d) the fake data seeded by rank (torch.manual_seed(1000 + rank)) and a `DATA rank=<r>
 #       <sha256>` line of it: every rank trains on its own data, so a reduction that is not
 #       the same all-reduce on every rank leaves the replicas different (with the same data

@@ -15,7 +15,8 @@
 #       Horovod's as upstream does. Marked "# Keras 3:".
 #   (d) a final `TEST_ACCURACY` line (digits' test split) on rank 0 and a
 #       `CHECKSUM rank=<r> <sha256>` line of the model's variables on every rank, for
-#       tests/test_horovod_examples.py (which also reads a `KERAS_3 rank=<r> True/False` line).
+#       tests/horovod/test_horovod_examples.py (which also reads a `KERAS_3 rank=<r> True/False`
+# line).
 import argparse
 import hashlib
 

@@ -14,7 +14,7 @@
 #       Horovod's as upstream does. Marked "# Keras 3:".
 #   (d) a final `CHECKSUM rank=<r> <sha256>` line of the trainable variables on every rank
 #       (batch-norm statistics of an applications model follow each worker's own fake data),
-#       and a `KERAS_3 rank=<r> True/False` line, for tests/test_horovod_examples.py.
+#       and a `KERAS_3 rank=<r> True/False` line, for tests/horovod/test_horovod_examples.py.
 import argparse
 import hashlib
 import os

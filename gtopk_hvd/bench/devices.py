@@ -34,8 +34,8 @@ class MeasuredDevice:
 DEVICES = {
     "h200": MeasuredDevice(
         "NVIDIA H200", ((25_600_000, 0.359e-3), (1_000_000_000, 7.07e-3)),
-        "scripts/gpu_step.py, the fused kernel at density 0.001, run 1 of 2026-11-26 at f1cdd17 "
-        "(results/gpu/HISTORY.md, Runs 1 and 2)"),
+        "scripts/gpu/gpu_step.py, the fused kernel at density 0.001, run 1 of 2026-11-26 at "
+        "f1cdd17 (results/gpu/HISTORY.md, Runs 1 and 2)"),
 }
 CHOICES = (*DEVICES, "cpu")
 

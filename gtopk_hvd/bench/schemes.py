@@ -19,7 +19,7 @@ scheme sends the union: dense's ring all-reduce, 2 4 d (P-1)/P, and each sparse 
 the step spends communicating and merging), the slowest worker's, median over the steps after
 the first. "latency" is the median time of a one-byte exchange between ranks 0 and P-1 (both
 send, both receive): the per-message latency of the cost model, measured. Rank 0 prints and
-writes --json (one record per scheme: the cost model's input, `scripts/link_scale.py`).
+writes --json (one record per scheme: the cost model's input, `scripts/studies/link_scale.py`).
 """
 
 from __future__ import annotations

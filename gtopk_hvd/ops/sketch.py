@@ -177,7 +177,7 @@ def _cuda_sketch_device_table(table: Any, keys: np.ndarray, columns: int, device
 def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int, estimate: Any,
                         row_filter: bool = False) -> tuple[Any, Any]:
     """row_filter: size the workspace for the kernel's row bitmaps, so that its pass 1 filters
-    (an A/B for scripts/gpu_profile.py; the same selection either way)."""
+    (an A/B for scripts/gpu/gpu_profile.py; the same selection either way)."""
     _require_cuda_build()
     keys = _host_keys(keys)
     device = table.device if is_cuda(table) else estimate.device

@@ -6,7 +6,7 @@ a DDP user already has, on the same model, data and workers as the sparse scheme
 `reduce(gradients)` takes every worker's flat float32 gradient (numpy, in the fused order of
 the buckets' tensors) and returns the update every worker applies. The arithmetic is the hook's,
 in the hook's order; each all-reduce is a sum in rank order here and in the collective's order
-there, so the two agree to rounding (tests/test_ddp_baselines.py, under torchrun).
+there, so the two agree to rounding (tests/torch/test_ddp_baselines.py, under torchrun).
 
 bf16 (`Bf16Allreduce`): each worker's bucket cast to bfloat16 and divided by P in bfloat16; the
 sum over the workers in bfloat16 (each addition rounded to bfloat16); cast back. Wire: one ring

@@ -24,7 +24,7 @@ def digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 def model_seed() -> int:
     """The seed of a test program's model: GTOPK_TEST_SEED, else 0. The suite runs with 0;
-    scripts/accuracy_spread.py varies it to measure the spread the thresholds must allow."""
+    scripts/studies/accuracy_spread.py varies it to measure the spread the thresholds must allow."""
     return int(os.environ.get("GTOPK_TEST_SEED", "0"))
 
 

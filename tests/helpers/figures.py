@@ -1,5 +1,5 @@
 """Figures a test measures on a GPU, handed to the GPU check's report: with GTOPK_TEST_FIGURES
-naming a file (scripts/gpu_check.sh's tests stage sets it), each `record_figure` appends one
+naming a file (scripts/gpu/gpu_check.sh's tests stage sets it), each `record_figure` appends one
 JSON line to it (xdist workers append whole lines); without it, nothing is written."""
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ layer (`gtopk_hvd.ops`, `gtopk_hvd._arrays`) is recorded with the first gtopk_hv
 made it; the copy of a host number is recorded inside the kernel layer too (its CUDA side
 makes the same call). The kernel layer's own synchronisations
 (a count its CUDA side brings back) are not seen by `count_host_syncs`: the GPU check counts
-those (scripts/gpu_e2e.py --syncs). `count_kernel_host_reads` counts them by the contract's
+those (scripts/gpu/gpu_e2e.py --syncs). `count_kernel_host_reads` counts them by the contract's
 shape instead: a public `gtopk_hvd.ops` function called (not from inside the kernel layer) with
 a tensor (or a list of tensors) that returns a host value (a Python bool, int or float, a numpy
 array or scalar, or a tuple holding one) must have brought it from the device, so it waited.
 On a GPU, `torch_sync_warnings` lists what torch itself sees; the sum of the two counts above
-must bound it (tests/test_ddp_hook_cuda.py checks that, scheme by scheme, so that a wait this
+must bound it (tests/torch/test_ddp_hook_cuda.py checks that, scheme by scheme, so that a wait this
 model misses shows up on the next GPU).
 """
 

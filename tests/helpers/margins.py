@@ -2,14 +2,14 @@
 
 A training run on digits (360 test images: one image is 0.28 points) is deterministic on one
 machine and moves by several images on another whose CPU kernels round differently. So each
-threshold here is a `Floor`: the lowest value that scripts/accuracy_spread.py measured for that
-figure of that run (several seeds, the instruction set as built and a baseline one; the runs are
-committed in results/accuracy_spread/runs.jsonl) less a margin:
+threshold here is a `Floor`: the lowest value that scripts/studies/accuracy_spread.py measured for
+that figure of that run (several seeds, the instruction set as built and a baseline one; the runs
+are committed in results/accuracy_spread/runs.jsonl) less a margin:
 
     floor <= lowest measured - max(MIN_MARGIN, SPREADS * standard deviation measured)
 
-tests/test_margins.py checks that rule against the committed runs, so a floor cannot be tightened
-without measuring; docs/testing.md ("Thresholds and their margins") lists them.
+tests/tools/test_margins.py checks that rule against the committed runs, so a floor cannot be
+tightened without measuring; docs/testing.md ("Thresholds and their margins") lists them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Floor:
 
 
 # The examples that train the digits with the schemes other than gTop-k, each with its launcher
-# (tests/test_examples.py): 4 workers, 10 epochs at density 0.01.
+# (tests/docs/test_examples.py): 4 workers, 10 epochs at density 0.01.
 OTHER_SCHEMES = (
     ("pytorch_digits.py", "micro", "mpirun"),
     ("pytorch_digits.py", "gtopk-exact", "mpirun"),
@@ -51,14 +51,15 @@ def other_scheme_case(script: str, scheme: str) -> str:
 
 
 # Each value: what the rule allows over the committed runs, rounded down to 0.01 (the report of
-# scripts/accuracy_spread.py prints the allowed value beside each floor), and never above the
-# threshold the suite asserted before: the runs were measured on an AVX2 machine (and a baseline
+# scripts/studies/accuracy_spread.py prints the allowed value beside each floor), and never above
+# the threshold the suite asserted before: the runs were measured on an AVX2 machine (and a baseline
 # instruction set), and the old thresholds are what an AVX-512 machine has been seen to pass.
 FLOORS: dict[str, Floor] = {f"{floor.case}:{floor.figure}": floor for floor in [
-    # tests/test_ddp.py: DDP with the gTop-k hook, and its gap to DDP's own all-reduce (30 epochs)
+    # tests/torch/test_ddp.py: DDP with the gTop-k hook, and its gap to DDP's own all-reduce (30
+    # epochs)
     Floor("ddp_digits_gtopk", "test_accuracy", 0.94),
     Floor("ddp_digits_gtopk - ddp_digits_dense", "test_accuracy", -0.04),
-    # tests/test_examples.py: gTop-k on 4 and 3 workers and under horovodrun (30 epochs); the
+    # tests/docs/test_examples.py: gTop-k on 4 and 3 workers and under horovodrun (30 epochs); the
     # other schemes (10 epochs)
     Floor("pytorch_digits_gtopk", "test_accuracy", 0.95),
     Floor("pytorch_digits_gtopk_3", "test_accuracy", 0.95),
@@ -68,18 +69,19 @@ FLOORS: dict[str, Floor] = {f"{floor.case}:{floor.figure}": floor for floor in [
     Floor("tensorflow2_exdyna_10", "test_accuracy", 0.7),
     Floor("keras_micro_10", "test_accuracy", 0.74),
     Floor("ddp_sketch_10", "test_accuracy", 0.8),
-    # tests/test_tensorflow.py (10 epochs)
+    # tests/tensorflow/test_tensorflow.py (10 epochs)
     Floor("tensorflow2_digits_gtopk", "test_accuracy", 0.77),
     Floor("tensorflow2_digits_dense", "test_accuracy", 0.96),
     Floor("keras_digits_keras3", "test_accuracy", 0.86),
     Floor("keras_digits_tf_keras", "test_accuracy", 0.69),
-    # tests/test_lm.py: the fraction of an untrained model's perplexity (about the vocabulary's
-    # 10,002 tokens) that 8 steps remove
+    # tests/tools/test_lm.py: the fraction of an untrained model's perplexity (about the
+    # vocabulary's 10,002 tokens) that 8 steps remove
     Floor("lm_none", "perplexity_drop", 0.8),
     Floor("lm_gtopk", "perplexity_drop", 0.8),
-    # tests/test_lightning.py
+    # tests/torch/test_lightning.py
     Floor("lightning", "test_accuracy", 0.88),
-    # tests/test_horovod_examples.py (keras_mnist is unseeded: its spread is of repeated runs)
+    # tests/horovod/test_horovod_examples.py (keras_mnist is unseeded: its spread is of repeated
+    # runs)
     Floor("hvd_pytorch_mnist_dense", "test_accuracy", 0.88),
     Floor("hvd_pytorch_mnist_gtopk", "test_accuracy", 0.85),
     Floor("hvd_tensorflow2_mnist", "test_accuracy", 0.81),

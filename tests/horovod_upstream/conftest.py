@@ -22,9 +22,9 @@ imports torch or TensorFlow and Horovod) serves every mode. gtopk_hvd's own file
 (test_gtopk_torch_limits.py: not Horovod's, and mode-independent) run once.
 
 Without GTOPK_HVD_MODE the vendored files are not collected: they are meant to run under mpirun,
-launched by tests/test_horovod_upstream.py. With GTOPK_HVD_REPORT_DIR set, every rank appends
-each test's outcome in each mode, as one JSON line, to `rank<N>.jsonl` there as soon as it is
-known, so that a run killed for a hang still tells which tests finished.
+launched by tests/horovod/test_horovod_upstream.py. With GTOPK_HVD_REPORT_DIR set, every rank
+appends each test's outcome in each mode, as one JSON line, to `rank<N>.jsonl` there as soon as it
+is known, so that a run killed for a hang still tells which tests finished.
 
 The vendored files need `mock` and `parameterized`, pinned in requirements.txt.
 """

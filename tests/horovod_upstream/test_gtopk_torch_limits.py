@@ -3,7 +3,7 @@ documented limits (num_groups / groups raise NotImplementedError with a sparse c
 fixes made for Horovod's tests (Horovod's compression objects, the synchronize-then-step warning,
 sparse embeddings, requires_grad changing between steps, broadcast_optimizer_state with state on
 some ranks only), each checked for identical replicas. Run under mpirun beside the port
-(tests/test_horovod_upstream.py), in the wrapper modes; every rank runs every test.
+(tests/horovod/test_horovod_upstream.py), in the wrapper modes; every rank runs every test.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Horovod's (keras.backend.get_value / set_value, `optimizer.variables()` called):
 gtopk_hvd's drop-in callbacks (`gtopk_hvd.tensorflow.keras.callbacks`, the same names and
 arguments) in their place, under the test's own assertions.
 
-tests/test_horovod_upstream.py runs these in the Keras 3 flavour only, and says which cannot run
-(test_legacy_optimizer: Keras 3 has no legacy optimizers) and what each mode must give.
+tests/horovod/test_horovod_upstream.py runs these in the Keras 3 flavour only, and says which cannot
+run (test_legacy_optimizer: Keras 3 has no legacy optimizers) and what each mode must give.
 """
 
 from __future__ import annotations

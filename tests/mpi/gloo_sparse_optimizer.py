@@ -1,6 +1,6 @@
-"""Launched by `horovodrun --gloo -np 2` (tests/test_launch_errors.py), not by mpirun: builds
-gtopk_hvd.torch's DistributedOptimizer with a sparse compression and the MPI transport asked for
-explicitly, which must fail on every worker with gtopk_hvd's message naming the fix (there is no
+"""Launched by `horovodrun --gloo -np 2` (tests/transports/test_launch_errors.py), not by mpirun:
+builds gtopk_hvd.torch's DistributedOptimizer with a sparse compression and the MPI transport asked
+for explicitly, which must fail on every worker with gtopk_hvd's message naming the fix (there is no
 MPI world). The job is expected to exit non-zero."""
 
 from __future__ import annotations

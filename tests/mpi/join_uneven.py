@@ -1,4 +1,4 @@
-"""Uneven data with `hvd.join()` and a sparse optimizer (tests/test_join.py), under mpirun (the
+"""Uneven data with `hvd.join()` and a sparse optimizer (tests/core/test_join.py), under mpirun (the
 MPI transport) or horovodrun --gloo (Horovod's collectives):
 
     python join_uneven.py SCHEME optimizer STEPS_OF_RANK_0 STEPS_OF_RANK_1 ...

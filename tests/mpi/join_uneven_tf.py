@@ -1,4 +1,4 @@
-"""Uneven data with `hvd.join()` and the TensorFlow adapters (tests/test_join.py), under mpirun
+"""Uneven data with `hvd.join()` and the TensorFlow adapters (tests/core/test_join.py), under mpirun
 (the MPI transport) or horovodrun --gloo (Horovod's collectives):
 
     python join_uneven_tf.py SCHEME keras|tape STEPS_OF_RANK_0 STEPS_OF_RANK_1 ...

@@ -1,5 +1,5 @@
-"""Run by scripts/emulated_cluster.py in the tests: each rank reports its network namespace, its
-address and its link's queueing discipline, then sends BYTES to the next rank over MPI."""
+"""Run by scripts/studies/emulated_cluster.py in the tests: each rank reports its network namespace,
+its address and its link's queueing discipline, then sends BYTES to the next rank over MPI."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Under mpirun: Ok-Topk's core step over the "mpi" and "horovod" transports, and as a one-line
 choice of the torch DistributedOptimizer (over "mpi"), against the same steps run in this
-process on every rank's gradient with threads (tests/test_oktopk.py checks those against a numpy
-replay). Indices, values and residuals are bitwise equal to the thread run's on every rank, with
-thresholds re-estimated every 2 steps and reused in between; the update through the optimizer
+process on every rank's gradient with threads (tests/schemes/test_oktopk.py checks those against a
+numpy replay). Indices, values and residuals are bitwise equal to the thread run's on every rank,
+with thresholds re-estimated every 2 steps and reused in between; the update through the optimizer
 equals the core's update bitwise.
 
     mpirun -np 3 python tests/mpi/mpi_oktopk.py

@@ -1,17 +1,20 @@
-"""A scheme registered by the test (tests/test_scheme_seam.py's PartitionUnion) runs through the
-torch DistributedOptimizer and the TF DistributedGradientTape with no adapter change: each
+"""A scheme registered by the test (tests/schemes/test_scheme_seam.py's PartitionUnion) runs through
+the torch DistributedOptimizer and the TF DistributedGradientTape with no adapter change: each
 worker's update equals the numpy replay of the scheme on every worker's gathered gradients,
 and the replicas stay bitwise identical. Run under mpirun (3 workers)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 from harness import run_on_all_ranks
-from test_scheme_seam import replay
 
-import gtopk_hvd.torch as gtopk_torch  # noqa: F401  (before horovod: loads mpi4py first)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schemes"))  # the test's folder
+from test_scheme_seam import replay  # noqa: E402
+
+import gtopk_hvd.torch as gtopk_torch  # noqa: E402, F401  (before horovod: loads mpi4py first)
 
 STEPS, D, DENSITY, SHARE = 4, 60, 0.2, 0.5
 

@@ -13,7 +13,7 @@ on every rank:
   result    the applied gradient against numpy, from every rank's own gradient gathered with
             mpi4py's COMM_WORLD (not through gtopk_hvd): density 1.0: their mean; density 0.5,
             first step: the reduction of their local top-k sets (tests/helpers/reference.py),
-            divided by P; later steps (residuals then matter: tests/test_numpy_replays.py
+            divided by P; later steps (residuals then matter: tests/core/test_numpy_replays.py
             replays those): the size of the update's support
 
 Any failure on any rank ends the job (harness.run_on_all_ranks).

@@ -3,7 +3,7 @@ the torch DistributedOptimizer (over the "mpi" and "horovod" transports, and as 
 hvd.DistributedOptimizer after the swap), the TF DistributedGradientTape (ours and Horovod's,
 swapped) and the Keras DistributedOptimizer (Keras 3, tf-keras). Each step's update equals that
 of the same scheme's core step run in this process on every worker's gradient (threads:
-tests/test_union_schemes.py checks the core against numpy replays), and the replicas are
+tests/schemes/test_union_schemes.py checks the core against numpy replays), and the replicas are
 bitwise identical.
 
     mpi_union_schemes.py torch | tf-keras | FRAMEWORK [FRAMEWORK ...]

@@ -1,7 +1,7 @@
 """One worker never reaches the reduction (stuck elsewhere, not dead): the others, waiting for
 it in the transport, must end the job within the wait bound (GTOPK_HVD_WAIT_TIMEOUT, 5 s here)
 with an error naming the wait. Transport-neutral (`--transport NAME`, tests/helpers/worlds.py);
-tests/test_failures.py launches it under torchrun (stuck_worker.py covers mpirun and
+tests/transports/test_failures.py launches it under torchrun (stuck_worker.py covers mpirun and
 horovodrun through the optimizer). The job is expected to exit non-zero."""
 
 from __future__ import annotations

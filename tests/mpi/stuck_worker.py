@@ -1,8 +1,8 @@
 """One worker never reaches the next step (stuck elsewhere, not dead): the others, waiting for
 it inside the sparse reduction, must end the job within the wait bound (GTOPK_HVD_WAIT_TIMEOUT,
 5 s here) with an error that names the wait, instead of hanging. Launched by
-tests/test_failures.py under mpirun (MPI transport) and horovodrun --gloo (Horovod's); the job
-is expected to exit non-zero."""
+tests/transports/test_failures.py under mpirun (MPI transport) and horovodrun --gloo (Horovod's);
+the job is expected to exit non-zero."""
 
 from __future__ import annotations
 

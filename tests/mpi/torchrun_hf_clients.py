@@ -1,4 +1,4 @@
-"""Launched by torchrun (tests/test_hf_clients.py): a tiny GPT-2 built from a config (nothing
+"""Launched by torchrun (tests/torch/test_hf_clients.py): a tiny GPT-2 built from a config (nothing
 downloaded) trained on the standard library's text by transformers' `Trainer` or by an
 accelerate loop, with AdamW, bf16 autocast on the CPU and gtopk_hook registered the documented
 way (`gtopk_hvd.torch.hf`) with freeze_variance_after.

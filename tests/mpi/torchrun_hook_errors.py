@@ -1,5 +1,5 @@
-"""Launched by torchrun on 2 workers (tests/test_hook_errors.py): each bad choice a DDP user can
-make with gtopk_hook, made on every rank, must raise gtopk_hvd's error naming the problem and
+"""Launched by torchrun on 2 workers (tests/torch/test_hook_errors.py): each bad choice a DDP user
+can make with gtopk_hook, made on every rank, must raise gtopk_hvd's error naming the problem and
 the fix on every rank, when the choice is made (the constructor, the registration's first
 backward, the load), with no hang. Every rank prints `RAISED <case> rank=<r> <type>: <message>`
 for each case, then `errors ok`.

@@ -3,8 +3,8 @@
 Messages shorter than the buffer, one-sided and idle phases, several dtypes, a transport over a
 sub-group (group ranks differ from global ranks) and the "torch" name of the registry. The
 reductions through this transport are checked against numpy by tests/mpi/mpi_gtopk_reduction.py
-(`--transport torch`, tests/test_reduction.py). The sparse step given this transport (in a
-recording wrapper, tests/helpers/counting_transport.py) sends each step's reduction through it
+(`--transport torch`, tests/reductions/test_reduction.py). The sparse step given this transport (in
+a recording wrapper, tests/helpers/counting_transport.py) sends each step's reduction through it
 (gTop-k's schedule of messages, Top-k's all-gathers, with their bytes), and its update equals the
 mean of every rank's gradient, gathered by torch.distributed's all_gather_object (not through the
 transport) and averaged in numpy. With the step's state in CPU tensors, gTop-k's sets go
