@@ -16,7 +16,7 @@
 //      for the next tile. rows x ceil(columns / T) reads of d in all (rows at the sizes where a
 //      row fits half the L2 cache), rows integer atomics an entry, and the workspace is one
 //      tile's sums, not the table's.
-// sketch_select: the top-k of |est| by the selection engine (select_engine.cuh) whose passes
+// sketch_select: the top-k of |est| by the selection engine (gtopk/select_engine.cuh) whose passes
 // compute est(i) from the table as they read entry i (rows gathers from the table, issued together,
 // and the median of rows, in registers for rows <= kUnrolledRows): no d-entry estimate buffer, and
 // typically one pass over the entries. Where the engine guesses a first-digit bin from its sample,
@@ -36,7 +36,8 @@
 #include "device.cuh"
 #include "gtopk/count_sketch.h"
 #include "gtopk/cuda_ops.h"
-#include "select_engine.cuh"
+#include "select/agent/digits.cuh"
+#include "select/dispatch/launch.cuh"
 
 namespace gtopk::cuda {
 namespace {

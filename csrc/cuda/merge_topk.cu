@@ -7,7 +7,7 @@
 //      bit), and the matching b entry is dropped.
 //   2. cub::DeviceScan::InclusiveSum over the kept flags gives each kept entry its position in
 //      the union, which stays index-sorted.
-//   3. Top-min(k, union) of the union by the engine of select_engine.cuh (positions in the
+//   3. Top-min(k, union) of the union by the engine of gtopk/select_engine.cuh (positions in the
 //      union order ties exactly as indices do), then positions are mapped back to indices.
 //      When one set alone holds k entries (gTop-k's rounds: k and k), the union holds at least
 //      k and the result exactly k: the selection runs over the whole merged length, the places
@@ -25,7 +25,7 @@
 
 #include "cuda_check.cuh"
 #include "gtopk/cuda_ops.h"
-#include "select_engine.cuh"
+#include "select/dispatch/launch.cuh"
 
 namespace gtopk::cuda {
 namespace {

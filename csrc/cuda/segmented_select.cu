@@ -2,8 +2,8 @@
 // each with its own k, in one fixed sequence of launches for all the segments (not one
 // sequence per segment).
 //
-// The radix select of select_engine.cuh (composite (magnitude key, inverted index) ranks, the
-// same digit schedule, the same device-side state and bin choice), with one state and one
+// The radix select of gtopk/select_engine.cuh (composite (magnitude key, inverted index) ranks,
+// the same digit schedule, the same device-side state and bin choice), with one state and one
 // histogram per segment, and passes over d that give each block one chunk of kSegmentChunk
 // entries of one segment (gtopk/segments.h; a block finds its segment by a binary search of the
 // chunk offsets). Inverted indices are local to the segment, (len_s - 1) - (i - offsets[s]),
@@ -34,7 +34,13 @@
 #include "cuda_check.cuh"
 #include "gtopk/cuda_ops.h"
 #include "gtopk/segments.h"
-#include "select_engine.cuh"
+#include "select/agent/block_histogram.cuh"
+#include "select/agent/digits.cuh"
+#include "select/agent/tiles.cuh"
+#include "select/dispatch/grid.cuh"
+#include "select/dispatch/plan.cuh"
+#include "select/dispatch/types.cuh"
+#include "select/tuning.cuh"
 
 namespace gtopk::cuda {
 namespace {
@@ -136,8 +142,8 @@ struct KeepNothing {
     template <typename T> __device__ void operator()(int64_t, T) const {}
 };
 
-// A chunk's entries as select_engine's visit_tile reads them: value(i) = load(i), with no side
-// effect; keep(i, v) writes back what reading entry i changed.
+// A chunk's entries as visit_tile (select/agent/tiles.cuh) reads them: value(i) = load(i), with
+// no side effect; keep(i, v) writes back what reading entry i changed.
 template <typename T, typename Load, typename Keep> struct ChunkEntries {
     Load& read;
     Keep& write_back;
@@ -145,8 +151,8 @@ template <typename T, typename Load, typename Keep> struct ChunkEntries {
     __device__ void keep(int64_t i, T v) const { write_back(i, v); }
 };
 
-// Calls visit(items) for each tile of the chunk [begin, end): select_engine's visit_tile (every
-// load of a tile issued before keep writes any back, and a full tile visited without bound
+// Calls visit(items) for each tile of the chunk [begin, end): visit_tile (select/agent/tiles.cuh:
+// every load of a tile issued before keep writes any back, and a full tile visited without bound
 // checks), over the chunk instead of the block's share of every tile. Every thread of the
 // block makes the same calls, so visit may synchronise.
 template <typename T, typename Load, typename Keep, typename Visit>

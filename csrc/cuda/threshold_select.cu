@@ -29,7 +29,10 @@
 #include "cuda_check.cuh"
 #include "gtopk/cuda_ops.h"
 #include "gtopk/histogram_bins.h"
-#include "select_engine.cuh"
+#include "select/agent/tiles.cuh"
+#include "select/dispatch/grid.cuh"
+#include "select/dispatch/types.cuh"
+#include "select/tuning.cuh"
 
 namespace gtopk::cuda {
 namespace {

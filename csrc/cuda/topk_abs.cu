@@ -1,7 +1,7 @@
 // gtopk::cuda::topk_abs and accumulate_select: exact top-k by magnitude over d device values.
 //
-// Algorithm (select_engine.cuh): radix select on the composite (magnitude key, inverted index)
-// with device-side state, so that nothing synchronises:
+// Algorithm (gtopk/select_engine.cuh): radix select on the composite (magnitude key, inverted
+// index) with device-side state, so that nothing synchronises:
 //   - sample 2^16 keys to guess the first-digit bin of the k-th largest key (k <= d/16 only);
 //   - pass 1 over d: first-digit histogram (12 bits of a float32 key, 13 of a float64 key) with
 //     per-block shared-memory counters, fused with buffering the entries at or above the guessed
@@ -22,7 +22,7 @@
 
 #include "cuda_check.cuh"
 #include "gtopk/cuda_ops.h"
-#include "select_engine.cuh"
+#include "select/dispatch/launch.cuh"
 
 namespace gtopk::cuda {
 namespace {

@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from gtopk_hvd import _C, ops
-from gtopk_hvd.bench.timing import barrier, median_seconds, slowest
+from gtopk_hvd import ops
+from gtopk_hvd.bench.timing import barrier, median_seconds, read_floor, slowest
 from gtopk_hvd.transports import resolve_transport
 
 RESNET50 = 25_557_032
@@ -104,7 +104,7 @@ def floors(d: int, k: int, repeats: int) -> dict[str, float]:
                                             repeats),
         "zero": min(median_seconds(lambda: buffer.numpy().fill(0), repeats),
                     median_seconds(buffer.zero_, repeats)),
-        "read": median_seconds(lambda: _C.read_pass(gradient), repeats),
+        "read": median_seconds(lambda: read_floor(gradient), repeats),
     }
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from gtopk_hvd import _C
 from gtopk_hvd.transports import Transport
 
 SPREAD_WARNING = 0.25
@@ -78,3 +79,11 @@ def barrier(transport: Transport) -> None:
 def slowest(transport: Transport, seconds: float) -> float:
     """The largest of every worker's `seconds`."""
     return float(transport.allgather(np.array([seconds]))[:, 0].max())
+
+
+def read_floor(x: np.ndarray) -> int:
+    """One multi-threaded read of a contiguous float32 / float64 numpy array by the kernels
+    (`_C.read_pass`, its largest magnitude key): the floor of any pass over it."""
+    if x.dtype not in (np.float32, np.float64) or not x.flags.c_contiguous:
+        raise TypeError("read_floor reads a contiguous float32 / float64 array")
+    return _C.read_pass(_C.ValueType.__members__[x.dtype.name], x.ctypes.data, x.size)

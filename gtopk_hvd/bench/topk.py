@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from gtopk_hvd import _C, ops
-from gtopk_hvd.bench.timing import Timing, load_warning, median_seconds, timed
+from gtopk_hvd.bench.timing import Timing, load_warning, median_seconds, read_floor, timed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def cpu_rows(d: int, densities: list[float], repeats: int, torch_repeats: int) -
 
     x_torch = torch.randn(d, generator=torch.Generator().manual_seed(0))
     x = x_torch.numpy()
-    floor = timed(lambda: _C.read_pass(x), repeats)
+    floor = timed(lambda: read_floor(x), repeats)
     rows = []
     for density in densities:
         k = max(1, int(d * density))

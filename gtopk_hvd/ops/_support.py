@@ -1,7 +1,9 @@
 """What every kernel call of the package needs: the index dtype rule, facts about the arrays
-handed in (length, contiguity, host copies), and the plumbing of a CUDA call (the build check,
-the device and dtype checks, the shared type enums, outputs, workspace, stream, device, the
-skip flag's address)."""
+handed in (length, contiguity, host copies), the checks of the arrays (csrc/bindings/bindings.h:
+the kernels' entries take addresses and type codes, and every array is checked here before its
+address is taken: lengths, dtypes, order and range of index sets, a sketch's keys), and the
+plumbing of a CUDA call (the build check, the device checks, outputs, workspace, stream,
+device, the skip flag's address)."""
 
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ _FAST_CODES = frozenset("fdilq")
 
 
 def _plain_numpy(*arrays: Any) -> bool:
-    """All 1-D numpy arrays of float32/float64/integer dtype: the kernel takes them as they are
-    (it checks contiguity, dtypes and order itself), without the views of the general path."""
+    """All 1-D numpy arrays of float32/float64/integer dtype: the host checks below take them as
+    they are (contiguity, dtypes, order), without the views of the general path."""
     return all(type(a) is np.ndarray and a.ndim == 1 and a.dtype.char in _FAST_CODES
                for a in arrays)
 
@@ -93,15 +95,23 @@ def _cuda_check_pair(gradient: Any, residual: Any) -> None:
         raise ValueError("gradient and residual must have the same length and dtype")
 
 
-def _cuda_value_type(dtype: Any) -> Any:
-    """The kernels' code of a value dtype (_C.ValueType members are named like dtypes)."""
-    code = _C.ValueType.__members__.get(dtype_name(dtype))
+def _value_type(dtype: Any, arithmetic: bool = False) -> Any:
+    """The kernels' code of a value dtype (_C.ValueType members are named like dtypes; a
+    dtype's name, e.g. a NumpyView's value_type, names it too); arithmetic: float32 / float64
+    only (the kernels that add values)."""
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    if arithmetic and name not in _ARITHMETIC:
+        raise TypeError(f"unsupported value dtype '{name}'; expected float32 or float64")
+    code = _C.ValueType.__members__.get(name)
     if code is None:
         raise TypeError(f"unsupported dtype {dtype}")
     return code
 
 
-def _cuda_index_type(dtype: Any) -> Any:
+_ARITHMETIC = ("float32", "float64")
+
+
+def _index_type(dtype: Any) -> Any:
     """The kernels' code of an index dtype (_C.IndexType members are named like dtypes)."""
     code = _C.IndexType.__members__.get(dtype_name(dtype))
     if code is None:
@@ -117,10 +127,10 @@ def _cuda_outputs(like_values: Any, n: int, d: int,
 
     if index_dtype is None:
         index_dtype = _torch_index_dtype(d)
-    value_type = _cuda_value_type(like_values.dtype)
+    value_type = _value_type(like_values.dtype)
     indices = torch.empty(n, dtype=index_dtype, device=like_values.device)
     values = torch.empty(n, dtype=like_values.dtype, device=like_values.device)
-    return indices, values, value_type, _cuda_index_type(index_dtype)
+    return indices, values, value_type, _index_type(index_dtype)
 
 
 def _workspace(nbytes: int, device: Any) -> Any:
@@ -165,3 +175,70 @@ def _flag_address(skip: Any, like: Any) -> int:
 def _check_range(begin: int, end: int, d: int) -> None:
     if not 0 <= begin <= end <= d:
         raise ValueError(f"need 0 <= begin <= end <= d, got begin={begin}, end={end}, d={d}")
+
+
+# -- arrays on the host: the checks the kernels rely on, and their addresses --------------------
+
+def _address(array: np.ndarray | None) -> int:
+    """The address of a numpy array's first item for the kernels (0: None)."""
+    return 0 if array is None else array.ctypes.data
+
+
+def _host_empty(n: int, dtype: Any) -> np.ndarray:
+    return np.empty(int(n), dtype=dtype)
+
+
+def _check_accumulation(gradient: np.ndarray | None, residual: np.ndarray,
+                        clear_gradient: bool) -> None:
+    """What the accumulating kernels rely on (residual += gradient in place, gradient = 0 if
+    asked): one length and dtype, and not one array when the gradient is cleared."""
+    if gradient is None:
+        return
+    if gradient.size != residual.size or gradient.dtype != residual.dtype:
+        raise ValueError("gradient and residual must have the same length and dtype")
+    if clear_gradient and _address(gradient) == _address(residual):
+        raise ValueError("gradient and residual must not be the same array when the gradient "
+                         "is cleared")
+
+
+def _check_hint(hint: np.ndarray | None, like: np.ndarray, what: str) -> None:
+    if hint is not None and (hint.size != 1 or hint.itemsize != like.itemsize):
+        raise ValueError(f"threshold_hint must be one value of {what}'s dtype")
+
+
+def _check_set(index: np.ndarray, value: np.ndarray, what: str) -> None:
+    """A sparse set: as many indices as values."""
+    if index.size != value.size:
+        raise ValueError(f"{what}: indices and values differ in length ({index.size} vs "
+                         f"{value.size})")
+
+
+def _check_sorted(index: np.ndarray, what: str) -> None:
+    """index strictly increasing (sorted, no duplicates): one multi-threaded read."""
+    j = _C.first_not_increasing(_index_type(index.dtype), _address(index), index.size)
+    if j != 0:
+        raise ValueError(f"{what} must be strictly increasing (sorted, no duplicates); "
+                         f"position {j} breaks it")
+
+
+def _check_within(index: np.ndarray, d: int, what: str) -> None:
+    """Every index in [0, d) (what: the array they index)."""
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= d):
+        raise IndexError(f"indices out of range for {what} of length {d}")
+
+
+def _sketch_keys(keys: Any, columns: int) -> tuple[np.ndarray, int]:
+    """A count sketch's keys on the host, checked: a C-contiguous uint32 array of shape
+    (rows, 2), with 1 <= rows <= SKETCH_MAX_ROWS and 1 <= columns < 2^32 (the kernels' rule,
+    _C.check_sketch_shape); returns (keys, rows)."""
+    keys = np.ascontiguousarray(_to_numpy_any(keys))
+    if (keys.dtype != np.uint32 or keys.ndim != 2 or keys.shape[1] != 2
+            or not keys.flags.c_contiguous):
+        raise TypeError("keys must be a C-contiguous uint32 array of shape (rows, 2)")
+    _C.check_sketch_shape(keys.shape[0], int(columns))
+    return keys, int(keys.shape[0])
+
+
+def _require_float32(array: Any, what: str) -> None:
+    if dtype_name(array.dtype) != "float32":
+        raise TypeError(f"{what} must be float32 (the sketch sums float32)")

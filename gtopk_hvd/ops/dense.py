@@ -15,10 +15,10 @@ from gtopk_hvd._arrays import (
 )
 from gtopk_hvd.ops._support import (
     _cuda_check_pair,
-    _cuda_value_type,
     _flag_address,
     _on_device,
     _stream,
+    _value_type,
     cuda_built,
 )
 from gtopk_hvd.ops.flags import flag_set
@@ -65,7 +65,7 @@ def momentum_update(velocity: Any, gradient: Any, momentum: float, divisor: floa
             and velocity.is_contiguous() and gradient.is_contiguous()):
         _cuda_check_pair(gradient, velocity)
         with _on_device(velocity.device):
-            _C.cuda_momentum_update(_cuda_value_type(velocity.dtype), velocity.data_ptr(),
+            _C.cuda_momentum_update(_value_type(velocity.dtype), velocity.data_ptr(),
                                     gradient.data_ptr(), velocity.numel(),
                                     float(np.float32(momentum)), float(np.float32(divisor)),
                                     _stream(velocity.device), _flag_address(skip, velocity))

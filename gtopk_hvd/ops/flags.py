@@ -19,9 +19,9 @@ from gtopk_hvd.ops._support import (
     _check_flag,
     _contiguous,
     _cuda_check,
-    _cuda_value_type,
     _on_device,
     _stream,
+    _value_type,
     _workspace,
     cuda_built,
 )
@@ -100,7 +100,7 @@ def mark_nonfinite(x: Any, flag: Any) -> None:
         return
     _cuda_check(flag, "flag", x.device)
     with _on_device(x.device):
-        value_type, n = _cuda_value_type(x.dtype), x.numel()
+        value_type, n = _value_type(x.dtype), x.numel()
         workspace = _workspace(_C.cuda_max_key_workspace_bytes(value_type, n), x.device)
         _C.cuda_mark_nonfinite(value_type, x.data_ptr(), n, flag.data_ptr(), _stream(x.device),
                                workspace.data_ptr(), workspace.numel())

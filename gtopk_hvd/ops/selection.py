@@ -18,14 +18,21 @@ from gtopk_hvd._arrays import (
     like,
 )
 from gtopk_hvd.ops._support import (
+    _address,
+    _check_accumulation,
+    _check_hint,
     _cuda_check,
     _cuda_check_pair,
     _cuda_outputs,
     _flag_address,
+    _host_empty,
+    _index_type,
     _on_device,
     _require_cuda_build,
     _stream,
+    _value_type,
     _workspace,
+    index_dtype_for,
 )
 from gtopk_hvd.ops.flags import skipped_here
 from gtopk_hvd.ops.sets import zero_at
@@ -52,8 +59,13 @@ def topk_abs(x: Any, k: int, threshold_hint: float | None = None) -> tuple[Any, 
     if is_cuda(x):
         return _cuda_topk_abs(x, k)
     view = as_numpy(x, "x")
-    indices, values = _C.topk_abs(view.array, k, _hint_array(threshold_hint, view),
-                                  view.value_type)
+    hint = _hint_array(threshold_hint, view)
+    _check_hint(hint, view.array, "x")
+    d = view.array.size
+    indices = _host_empty(min(k, d), index_dtype_for(d))
+    values = _host_empty(min(k, d), view.array.dtype)
+    _C.topk_abs(_value_type(view.value_type), _index_type(indices.dtype), _address(view.array),
+                d, k, _address(hint), _address(indices), _address(values))
     return like(indices, view), like(values, view)
 
 
@@ -91,10 +103,16 @@ def accumulate_select(
         return _cuda_accumulate_select(gradient, residual, k, clear_gradient, skip)
     gradient_view = as_numpy(gradient, "gradient", writeable=clear_gradient)
     residual_view = as_numpy(residual, "residual", writeable=True)
-    indices, values = _C.accumulate_select(
-        gradient_view.array, residual_view.array, k,
-        _hint_array(threshold_hint, gradient_view), gradient_view.value_type,
-        bool(clear_gradient))
+    _check_accumulation(gradient_view.array, residual_view.array, clear_gradient)
+    hint = _hint_array(threshold_hint, gradient_view)
+    _check_hint(hint, gradient_view.array, "the gradient")
+    d = gradient_view.array.size
+    value_type = _value_type(gradient_view.value_type, arithmetic=True)
+    indices = _host_empty(min(k, d), index_dtype_for(d))
+    values = _host_empty(min(k, d), gradient_view.array.dtype)
+    _C.accumulate_select(value_type, _index_type(indices.dtype), _address(gradient_view.array),
+                         _address(residual_view.array), d, k, _address(hint), _address(indices),
+                         _address(values), bool(clear_gradient))
     return like(indices, gradient_view), like(values, gradient_view)
 
 
@@ -136,9 +154,15 @@ def segmented_accumulate_select(
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
     residual_view = as_numpy(residual, "residual", writeable=True)
-    indices, values = _C.segmented_accumulate_select(
-        gradient_array, residual_view.array, offsets, ks, residual_view.value_type,
-        bool(clear_gradient))
+    _check_accumulation(gradient_array, residual_view.array, clear_gradient)
+    d = residual_view.array.size
+    value_type = _value_type(residual_view.value_type, arithmetic=True)
+    n = int(_segment_table(offsets, ks, d)[2 * len(ks) + 1])  # out_offsets[S]
+    indices, values = _host_empty(n, index_dtype_for(d)), _host_empty(n, residual_view.array.dtype)
+    _C.segmented_accumulate_select(
+        value_type, _index_type(indices.dtype), _address(gradient_array),
+        _address(residual_view.array), d, _address(offsets), _address(ks), len(ks),
+        _address(indices), _address(values), bool(clear_gradient))
     return like(indices, residual_view), like(values, residual_view)
 
 
@@ -200,14 +224,23 @@ def _cuda_segmented_accumulate_select(gradient: Any, residual: Any, offsets: np.
     if d == 0:  # every segment empty: nothing to read (an empty tensor has no address)
         return indices, values
     with _on_device(device):
-        workspace = _workspace(
-            _C.cuda_segmented_select_workspace_bytes(value_type, index_type, table), device)
+        workspace = _workspace(_C.cuda_segmented_select_workspace_bytes(
+            value_type, index_type, _address(table), len(ks)), device)
         _C.cuda_segmented_accumulate_select(
             value_type, index_type, 0 if gradient is None else gradient.data_ptr(),
-            residual.data_ptr(), d, table, device_table.data_ptr(), bool(clear_gradient),
+            residual.data_ptr(), d, _address(table), device_table.data_ptr(), len(ks),
+            bool(clear_gradient),
             indices.data_ptr(), values.data_ptr(), _stream(device), workspace.data_ptr(),
             workspace.numel(), _flag_address(skip, residual))
     return indices, values
+
+
+def _segment_table(offsets: np.ndarray, ks: np.ndarray, d: int) -> np.ndarray:
+    """The segments' table (gtopk/segments.h), the segments checked for a vector of d values
+    (ValueError otherwise)."""
+    table = _host_empty(_C.SEGMENT_TABLE_ROWS * (len(ks) + 1), np.int64)
+    _C.segment_table(_address(offsets), _address(ks), len(ks), d, _address(table))
+    return table
 
 
 _SEGMENT_TABLES: dict[tuple[Any, ...], tuple[np.ndarray, Any]] = {}
@@ -224,7 +257,7 @@ def _segment_tables(offsets: np.ndarray, ks: np.ndarray, d: int, device: Any
     key = (str(device), d, offsets.tobytes(), ks.tobytes())
     found = _SEGMENT_TABLES.get(key)
     if found is None:
-        table = _C.segment_table(offsets, ks, d)
+        table = _segment_table(offsets, ks, d)
         found = (table, torch.from_numpy(table).to(device))
         if len(_SEGMENT_TABLES) >= _SEGMENT_TABLES_KEPT:
             _SEGMENT_TABLES.pop(next(iter(_SEGMENT_TABLES)))

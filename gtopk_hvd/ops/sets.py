@@ -20,17 +20,22 @@ from gtopk_hvd._arrays import (
 )
 from gtopk_hvd.ops._support import (
     _FAST_VALUE_TYPES,
+    _address,
+    _check_set,
+    _check_sorted,
+    _check_within,
     _cuda_check,
-    _cuda_index_type,
     _cuda_outputs,
-    _cuda_value_type,
     _flag_address,
+    _host_empty,
+    _index_type,
     _on_device,
     _plain_numpy,
     _require_cuda_build,
     _stream,
     _to_cpu,
     _to_numpy_any,
+    _value_type,
     _workspace,
     cuda_built,
 )
@@ -48,20 +53,53 @@ def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
     """
     k = check_count(k)
     if _plain_numpy(index_a, value_a, index_b, value_b, *(out or ())):  # the reduction's case
-        return _C.merge_topk(index_a, value_a, index_b, value_b, k,
-                             _FAST_VALUE_TYPES.get(value_a.dtype.char, "unsupported"),
-                             *(out or (None, None)))
+        return _host_merge_topk(index_a, value_a, index_b, value_b, k, out,
+                                _FAST_VALUE_TYPES.get(value_a.dtype.char, value_a.dtype.name))
     if is_cuda(value_a):
         return _cuda_merge_topk(index_a, value_a, index_b, value_b, k, out)
     ia, va = as_numpy(index_a, "index_a", values=False), as_numpy(value_a, "value_a")
     ib, vb = as_numpy(index_b, "index_b", values=False), as_numpy(value_b, "value_b")
-    out_index = out_value = None
+    host_out = None
     if out is not None:
-        out_index = as_numpy(out[0], "out indices", values=False, writeable=True).array
-        out_value = as_numpy(out[1], "out values", writeable=True).array
-    indices, values = _C.merge_topk(ia.array, va.array, ib.array, vb.array, k, va.value_type,
-                                    out_index, out_value)
+        host_out = (as_numpy(out[0], "out indices", values=False, writeable=True).array,
+                    as_numpy(out[1], "out values", writeable=True).array)
+    indices, values = _host_merge_topk(ia.array, va.array, ib.array, vb.array, k, host_out,
+                                       va.value_type)
     return like(indices, va), like(values, va)
+
+
+def _host_merge_topk(index_a: np.ndarray, value_a: np.ndarray, index_b: np.ndarray,
+                     value_b: np.ndarray, k: int, out: tuple[np.ndarray, np.ndarray] | None,
+                     value_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """merge_topk of 1-D numpy arrays (contiguous; dtypes checked here), into out if given (the
+    result is then a view of its first entries)."""
+    for index, value, what in ((index_a, value_a, "set a"), (index_b, value_b, "set b")):
+        if not (index.flags.c_contiguous and value.flags.c_contiguous):
+            raise ValueError(f"{what} must be contiguous")
+        _check_set(index, value, what)
+    if index_a.dtype != index_b.dtype or value_a.dtype != value_b.dtype:
+        raise TypeError("sets a and b must have the same index dtype and value dtype")
+    index_type = _index_type(index_a.dtype)
+    code = _value_type(value_type, arithmetic=True)
+    size = min(k, index_a.size + index_b.size)
+    if out is not None:
+        out_index, out_value = out
+        if not (out_index.flags.c_contiguous and out_value.flags.c_contiguous):
+            raise ValueError("out arrays must be contiguous")
+        if out_index.dtype != index_a.dtype or out_value.dtype != value_a.dtype:
+            raise TypeError("out arrays must have the sets' index dtype and value dtype")
+        if out_index.size < size or out_value.size < size:
+            raise ValueError(f"out arrays hold fewer than min(k, n_a + n_b) = {size} entries")
+        if not (out_index.flags.writeable and out_value.flags.writeable):
+            raise ValueError("out arrays must be writeable")
+    _check_sorted(index_a, "indices of set a")
+    _check_sorted(index_b, "indices of set b")
+    if out is None:
+        out = (_host_empty(size, index_a.dtype), _host_empty(size, value_a.dtype))
+    n = _C.merge_topk(code, index_type, _address(index_a), _address(value_a), index_a.size,
+                      _address(index_b), _address(value_b), index_b.size, k, _address(out[0]),
+                      _address(out[1]))
+    return out[0][:n], out[1][:n]
 
 
 def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
@@ -82,8 +120,8 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
         if _sparse_kernels_take(dest, indices, values):
             _cuda_check(indices, "indices", dest.device)
             with _on_device(dest.device):
-                _C.cuda_write_sparse(_cuda_value_type(dest.dtype),
-                                     _cuda_index_type(indices.dtype), dest.data_ptr(),
+                _C.cuda_write_sparse(_value_type(dest.dtype),
+                                     _index_type(indices.dtype), dest.data_ptr(),
                                      dest.numel(), indices.data_ptr(), values.data_ptr(),
                                      indices.numel(), bool(zeroed), _stream(dest.device),
                                      _flag_address(skip, dest))
@@ -101,9 +139,18 @@ def write_sparse(dest: Any, indices: Any, values: Any, skip: Any = None,
         dest[:] = float("nan")
         return
     dest_view = as_numpy(dest, "dest", writeable=True)
-    index_view = as_numpy(indices, "indices", values=False)
+    index = as_numpy(indices, "indices", values=False).array
     value_view = as_numpy(values, "values")
-    _C.write_sparse(dest_view.array, index_view.array, value_view.array, value_view.value_type)
+    _check_set(index, value_view.array, "sparse set")
+    if dest_view.array.dtype != value_view.array.dtype:
+        raise TypeError("dest and values must have the same dtype")
+    value_type = _value_type(value_view.value_type, arithmetic=True)
+    _check_sorted(index, "indices")
+    d = dest_view.array.size
+    if index.size and (index[0] < 0 or index[-1] >= d):
+        raise IndexError(f"indices out of range for dest of length {d}")
+    _C.write_sparse(value_type, _index_type(index.dtype), _address(dest_view.array), d,
+                    _address(index), _address(value_view.array), index.size)
 
 
 def _sparse_kernels_take(x: Any, indices: Any, values: Any = None,
@@ -134,8 +181,8 @@ def restore_unselected(residual: Any, indices: Any, values: Any, selected: Any,
         for tensor, what in ((indices, "indices"), (values, "values"), (selected, "selected")):
             _cuda_check(tensor, what, residual.device)
         with _on_device(residual.device):
-            _C.cuda_restore_unselected(_cuda_value_type(residual.dtype),
-                                       _cuda_index_type(indices.dtype), residual.data_ptr(),
+            _C.cuda_restore_unselected(_value_type(residual.dtype),
+                                       _index_type(indices.dtype), residual.data_ptr(),
                                        indices.data_ptr(), values.data_ptr(), indices.numel(),
                                        selected.data_ptr(), selected.numel(),
                                        _stream(residual.device), _flag_address(skip, residual))
@@ -197,7 +244,7 @@ def _cuda_take_at(residual: Any, indices: Any, taken: tuple[Any, Any] | None,
             _cuda_check(tensor, what, residual.device)
         values = torch.empty(n, dtype=residual.dtype, device=residual.device)
         with _on_device(residual.device):
-            _C.cuda_take_at(_cuda_value_type(residual.dtype), _cuda_index_type(indices.dtype),
+            _C.cuda_take_at(_value_type(residual.dtype), _index_type(indices.dtype),
                             residual.data_ptr(), indices.data_ptr(), n, taken[0].data_ptr(),
                             taken[1].data_ptr(), taken[0].numel(), values.data_ptr(),
                             _stream(residual.device), _flag_address(skip, residual))
@@ -229,23 +276,46 @@ def restore_residual(residual: Any, indices: Any, values: Any, restore: Any,
         _cuda_restore_residual(residual, indices, values, restore)
         return
     residual_view = as_numpy(residual, "residual", writeable=True)
-    index_view = as_numpy(indices, "indices", values=False)
+    index = as_numpy(indices, "indices", values=False).array
     value_view = as_numpy(values, "values")
     restore_mask = np.ascontiguousarray(_to_numpy_any(restore), dtype=np.uint8).reshape(-1)
-    _C.restore_residual(residual_view.array, index_view.array, value_view.array, restore_mask,
-                        value_view.value_type)
+    _check_set(index, value_view.array, "restore set")
+    if restore_mask.size != index.size:
+        raise ValueError("restore mask must have one entry per index")
+    if residual_view.array.dtype != value_view.array.dtype:
+        raise TypeError("residual and values must have the same dtype")
+    value_type = _value_type(value_view.value_type, arithmetic=True)
+    d = residual_view.array.size
+    _check_within(index, d, "a residual")
+    _C.restore_residual(value_type, _index_type(index.dtype), _address(residual_view.array), d,
+                        _address(index), _address(value_view.array), _address(restore_mask),
+                        index.size)
 
 
 def mark_survivors(local_indices: Any, global_indices: Any) -> Any:
     """Boolean mask over the index-sorted local set: local_indices[j] is in global_indices
     (sorted too). A numpy array; for CUDA tensors a bool tensor on their device."""
     if _plain_numpy(local_indices, global_indices):
-        return _C.mark_survivors(local_indices, global_indices).view(np.bool_)
+        return _host_mark_survivors(local_indices, global_indices)
     if is_cuda(local_indices) and is_cuda(global_indices):
         return _cuda_mark_survivors(local_indices, global_indices)
     local = as_numpy(_to_cpu(local_indices), "local_indices", values=False)
     global_ = as_numpy(_to_cpu(global_indices), "global_indices", values=False)
-    return _C.mark_survivors(local.array, global_.array).view(np.bool_)
+    return _host_mark_survivors(local.array, global_.array)
+
+
+def _host_mark_survivors(local: np.ndarray, global_: np.ndarray) -> np.ndarray:
+    if not (local.flags.c_contiguous and global_.flags.c_contiguous):
+        raise ValueError("local and global indices must be contiguous")
+    if local.dtype != global_.dtype:
+        raise TypeError("local and global indices must have the same dtype")
+    index_type = _index_type(local.dtype)
+    _check_sorted(local, "local indices")
+    _check_sorted(global_, "global indices")
+    survived = _host_empty(local.size, np.uint8)
+    _C.mark_survivors(index_type, _address(local), local.size, _address(global_), global_.size,
+                      _address(survived))
+    return survived.view(np.bool_)
 
 
 def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
@@ -259,7 +329,7 @@ def zero_at(x: Any, indices: Any, skip: Any = None) -> None:
     if is_cuda(x) and _sparse_kernels_take(x, indices):
         _cuda_check(indices, "indices", x.device)
         with _on_device(x.device):
-            _C.cuda_zero_at(_cuda_value_type(x.dtype), _cuda_index_type(indices.dtype),
+            _C.cuda_zero_at(_value_type(x.dtype), _index_type(indices.dtype),
                             x.data_ptr(), indices.data_ptr(), indices.numel(), _stream(x.device),
                             _flag_address(skip, x))
         return
@@ -288,7 +358,14 @@ def sorted_union(a: Any, b: Any) -> Any:
     if is_cuda(a) or is_cuda(b):
         return _cuda_sorted_union(a, b)
     view_a, view_b = as_numpy(a, "a", values=False), as_numpy(b, "b", values=False)
-    return like(_C.sorted_union(view_a.array, view_b.array), view_a)
+    if view_a.array.dtype != view_b.array.dtype:
+        raise TypeError("a and b must have the same dtype")
+    _check_sorted(view_a.array, "a")
+    _check_sorted(view_b.array, "b")
+    out = _host_empty(view_a.array.size + view_b.array.size, view_a.array.dtype)
+    n = _C.sorted_union(_index_type(out.dtype), _address(view_a.array), view_a.array.size,
+                        _address(view_b.array), view_b.array.size, _address(out))
+    return like(out[:n], view_a)
 
 
 def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
@@ -311,7 +388,7 @@ def _cuda_merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: 
     direct = out is not None and _takes_merge(out, index_a, value_a, size)
     if direct:  # the kernels read both sets before they write the result: out may be either
         indices, values = out
-        value_type, index_type = _cuda_value_type(values.dtype), _cuda_index_type(indices.dtype)
+        value_type, index_type = _value_type(values.dtype), _index_type(indices.dtype)
     else:
         indices, values, value_type, index_type = _cuda_outputs(value_a, size, n_a + n_b,
                                                                 index_a.dtype)
@@ -359,7 +436,7 @@ def _cuda_restore_residual(residual: Any, indices: Any, values: Any, restore: An
     if mask.numel() != indices.numel() or values.numel() != indices.numel():
         raise ValueError("indices, values and restore must have the same length")
     with _on_device(device):
-        _C.cuda_restore_residual(_cuda_value_type(values.dtype), _cuda_index_type(indices.dtype),
+        _C.cuda_restore_residual(_value_type(values.dtype), _index_type(indices.dtype),
                                  residual.data_ptr(), indices.data_ptr(), values.data_ptr(),
                                  mask.data_ptr(), indices.numel(), _stream(device))
 

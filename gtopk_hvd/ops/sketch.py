@@ -16,15 +16,21 @@ from gtopk_hvd._arrays import (
     like,
 )
 from gtopk_hvd.ops._support import (
+    _address,
+    _check_accumulation,
     _cuda_check,
     _cuda_check_pair,
     _cuda_outputs,
     _flag_address,
+    _host_empty,
+    _index_type,
     _on_device,
     _require_cuda_build,
+    _require_float32,
+    _sketch_keys,
     _stream,
-    _to_numpy_any,
     _workspace,
+    index_dtype_for,
 )
 from gtopk_hvd.ops.flags import skipped_here
 
@@ -64,8 +70,13 @@ def sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: int,
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
     residual_view = as_numpy(residual, "residual", writeable=gradient is not None)
-    table = _C.sketch_table(gradient_array, residual_view.array, _host_keys(keys), columns,
-                            bool(clear_gradient))
+    _check_accumulation(gradient_array, residual_view.array, clear_gradient)
+    _require_float32(residual_view.array, "residual")
+    keys, rows = _sketch_keys(keys, columns)
+    table = _host_empty(rows * columns, np.float32).reshape(rows, columns)
+    _C.sketch_table(_address(gradient_array), _address(residual_view.array),
+                    residual_view.array.size, _address(keys), rows, columns,
+                    bool(clear_gradient), _address(table))
     return like(table, residual_view)
 
 
@@ -105,10 +116,20 @@ def sketch_select(table: Any, keys: np.ndarray, k: int, estimate: Any = None,
         if estimate is not None:
             _cuda_sketch_estimate(table, keys, columns, estimate)
         return _cuda_sketch_select(table, keys, columns, k, d, estimate)
+    keys, rows = _sketch_keys(keys, columns)
     table_view = as_numpy(table, "table")
+    _require_float32(table_view.array, "table")
+    if table_view.array.size != rows * columns:
+        raise ValueError(f"the table holds {table_view.array.size} values, rows x columns = "
+                         f"{rows * columns}")
     estimate_view = None if estimate is None else as_numpy(estimate, "estimate", writeable=True)
-    indices, values = _C.sketch_select(table_view.array, _host_keys(keys), columns,
-                                       None if estimate_view is None else estimate_view.array, k, d)
+    if estimate_view is not None:
+        _require_float32(estimate_view.array, "estimate")
+    indices = _host_empty(min(k, d), index_dtype_for(d))
+    values = _host_empty(min(k, d), np.float32)
+    _C.sketch_select(_address(table_view.array), _address(keys), rows, columns, d, k,
+                     _address(None if estimate_view is None else estimate_view.array),
+                     _index_type(indices.dtype), _address(indices), _address(values))
     like_view = table_view if estimate_view is None else estimate_view
     return like(indices, like_view), like(values, like_view)
 
@@ -121,11 +142,6 @@ def sketch_estimate(table: Any, keys: np.ndarray, estimate: Any) -> Any:
     else:
         sketch_select(table, keys, 0, estimate)
     return estimate
-
-
-def _host_keys(keys: Any) -> np.ndarray:
-    """The sketch's keys as the kernels take them (the bindings check dtype and shape)."""
-    return np.ascontiguousarray(_to_numpy_any(keys))
 
 
 def _table_columns(table: Any) -> int:
@@ -146,21 +162,22 @@ def _cuda_sketch_table(gradient: Any, residual: Any, keys: np.ndarray, columns: 
     if residual.dtype != torch.float32:
         raise TypeError(f"residual must be float32 (the sketch sums float32), got "
                         f"{residual.dtype}")
-    keys = _host_keys(keys)
+    keys, rows = _sketch_keys(keys, columns)
     device = residual.device
     with _on_device(device):
         workspace = _workspace(
-            _C.cuda_sketch_table_workspace_bytes(keys, columns, tile_columns), device)
-        table = torch.empty((len(keys), columns), dtype=torch.float32, device=device)
+            _C.cuda_sketch_table_workspace_bytes(rows, columns, tile_columns), device)
+        table = torch.empty((rows, columns), dtype=torch.float32, device=device)
         gradient_pointer = 0 if gradient is None else gradient.data_ptr()
-        _C.cuda_sketch_table(gradient_pointer, residual.data_ptr(), residual.numel(), keys,
-                             columns, bool(clear_gradient), table.data_ptr(), _stream(device),
+        _C.cuda_sketch_table(gradient_pointer, residual.data_ptr(), residual.numel(),
+                             _address(keys), rows, columns, bool(clear_gradient),
+                             table.data_ptr(), _stream(device),
                              workspace.data_ptr(), workspace.numel(), tile_columns,
                              _flag_address(skip, residual))
     return table
 
 
-def _cuda_sketch_device_table(table: Any, keys: np.ndarray, columns: int, device: Any) -> Any:
+def _cuda_sketch_device_table(table: Any, rows: int, columns: int, device: Any) -> Any:
     """The table as a float32 tensor on `device` holding rows x columns values."""
     import torch
 
@@ -168,9 +185,9 @@ def _cuda_sketch_device_table(table: Any, keys: np.ndarray, columns: int, device
     _cuda_check(table, "table", device)
     if table.dtype != torch.float32:
         raise TypeError(f"the table must be float32, got {table.dtype}")
-    if table.numel() != len(keys) * columns:
+    if table.numel() != rows * columns:
         raise ValueError(f"the table holds {table.numel()} values, rows x columns = "
-                         f"{len(keys) * columns}")
+                         f"{rows * columns}")
     return table
 
 
@@ -179,15 +196,15 @@ def _cuda_sketch_select(table: Any, keys: Any, columns: int, k: int, d: int, est
     """row_filter: size the workspace for the kernel's row bitmaps, so that its pass 1 filters
     (an A/B for scripts/gpu/gpu_profile.py; the same selection either way)."""
     _require_cuda_build()
-    keys = _host_keys(keys)
+    keys, rows = _sketch_keys(keys, columns)
     device = table.device if is_cuda(table) else estimate.device
-    table = _cuda_sketch_device_table(table, keys, columns, device)
+    table = _cuda_sketch_device_table(table, rows, columns, device)
     indices, values, _, index_type = _cuda_outputs(table, min(k, d), d)
     with _on_device(device):
-        room = (_C.cuda_sketch_select_workspace_bytes(index_type, d, k, keys, columns)
+        room = (_C.cuda_sketch_select_workspace_bytes(index_type, d, k, rows, columns)
                 if row_filter else _C.cuda_sketch_select_workspace_bytes(index_type, d, k))
         workspace = _workspace(room, device)
-        _C.cuda_sketch_select(table.data_ptr(), keys, columns, d, k, index_type,
+        _C.cuda_sketch_select(table.data_ptr(), _address(keys), rows, columns, d, k, index_type,
                               indices.data_ptr(), values.data_ptr(), _stream(device),
                               workspace.data_ptr(), workspace.numel())
     return indices, values
@@ -201,8 +218,8 @@ def _cuda_sketch_estimate(table: Any, keys: Any, columns: int, estimate: Any) ->
     _cuda_check(estimate, "estimate", device)
     if estimate.dtype != torch.float32:
         raise TypeError(f"the estimate must be float32, got {estimate.dtype}")
-    keys = _host_keys(keys)
-    table = _cuda_sketch_device_table(table, keys, columns, device)
+    keys, rows = _sketch_keys(keys, columns)
+    table = _cuda_sketch_device_table(table, rows, columns, device)
     with _on_device(device):
-        _C.cuda_sketch_estimate(table.data_ptr(), keys, columns, estimate.numel(),
-                                estimate.data_ptr(), _stream(device))
+        _C.cuda_sketch_estimate(table.data_ptr(), _address(keys), rows, columns,
+                                estimate.numel(), estimate.data_ptr(), _stream(device))

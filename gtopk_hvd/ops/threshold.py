@@ -20,19 +20,23 @@ from gtopk_hvd._arrays import (
 )
 from gtopk_hvd.ops._support import (
     _FAST_VALUE_TYPES,
+    _address,
+    _check_accumulation,
     _check_range,
     _cuda_check,
     _cuda_check_pair,
-    _cuda_index_type,
-    _cuda_value_type,
+    _host_empty,
+    _index_type,
     _itemsize,
     _length,
     _on_device,
     _require_cuda_build,
     _stream,
     _torch_index_dtype,
+    _value_type,
     _workspace,
     cuda_built,
+    index_dtype_for,
 )
 
 
@@ -72,10 +76,16 @@ def accumulate_threshold(gradient: Any, residual: Any, begin: int, end: int,
     if gradient is not None:
         gradient_array = as_numpy(gradient, "gradient", writeable=clear_gradient).array
     residual_view = as_numpy(residual, "residual", writeable=gradient is not None)
-    indices, histogram = _C.accumulate_threshold(
-        gradient_array, residual_view.array, int(begin), int(end), int(threshold_key),
-        int(histogram_base_key), int(histogram_shift), int(n_bins), residual_view.value_type,
-        bool(clear_gradient), int(n_fine), int(coarse_shift))
+    _check_accumulation(gradient_array, residual_view.array, clear_gradient)
+    d = residual_view.array.size
+    _check_range(begin, end, d)
+    value_type = _value_type(residual_view.value_type, arithmetic=True)
+    histogram = _host_empty(max(int(n_bins), 0), np.int64)  # n_bins: the kernels' rule
+    indices = _C.accumulate_threshold(
+        value_type, _index_type(np.dtype(index_dtype_for(d))), _address(gradient_array),
+        _address(residual_view.array), d, int(begin), int(end), int(threshold_key),
+        int(histogram_base_key), int(histogram_shift), int(n_bins), int(n_fine),
+        int(coarse_shift), bool(clear_gradient), _address(histogram))
     return like(indices, residual_view), histogram
 
 
@@ -112,8 +122,12 @@ def threshold_indices(x: Any, begin: int, end: int, threshold_key: int,
         indices = _torch_threshold_indices(x, begin, end, threshold_key)
     else:
         view = as_numpy(x, "x")
-        indices = like(_C.threshold_indices(view.array, int(begin), int(end),
-                                            int(threshold_key), view.value_type), view)
+        d = view.array.size
+        _check_range(begin, end, d)
+        value_type = _value_type(view.value_type, arithmetic=True)
+        indices = like(_C.threshold_indices(
+            value_type, _index_type(np.dtype(index_dtype_for(d))), _address(view.array), d,
+            int(begin), int(end), int(threshold_key)), view)
     if at_most is not None and len(indices) > at_most:
         raise RuntimeError(f"gtopk_hvd: threshold_indices selected {len(indices)} entries, "
                            f"more than the bound at_most={at_most}")
@@ -149,10 +163,10 @@ def histogram_on_device(gradient: Any, residual: Any, begin: int, end: int,
     counts = torch.empty(int(n_bins) + 1, dtype=torch.int64, device=device)
     with _on_device(device):
         _C.cuda_accumulate_count(
-            _cuda_value_type(residual.dtype), 0 if gradient is None else gradient.data_ptr(),
+            _value_type(residual.dtype), 0 if gradient is None else gradient.data_ptr(),
             residual.data_ptr(), residual.numel(), int(begin), int(end), nothing,
             int(histogram_base_key), int(histogram_shift), int(n_bins), int(n_fine),
-            int(coarse_shift), bool(clear_gradient), _stream(device), 0, 0,
+            int(coarse_shift), bool(clear_gradient), _stream(device), 0, 0, histogram=0,
             device_counts=counts.data_ptr())
     return counts[:n_bins]
 
@@ -182,7 +196,7 @@ def threshold_indices_on_device(x: Any, begin: int, end: int, threshold_key: int
     indices = torch.empty(capacity, dtype=dtype, device=x.device)
     count = torch.empty(1, dtype=torch.int64, device=x.device)
     with _on_device(x.device):
-        value_type, index_type = _cuda_value_type(x.dtype), _cuda_index_type(dtype)
+        value_type, index_type = _value_type(x.dtype), _index_type(dtype)
         workspace = _workspace(_C.cuda_threshold_indices_workspace_bytes(
             value_type, index_type, int(end) - int(begin)), x.device)
         _C.cuda_threshold_indices(value_type, index_type, x.data_ptr(), x.numel(), int(begin),
@@ -266,10 +280,17 @@ def _max_key(x: Any, begin: int, end: int, plus: Any = None, finite_only: bool =
         return 0
     if not isinstance(x, NumpyView):
         return _cuda_max_key(x, begin, end, plus, finite_only)
+    first = x.array[begin:end]
     other = None if plus is None else as_numpy(plus, "plus").array[begin:end]
     if plus is None and not finite_only and x.value_type in _FAST_VALUE_TYPES.values():
-        return int(_C.read_pass(x.array[begin:end]))  # the vectorised read
-    return int(_C.max_key(x.array[begin:end], other, finite_only, x.value_type))
+        return int(_C.read_pass(_value_type(x.value_type), _address(first), first.size))
+    if other is not None:
+        if other.size != first.size or other.dtype != first.dtype:
+            raise ValueError("x and y must have the same length and dtype")
+        if x.value_type not in _FAST_VALUE_TYPES.values():
+            raise TypeError("max_key adds y to x for float32 / float64 only")
+    return int(_C.max_key(_value_type(x.value_type), _address(first), _address(other),
+                          first.size, bool(finite_only)))
 
 
 def _torch_largest_finite(x: Any, plus: Any) -> float:
@@ -370,14 +391,16 @@ def _cuda_accumulate_threshold(gradient: Any, residual: Any, begin: int, end: in
     else:
         _cuda_check_pair(gradient, residual)  # begin and end: the kernel checks them
     d, device = residual.numel(), residual.device
-    value_type = _cuda_value_type(residual.dtype)
+    value_type = _value_type(residual.dtype)
     with _on_device(device):
         workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(int(n_bins)), device)
-        count, histogram = _C.cuda_accumulate_count(
+        histogram = _host_empty(max(int(n_bins), 0), np.int64)  # n_bins: the kernels' rule
+        count = _C.cuda_accumulate_count(
             value_type, 0 if gradient is None else gradient.data_ptr(), residual.data_ptr(), d,
             int(begin), int(end), int(threshold_key), int(histogram_base_key),
             int(histogram_shift), int(n_bins), int(n_fine), int(coarse_shift),
-            bool(clear_gradient), _stream(device), workspace.data_ptr(), workspace.numel())
+            bool(clear_gradient), _stream(device), workspace.data_ptr(), workspace.numel(),
+            _address(histogram))
         indices = torch.empty(count, dtype=_torch_index_dtype(d), device=device)
         if count:
             _check_written(count, _cuda_threshold_indices_into(
@@ -412,10 +435,11 @@ def _cuda_count(x: Any, begin: int, end: int, threshold_key: int) -> int:
     """#{i in [begin, end): magnitude_key(x[i]) >= threshold_key}, by the count kernel without
     accumulating (one bin at the threshold)."""
     workspace = _workspace(_C.cuda_accumulate_count_workspace_bytes(1), x.device)
-    count, _ = _C.cuda_accumulate_count(
-        _cuda_value_type(x.dtype), 0, x.data_ptr(), x.numel(), int(begin), int(end),
+    histogram = _host_empty(1, np.int64)
+    count = _C.cuda_accumulate_count(
+        _value_type(x.dtype), 0, x.data_ptr(), x.numel(), int(begin), int(end),
         int(threshold_key), int(threshold_key), 0, 1, -1, 0, False, _stream(x.device),
-        workspace.data_ptr(), workspace.numel())
+        workspace.data_ptr(), workspace.numel(), _address(histogram))
     return int(count)
 
 
@@ -431,7 +455,7 @@ def _cuda_max_key(x: Any, begin: int, end: int, plus: Any, finite_only: bool) ->
     _cuda_check(x, "x", x.device)
     if plus is not None:
         _cuda_check_pair(plus, x)
-    value_type, n = _cuda_value_type(x.dtype), end - begin
+    value_type, n = _value_type(x.dtype), end - begin
     first = x.reshape(-1)[begin:end]
     other = 0 if plus is None else plus.reshape(-1)[begin:end].data_ptr()
     with _on_device(x.device):
@@ -444,7 +468,7 @@ def _cuda_threshold_indices_into(out: Any, x: Any, begin: int, end: int,
                                  threshold_key: int) -> int:
     """The kernel of threshold_indices, writing into `out`: the count selected, of which only
     the first out.numel() are written (the kernel writes nothing beyond `out`)."""
-    value_type, index_type = _cuda_value_type(x.dtype), _cuda_index_type(out.dtype)
+    value_type, index_type = _value_type(x.dtype), _index_type(out.dtype)
     workspace = _workspace(
         _C.cuda_threshold_indices_workspace_bytes(value_type, index_type, end - begin), x.device)
     return _C.cuda_threshold_indices(value_type, index_type, x.data_ptr(), x.numel(),

@@ -428,7 +428,7 @@ def test_cuda_tiles_do_not_change_the_table(tile_columns: int) -> None:
 
 @cuda
 def test_cuda_select_in_a_workspace_without_the_bitmaps() -> None:
-    """A workspace sized without the row bitmaps (no keys given: what ops.sketch_select sizes)
+    """A workspace sized without the row bitmaps (no rows given: what ops.sketch_select sizes)
     runs the selection unfiltered: the same indices and values as with room for them."""
     import torch
 
@@ -439,14 +439,14 @@ def test_cuda_select_in_a_workspace_without_the_bitmaps() -> None:
     table = table_of(vector("normal", d), keys, columns)
     want_indices, want_values = cuda_select(table, keys, k, d, row_filter=True)
     small = _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k)
-    assert small < _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k, keys,
+    assert small < _C.cuda_sketch_select_workspace_bytes(_C.IndexType.int32, d, k, rows,
                                                          columns)
     gpu_table = torch.from_numpy(table).cuda()
     indices = torch.empty(k, dtype=torch.int32, device="cuda")
     values = torch.empty(k, dtype=torch.float32, device="cuda")
     workspace = torch.empty(small, dtype=torch.uint8, device="cuda")
-    _C.cuda_sketch_select(gpu_table.data_ptr(), keys, columns, d, k, _C.IndexType.int32,
-                          indices.data_ptr(), values.data_ptr(),
+    _C.cuda_sketch_select(gpu_table.data_ptr(), keys.ctypes.data, rows, columns, d, k,
+                          _C.IndexType.int32, indices.data_ptr(), values.data_ptr(),
                           torch.cuda.current_stream().cuda_stream, workspace.data_ptr(),
                           workspace.numel())
     np.testing.assert_array_equal(indices.cpu().numpy(), want_indices)

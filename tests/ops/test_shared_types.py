@@ -52,11 +52,11 @@ def test_type_codes_round_trip(codes: type, names: set[str]) -> None:
 def test_ops_maps_dtypes_to_the_exported_codes() -> None:
     torch = pytest.importorskip("torch")
     for name, member in _C.ValueType.__members__.items():
-        assert ops._support._cuda_value_type(getattr(torch, name)) == member
+        assert ops._support._value_type(getattr(torch, name)) == member
     for name, member in _C.IndexType.__members__.items():
-        assert ops._support._cuda_index_type(getattr(torch, name)) == member
-        assert ops._support._cuda_index_type(np.dtype(name)) == member
+        assert ops._support._index_type(getattr(torch, name)) == member
+        assert ops._support._index_type(np.dtype(name)) == member
     with pytest.raises(TypeError, match="unsupported dtype"):
-        ops._support._cuda_value_type(torch.int8)
+        ops._support._value_type(torch.int8)
     with pytest.raises(TypeError, match="int32 or int64"):
-        ops._support._cuda_index_type(torch.int16)
+        ops._support._index_type(torch.int16)
