@@ -28,9 +28,9 @@ template <typename Index> py::array_t<Index> index_array(const std::vector<Index
 }
 
 void bind_selection(py::module_& m) {
-    m.def("topk_abs", [](ValueType value_type, IndexType index_type, uintptr_t x, int64_t d,
-                         int64_t k, uintptr_t threshold_hint, uintptr_t out_index,
-                         uintptr_t out_value) {
+    m.def("topk_abs", [](ValueType value_type, IndexType index_type, Address x, int64_t d,
+                         int64_t k, Address threshold_hint, Address out_index,
+                         Address out_value) {
         require_index_fits(index_type, d);
         return with_types<true>(value_type, index_type, kScope, "topk_abs",
                                 [&](auto value, auto index) {
@@ -44,10 +44,10 @@ void bind_selection(py::module_& m) {
     }, py::arg("value_type"), py::arg("index_type"), py::arg("x"), py::arg("d"), py::arg("k"),
        py::arg("threshold_hint"), py::arg("out_index"), py::arg("out_value"),
        "Top-min(k, d) of x by magnitude into out_index / out_value; returns their count.");
-    m.def("accumulate_select", [](ValueType value_type, IndexType index_type, uintptr_t gradient,
-                                  uintptr_t residual, int64_t d, int64_t k,
-                                  uintptr_t threshold_hint, uintptr_t out_index,
-                                  uintptr_t out_value, bool clear_gradient) {
+    m.def("accumulate_select", [](ValueType value_type, IndexType index_type, Address gradient,
+                                  Address residual, int64_t d, int64_t k,
+                                  Address threshold_hint, Address out_index,
+                                  Address out_value, bool clear_gradient) {
         require_index_fits(index_type, d);
         return with_types<false>(value_type, index_type, kScope, "accumulate_select",
                                  [&](auto value, auto index) {
@@ -63,8 +63,8 @@ void bind_selection(py::module_& m) {
        py::arg("d"), py::arg("k"), py::arg("threshold_hint"), py::arg("out_index"),
        py::arg("out_value"), py::arg("clear_gradient"),
        "residual += gradient; its top-k into out_index / out_value; residual there = 0.");
-    m.def("segment_table", [](uintptr_t offsets, uintptr_t ks, int64_t segments, int64_t d,
-                              uintptr_t out) {
+    m.def("segment_table", [](Address offsets, Address ks, int64_t segments, int64_t d,
+                              Address out) {
         const auto* offset_values = as_pointer<const int64_t>(offsets);
         const auto* k_values = as_pointer<const int64_t>(ks);
         check_segments(offset_values, k_values, segments, d);
@@ -74,9 +74,9 @@ void bind_selection(py::module_& m) {
        "The segments' table (gtopk/segments.h, SEGMENT_TABLE_ROWS x (segments + 1) int64) into "
        "out, the segments checked for a vector of d values.");
     m.def("segmented_accumulate_select", [](ValueType value_type, IndexType index_type,
-                                            uintptr_t gradient, uintptr_t residual, int64_t d,
-                                            uintptr_t offsets, uintptr_t ks, int64_t segments,
-                                            uintptr_t out_index, uintptr_t out_value,
+                                            Address gradient, Address residual, int64_t d,
+                                            Address offsets, Address ks, int64_t segments,
+                                            Address out_index, Address out_value,
                                             bool clear_gradient) {
         require_index_fits(index_type, d);
         const auto* offset_values = as_pointer<const int64_t>(offsets);
@@ -100,11 +100,11 @@ void bind_selection(py::module_& m) {
 
 void bind_threshold(py::module_& m) {
     m.def("accumulate_threshold", [](ValueType value_type, IndexType index_type,
-                                     uintptr_t gradient, uintptr_t residual, int64_t d,
+                                     Address gradient, Address residual, int64_t d,
                                      int64_t begin, int64_t end, uint64_t threshold_key,
                                      uint64_t histogram_base_key, int histogram_shift,
                                      int64_t n_bins, int64_t n_fine, int coarse_shift,
-                                     bool clear_gradient, uintptr_t histogram) {
+                                     bool clear_gradient, Address histogram) {
         require_index_fits(index_type, d);
         check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
         return with_types<false>(value_type, index_type, kScope, "accumulate_threshold",
@@ -131,7 +131,7 @@ void bind_threshold(py::module_& m) {
        py::arg("histogram"),
        "residual += gradient (gradient 0: none); the histogram (n_bins int64) into histogram; "
        "returns the selected indices.");
-    m.def("threshold_indices", [](ValueType value_type, IndexType index_type, uintptr_t x,
+    m.def("threshold_indices", [](ValueType value_type, IndexType index_type, Address x,
                                   int64_t d, int64_t begin, int64_t end, uint64_t threshold_key) {
         require_index_fits(index_type, d);
         return with_types<false>(value_type, index_type, kScope, "threshold_indices",
@@ -151,7 +151,7 @@ void bind_threshold(py::module_& m) {
     }, py::arg("value_type"), py::arg("index_type"), py::arg("x"), py::arg("d"),
        py::arg("begin"), py::arg("end"), py::arg("threshold_key"),
        "The indices in [begin, end) whose magnitude key is >= threshold_key, sorted.");
-    m.def("max_key", [](ValueType value_type, uintptr_t x, uintptr_t y, int64_t n,
+    m.def("max_key", [](ValueType value_type, Address x, Address y, int64_t n,
                         bool finite_only) {
         return with_value_type<true>(value_type, kScope, "max_key", [&](auto value) {
             using T = decltype(value);
@@ -167,7 +167,7 @@ void bind_threshold(py::module_& m) {
     }, py::arg("value_type"), py::arg("x"), py::arg("y"), py::arg("n"), py::arg("finite_only"),
        "The largest magnitude key of x (+ y; y = 0: none) over every value, or over the finite "
        "ones only.");
-    m.def("read_pass", [](ValueType value_type, uintptr_t x, int64_t n) {
+    m.def("read_pass", [](ValueType value_type, Address x, int64_t n) {
         return with_value_type<false>(value_type, kScope, "read_pass", [&](auto value) {
             using T = decltype(value);
             py::gil_scoped_release release;
@@ -178,7 +178,7 @@ void bind_threshold(py::module_& m) {
 }
 
 void bind_sets(py::module_& m) {
-    m.def("first_not_increasing", [](IndexType index_type, uintptr_t index, int64_t n) {
+    m.def("first_not_increasing", [](IndexType index_type, Address index, int64_t n) {
         return with_index_type(index_type, kScope, "first_not_increasing", [&](auto tag) {
             using Index = decltype(tag);
             py::gil_scoped_release release;
@@ -186,9 +186,9 @@ void bind_sets(py::module_& m) {
         });
     }, py::arg("index_type"), py::arg("index"), py::arg("n"),
        "The first j in [1, n) with index[j] <= index[j - 1]; 0 when strictly increasing.");
-    m.def("merge_topk", [](ValueType value_type, IndexType index_type, uintptr_t index_a,
-                           uintptr_t value_a, int64_t n_a, uintptr_t index_b, uintptr_t value_b,
-                           int64_t n_b, int64_t k, uintptr_t out_index, uintptr_t out_value) {
+    m.def("merge_topk", [](ValueType value_type, IndexType index_type, Address index_a,
+                           Address value_a, int64_t n_a, Address index_b, Address value_b,
+                           int64_t n_b, int64_t k, Address out_index, Address out_value) {
         return with_types<false>(value_type, index_type, kScope, "merge_topk",
                                  [&](auto value, auto index) {
             using T = decltype(value);
@@ -203,8 +203,8 @@ void bind_sets(py::module_& m) {
        py::arg("n_a"), py::arg("index_b"), py::arg("value_b"), py::arg("n_b"), py::arg("k"),
        py::arg("out_index"), py::arg("out_value"),
        "Top-k of the union of two index-sorted sets, values summed; returns the entries written.");
-    m.def("write_sparse", [](ValueType value_type, IndexType index_type, uintptr_t dest,
-                             int64_t d, uintptr_t index, uintptr_t value, int64_t n) {
+    m.def("write_sparse", [](ValueType value_type, IndexType index_type, Address dest,
+                             int64_t d, Address index, Address value, int64_t n) {
         with_types<false>(value_type, index_type, kScope, "write_sparse",
                           [&](auto value_tag, auto index_tag) {
             using T = decltype(value_tag);
@@ -216,8 +216,8 @@ void bind_sets(py::module_& m) {
     }, py::arg("value_type"), py::arg("index_type"), py::arg("dest"), py::arg("d"),
        py::arg("index"), py::arg("value"), py::arg("n"),
        "dest = 0 except dest[index] = value, in one pass.");
-    m.def("restore_residual", [](ValueType value_type, IndexType index_type, uintptr_t residual,
-                                 int64_t d, uintptr_t index, uintptr_t value, uintptr_t restore,
+    m.def("restore_residual", [](ValueType value_type, IndexType index_type, Address residual,
+                                 int64_t d, Address index, Address value, Address restore,
                                  int64_t n) {
         with_types<false>(value_type, index_type, kScope, "restore_residual",
                           [&](auto value_tag, auto index_tag) {
@@ -232,8 +232,8 @@ void bind_sets(py::module_& m) {
     }, py::arg("value_type"), py::arg("index_type"), py::arg("residual"), py::arg("d"),
        py::arg("index"), py::arg("value"), py::arg("restore"), py::arg("n"),
        "residual[index[j]] += value[j] where restore[j] (uint8) is nonzero.");
-    m.def("mark_survivors", [](IndexType index_type, uintptr_t local_index, int64_t n_local,
-                               uintptr_t global_index, int64_t n_global, uintptr_t survived) {
+    m.def("mark_survivors", [](IndexType index_type, Address local_index, int64_t n_local,
+                               Address global_index, int64_t n_global, Address survived) {
         with_index_type(index_type, kScope, "mark_survivors", [&](auto tag) {
             using Index = decltype(tag);
             py::gil_scoped_release release;
@@ -244,8 +244,8 @@ void bind_sets(py::module_& m) {
     }, py::arg("index_type"), py::arg("local_index"), py::arg("n_local"),
        py::arg("global_index"), py::arg("n_global"), py::arg("survived"),
        "survived[j] (uint8) = local_index[j] is in the sorted global_index.");
-    m.def("sorted_union", [](IndexType index_type, uintptr_t a, int64_t n_a, uintptr_t b,
-                             int64_t n_b, uintptr_t out) {
+    m.def("sorted_union", [](IndexType index_type, Address a, int64_t n_a, Address b,
+                             int64_t n_b, Address out) {
         return with_index_type(index_type, kScope, "sorted_union", [&](auto tag) {
             using Index = decltype(tag);
             py::gil_scoped_release release;
@@ -260,9 +260,9 @@ void bind_sets(py::module_& m) {
 }
 
 void bind_sketch(py::module_& m) {
-    m.def("sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d, uintptr_t keys,
+    m.def("sketch_table", [](Address gradient, Address residual, int64_t d, Address keys,
                              int64_t rows, int64_t columns, bool clear_gradient,
-                             uintptr_t table) {
+                             Address table) {
         check_sketch_shape(rows, columns);
         py::gil_scoped_release release;
         cpu::sketch_table(as_pointer<float>(gradient), as_pointer<float>(residual), d,
@@ -272,9 +272,9 @@ void bind_sketch(py::module_& m) {
        py::arg("columns"), py::arg("clear_gradient"), py::arg("table"),
        "residual += gradient (gradient 0: none); the count sketch of the residual into table "
        "(rows x columns float32).");
-    m.def("sketch_select", [](uintptr_t table, uintptr_t keys, int64_t rows, int64_t columns,
-                              int64_t d, int64_t k, uintptr_t estimate, IndexType index_type,
-                              uintptr_t out_index, uintptr_t out_value) {
+    m.def("sketch_select", [](Address table, Address keys, int64_t rows, int64_t columns,
+                              int64_t d, int64_t k, Address estimate, IndexType index_type,
+                              Address out_index, Address out_value) {
         check_sketch_shape(rows, columns);
         require_index_fits(index_type, d);
         return with_index_type(index_type, kScope, "sketch_select", [&](auto tag) {

@@ -23,9 +23,9 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_merge_topk_workspace_bytes", &gtopk::cuda::merge_topk_workspace_bytes,
           py::arg("value_type"), py::arg("index_type"), py::arg("n_a"), py::arg("n_b"),
           py::arg("k"));
-    m.def("cuda_topk_abs", [](ValueType value_type, IndexType index_type, uintptr_t x, int64_t d,
-                              int64_t k, uintptr_t out_index, uintptr_t out_value,
-                              uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
+    m.def("cuda_topk_abs", [](ValueType value_type, IndexType index_type, Address x, int64_t d,
+                              int64_t k, Address out_index, Address out_value,
+                              uintptr_t stream, Address workspace, size_t workspace_bytes) {
         py::gil_scoped_release release;
         return gtopk::cuda::topk_abs(value_type, index_type, as_pointer(x), d, k,
                                      as_pointer(out_index), as_pointer(out_value),
@@ -35,10 +35,10 @@ void bind_cuda(py::module_& m) {
        py::arg("out_index"), py::arg("out_value"), py::arg("stream"), py::arg("workspace"),
        py::arg("workspace_bytes"));
     m.def("cuda_accumulate_select", [](ValueType value_type, IndexType index_type,
-                                       uintptr_t gradient, uintptr_t residual, int64_t d,
-                                       int64_t k, uintptr_t out_index, uintptr_t out_value,
-                                       uintptr_t stream, uintptr_t workspace,
-                                       size_t workspace_bytes, uintptr_t skip) {
+                                       Address gradient, Address residual, int64_t d,
+                                       int64_t k, Address out_index, Address out_value,
+                                       uintptr_t stream, Address workspace,
+                                       size_t workspace_bytes, Address skip) {
         py::gil_scoped_release release;
         return gtopk::cuda::accumulate_select(
             value_type, index_type, as_pointer(gradient), as_pointer(residual), d, k,
@@ -49,7 +49,7 @@ void bind_cuda(py::module_& m) {
        py::arg("d"), py::arg("k"), py::arg("out_index"), py::arg("out_value"), py::arg("stream"),
        py::arg("workspace"), py::arg("workspace_bytes"), py::arg("skip"));
     m.def("cuda_segmented_select_workspace_bytes", [](ValueType value_type,
-                                                      IndexType index_type, uintptr_t table,
+                                                      IndexType index_type, Address table,
                                                       int64_t segments) {
         return gtopk::cuda::segmented_select_workspace_bytes(
             value_type, index_type, as_pointer<const int64_t>(table), segments);
@@ -57,13 +57,13 @@ void bind_cuda(py::module_& m) {
           "Workspace bytes of cuda_segmented_accumulate_select (table: segment_table's, in host "
           "memory).");
     m.def("cuda_segmented_accumulate_select", [](ValueType value_type, IndexType index_type,
-                                                 uintptr_t gradient, uintptr_t residual,
-                                                 int64_t d, uintptr_t table,
-                                                 uintptr_t device_table, int64_t segments,
+                                                 Address gradient, Address residual,
+                                                 int64_t d, Address table,
+                                                 Address device_table, int64_t segments,
                                                  bool clear_gradient,
-                                                 uintptr_t out_index, uintptr_t out_value,
-                                                 uintptr_t stream, uintptr_t workspace,
-                                                 size_t workspace_bytes, uintptr_t skip) {
+                                                 Address out_index, Address out_value,
+                                                 uintptr_t stream, Address workspace,
+                                                 size_t workspace_bytes, Address skip) {
         const auto* host_table = as_pointer<const int64_t>(table);
         py::gil_scoped_release release;
         return gtopk::cuda::segmented_accumulate_select(
@@ -76,10 +76,10 @@ void bind_cuda(py::module_& m) {
        py::arg("d"), py::arg("table"), py::arg("device_table"), py::arg("segments"),
        py::arg("clear_gradient"), py::arg("out_index"), py::arg("out_value"), py::arg("stream"),
        py::arg("workspace"), py::arg("workspace_bytes"), py::arg("skip"));
-    m.def("cuda_merge_topk", [](ValueType value_type, IndexType index_type, uintptr_t index_a,
-                                uintptr_t value_a, int64_t n_a, uintptr_t index_b,
-                                uintptr_t value_b, int64_t n_b, int64_t k, uintptr_t out_index,
-                                uintptr_t out_value, uintptr_t stream, uintptr_t workspace,
+    m.def("cuda_merge_topk", [](ValueType value_type, IndexType index_type, Address index_a,
+                                Address value_a, int64_t n_a, Address index_b,
+                                Address value_b, int64_t n_b, int64_t k, Address out_index,
+                                Address out_value, uintptr_t stream, Address workspace,
                                 size_t workspace_bytes) {
         py::gil_scoped_release release;
         return gtopk::cuda::merge_topk(value_type, index_type, as_pointer(index_a),
@@ -93,13 +93,13 @@ void bind_cuda(py::module_& m) {
        py::arg("workspace_bytes"));
     m.def("cuda_accumulate_count_workspace_bytes", &gtopk::cuda::accumulate_count_workspace_bytes,
           py::arg("n_bins"));
-    m.def("cuda_accumulate_count", [](ValueType value_type, uintptr_t gradient,
-                                      uintptr_t residual, int64_t d, int64_t begin, int64_t end,
+    m.def("cuda_accumulate_count", [](ValueType value_type, Address gradient,
+                                      Address residual, int64_t d, int64_t begin, int64_t end,
                                       uint64_t threshold_key, uint64_t histogram_base_key,
                                       int histogram_shift, int64_t n_bins, int64_t n_fine,
                                       int coarse_shift, bool clear_gradient, uintptr_t stream,
-                                      uintptr_t workspace, size_t workspace_bytes,
-                                      uintptr_t histogram, uintptr_t device_counts) {
+                                      Address workspace, size_t workspace_bytes,
+                                      Address histogram, Address device_counts) {
         gtopk::check_histogram_arguments(n_bins, n_fine, histogram_shift, coarse_shift);
         py::gil_scoped_release release;
         return gtopk::cuda::accumulate_count(
@@ -119,11 +119,11 @@ void bind_cuda(py::module_& m) {
     m.def("cuda_threshold_indices_workspace_bytes",
           &gtopk::cuda::threshold_indices_workspace_bytes, py::arg("value_type"),
           py::arg("index_type"), py::arg("n"));
-    m.def("cuda_threshold_indices", [](ValueType value_type, IndexType index_type, uintptr_t x,
+    m.def("cuda_threshold_indices", [](ValueType value_type, IndexType index_type, Address x,
                                        int64_t d, int64_t begin, int64_t end,
-                                       uint64_t threshold_key, uintptr_t out_index,
-                                       int64_t capacity, uintptr_t stream, uintptr_t workspace,
-                                       size_t workspace_bytes, uintptr_t device_count) {
+                                       uint64_t threshold_key, Address out_index,
+                                       int64_t capacity, uintptr_t stream, Address workspace,
+                                       size_t workspace_bytes, Address device_count) {
         py::gil_scoped_release release;
         return gtopk::cuda::threshold_indices(value_type, index_type, as_pointer(x), d, begin,
                                               end, threshold_key, as_pointer(out_index),
@@ -141,11 +141,11 @@ void bind_cuda(py::module_& m) {
                                                          tile_columns);
     }, py::arg("rows"), py::arg("columns"), py::arg("tile_columns") = 0,
        "Workspace bytes of cuda_sketch_table.");
-    m.def("cuda_sketch_table", [](uintptr_t gradient, uintptr_t residual, int64_t d,
-                                  uintptr_t keys, int64_t rows, int64_t columns,
-                                  bool clear_gradient, uintptr_t table, uintptr_t stream,
-                                  uintptr_t workspace, size_t workspace_bytes,
-                                  int64_t tile_columns, uintptr_t skip) {
+    m.def("cuda_sketch_table", [](Address gradient, Address residual, int64_t d,
+                                  Address keys, int64_t rows, int64_t columns,
+                                  bool clear_gradient, Address table, uintptr_t stream,
+                                  Address workspace, size_t workspace_bytes,
+                                  int64_t tile_columns, Address skip) {
         check_sketch_shape(rows, columns);
         const auto* key_words = as_pointer<const uint32_t>(keys);
         py::gil_scoped_release release;
@@ -174,10 +174,10 @@ void bind_cuda(py::module_& m) {
        py::arg("columns") = 0,
        "Workspace bytes of cuda_sketch_select: with the rows and columns, room for the row "
        "bitmaps of its pass 1; without (rows 0), the selection reads every estimate.");
-    m.def("cuda_sketch_select", [](uintptr_t table, uintptr_t keys, int64_t rows,
+    m.def("cuda_sketch_select", [](Address table, Address keys, int64_t rows,
                                    int64_t columns, int64_t d, int64_t k, IndexType index_type,
-                                   uintptr_t out_index, uintptr_t out_value, uintptr_t stream,
-                                   uintptr_t workspace, size_t workspace_bytes) {
+                                   Address out_index, Address out_value, uintptr_t stream,
+                                   Address workspace, size_t workspace_bytes) {
         check_sketch_shape(rows, columns);
         const auto* key_words = as_pointer<const uint32_t>(keys);
         py::gil_scoped_release release;
@@ -191,8 +191,8 @@ void bind_cuda(py::module_& m) {
        py::arg("k"), py::arg("index_type"), py::arg("out_index"), py::arg("out_value"),
        py::arg("stream"), py::arg("workspace"), py::arg("workspace_bytes"),
        "The top-k of the sketch's estimates, computed inside the selection (no estimate buffer).");
-    m.def("cuda_sketch_estimate", [](uintptr_t table, uintptr_t keys, int64_t rows,
-                                     int64_t columns, int64_t d, uintptr_t estimate,
+    m.def("cuda_sketch_estimate", [](Address table, Address keys, int64_t rows,
+                                     int64_t columns, int64_t d, Address estimate,
                                      uintptr_t stream) {
         check_sketch_shape(rows, columns);
         const auto* key_words = as_pointer<const uint32_t>(keys);
@@ -205,8 +205,8 @@ void bind_cuda(py::module_& m) {
        py::arg("estimate"), py::arg("stream"));
     m.def("cuda_max_key_workspace_bytes", &gtopk::cuda::max_key_workspace_bytes,
           py::arg("value_type"), py::arg("n"));
-    m.def("cuda_max_key", [](ValueType value_type, uintptr_t x, uintptr_t y, int64_t n,
-                             bool finite_only, uintptr_t stream, uintptr_t workspace,
+    m.def("cuda_max_key", [](ValueType value_type, Address x, Address y, int64_t n,
+                             bool finite_only, uintptr_t stream, Address workspace,
                              size_t workspace_bytes) {
         py::gil_scoped_release release;
         return gtopk::cuda::max_key(value_type, as_pointer(x), as_pointer(y), n, finite_only,
@@ -215,8 +215,8 @@ void bind_cuda(py::module_& m) {
     }, py::arg("value_type"), py::arg("x"), py::arg("y"), py::arg("n"), py::arg("finite_only"),
        py::arg("stream"), py::arg("workspace"), py::arg("workspace_bytes"),
        "The largest magnitude key of x (+ y; y = 0: none), finite values only if asked.");
-    m.def("cuda_mark_nonfinite", [](ValueType value_type, uintptr_t x, int64_t n, uintptr_t flag,
-                                    uintptr_t stream, uintptr_t workspace,
+    m.def("cuda_mark_nonfinite", [](ValueType value_type, Address x, int64_t n, Address flag,
+                                    uintptr_t stream, Address workspace,
                                     size_t workspace_bytes) {
         py::gil_scoped_release release;
         gtopk::cuda::mark_nonfinite(value_type, as_pointer(x), n,
@@ -225,9 +225,9 @@ void bind_cuda(py::module_& m) {
     }, py::arg("value_type"), py::arg("x"), py::arg("n"), py::arg("flag"), py::arg("stream"),
        py::arg("workspace"), py::arg("workspace_bytes"),
        "*flag = 1 if x holds a NaN or Inf, enqueued on the stream (no host wait).");
-    m.def("cuda_momentum_update", [](ValueType value_type, uintptr_t velocity,
-                                     uintptr_t gradient, int64_t n, double momentum,
-                                     double divisor, uintptr_t stream, uintptr_t skip) {
+    m.def("cuda_momentum_update", [](ValueType value_type, Address velocity,
+                                     Address gradient, int64_t n, double momentum,
+                                     double divisor, uintptr_t stream, Address skip) {
         py::gil_scoped_release release;
         gtopk::cuda::momentum_update(value_type, as_pointer(velocity), as_pointer(gradient), n,
                                      momentum, divisor, as_pointer(stream),
@@ -236,8 +236,8 @@ void bind_cuda(py::module_& m) {
        py::arg("momentum"), py::arg("divisor"), py::arg("stream"), py::arg("skip"),
        "velocity = momentum * velocity + gradient / divisor in one pass (no host wait).");
     m.def("cuda_restore_residual", [](ValueType value_type, IndexType index_type,
-                                      uintptr_t residual, uintptr_t index, uintptr_t value,
-                                      uintptr_t restore, int64_t n, uintptr_t stream) {
+                                      Address residual, Address index, Address value,
+                                      Address restore, int64_t n, uintptr_t stream) {
         py::gil_scoped_release release;
         gtopk::cuda::restore_residual(value_type, index_type, as_pointer(residual),
                                       as_pointer(index), as_pointer(value),
@@ -246,9 +246,9 @@ void bind_cuda(py::module_& m) {
     }, py::arg("value_type"), py::arg("index_type"), py::arg("residual"), py::arg("index"),
        py::arg("value"), py::arg("restore"), py::arg("n"), py::arg("stream"));
     m.def("cuda_restore_unselected", [](ValueType value_type, IndexType index_type,
-                                        uintptr_t residual, uintptr_t index, uintptr_t value,
-                                        int64_t n, uintptr_t selected, int64_t n_selected,
-                                        uintptr_t stream, uintptr_t skip) {
+                                        Address residual, Address index, Address value,
+                                        int64_t n, Address selected, int64_t n_selected,
+                                        uintptr_t stream, Address skip) {
         py::gil_scoped_release release;
         gtopk::cuda::restore_unselected(value_type, index_type, as_pointer(residual),
                                         as_pointer(index), as_pointer(value), n,
@@ -258,18 +258,18 @@ void bind_cuda(py::module_& m) {
        py::arg("value"), py::arg("n"), py::arg("selected"), py::arg("n_selected"),
        py::arg("stream"), py::arg("skip"),
        "residual[index[j]] += value[j] where index[j] is not in the sorted `selected`.");
-    m.def("cuda_zero_at", [](ValueType value_type, IndexType index_type, uintptr_t x,
-                             uintptr_t index, int64_t n, uintptr_t stream, uintptr_t skip) {
+    m.def("cuda_zero_at", [](ValueType value_type, IndexType index_type, Address x,
+                             Address index, int64_t n, uintptr_t stream, Address skip) {
         py::gil_scoped_release release;
         gtopk::cuda::zero_at(value_type, index_type, as_pointer(x), as_pointer(index), n,
                              as_pointer(stream), static_cast<const int32_t*>(as_pointer(skip)));
     }, py::arg("value_type"), py::arg("index_type"), py::arg("x"), py::arg("index"), py::arg("n"),
        py::arg("stream"), py::arg("skip"),
        "x[index] = 0 unless the skip flag is set.");
-    m.def("cuda_take_at", [](ValueType value_type, IndexType index_type, uintptr_t residual,
-                             uintptr_t index, int64_t n, uintptr_t taken_index,
-                             uintptr_t taken_value, int64_t n_taken, uintptr_t out,
-                             uintptr_t stream, uintptr_t skip) {
+    m.def("cuda_take_at", [](ValueType value_type, IndexType index_type, Address residual,
+                             Address index, int64_t n, Address taken_index,
+                             Address taken_value, int64_t n_taken, Address out,
+                             uintptr_t stream, Address skip) {
         py::gil_scoped_release release;
         gtopk::cuda::take_at(value_type, index_type, as_pointer(residual), as_pointer(index), n,
                              as_pointer(taken_index), as_pointer(taken_value), n_taken,
@@ -279,9 +279,9 @@ void bind_cuda(py::module_& m) {
        py::arg("n"), py::arg("taken_index"), py::arg("taken_value"), py::arg("n_taken"),
        py::arg("out"), py::arg("stream"), py::arg("skip"),
        "out = residual[index] (+ the taken values there); residual[index] = 0 unless skipped.");
-    m.def("cuda_write_sparse", [](ValueType value_type, IndexType index_type, uintptr_t dest,
-                                  int64_t d, uintptr_t index, uintptr_t value, int64_t n,
-                                  bool zeroed, uintptr_t stream, uintptr_t skip) {
+    m.def("cuda_write_sparse", [](ValueType value_type, IndexType index_type, Address dest,
+                                  int64_t d, Address index, Address value, int64_t n,
+                                  bool zeroed, uintptr_t stream, Address skip) {
         py::gil_scoped_release release;
         gtopk::cuda::write_sparse(value_type, index_type, as_pointer(dest), d, as_pointer(index),
                                   as_pointer(value), n, zeroed, as_pointer(stream),

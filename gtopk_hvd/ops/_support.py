@@ -7,6 +7,7 @@ device, the skip flag's address)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -99,10 +100,9 @@ def _value_type(dtype: Any, arithmetic: bool = False) -> Any:
     """The kernels' code of a value dtype (_C.ValueType members are named like dtypes; a
     dtype's name, e.g. a NumpyView's value_type, names it too); arithmetic: float32 / float64
     only (the kernels that add values)."""
-    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    name, code = _value_code(dtype)
     if arithmetic and name not in _ARITHMETIC:
         raise TypeError(f"unsupported value dtype '{name}'; expected float32 or float64")
-    code = _C.ValueType.__members__.get(name)
     if code is None:
         raise TypeError(f"unsupported dtype {dtype}")
     return code
@@ -111,6 +111,15 @@ def _value_type(dtype: Any, arithmetic: bool = False) -> Any:
 _ARITHMETIC = ("float32", "float64")
 
 
+@functools.cache
+def _value_code(dtype: Any) -> tuple[str, Any]:
+    """(the dtype's name, its _C.ValueType or None), once per dtype: a kernel call asks for it
+    every time."""
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    return name, _C.ValueType.__members__.get(name)
+
+
+@functools.cache
 def _index_type(dtype: Any) -> Any:
     """The kernels' code of an index dtype (_C.IndexType members are named like dtypes)."""
     code = _C.IndexType.__members__.get(dtype_name(dtype))
@@ -179,9 +188,10 @@ def _check_range(begin: int, end: int, d: int) -> None:
 
 # -- arrays on the host: the checks the kernels rely on, and their addresses --------------------
 
-def _address(array: np.ndarray | None) -> int:
-    """The address of a numpy array's first item for the kernels (0: None)."""
-    return 0 if array is None else array.ctypes.data
+def _address(array: np.ndarray | None) -> np.ndarray | int:
+    """A host array as an entry takes its address (bindings.h, Address): the array itself, whose
+    buffer the binding reads without a copy (contiguous: checked by the caller); 0 for None."""
+    return 0 if array is None else array
 
 
 def _host_empty(n: int, dtype: Any) -> np.ndarray:
@@ -196,7 +206,7 @@ def _check_accumulation(gradient: np.ndarray | None, residual: np.ndarray,
         return
     if gradient.size != residual.size or gradient.dtype != residual.dtype:
         raise ValueError("gradient and residual must have the same length and dtype")
-    if clear_gradient and _address(gradient) == _address(residual):
+    if clear_gradient and gradient.ctypes.data == residual.ctypes.data:
         raise ValueError("gradient and residual must not be the same array when the gradient "
                          "is cleared")
 

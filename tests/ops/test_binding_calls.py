@@ -15,7 +15,7 @@ import pytest
 
 from gtopk_hvd import _C
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("gtopk_hvd", "tests", "scripts", "examples")
 
 
@@ -129,3 +129,20 @@ def test_every_cuda_entry_has_a_caller() -> None:
         pytest.skip("the CUDA entries are not built here")
     called = {call.name for call in CALLS}
     assert not [name for name in entries() if name.startswith("cuda_") and name not in called]
+
+
+def test_an_address_is_an_int_or_a_host_arrays_buffer() -> None:
+    """Address (bindings.h): an int, None (no array) or a contiguous host array read in place;
+    a strided view has no one address and is refused, never read as if it were contiguous."""
+    import numpy as np
+
+    int32 = _C.IndexType.int32
+    broken = np.array([0, 2, 1, 5], dtype=np.int32)
+    assert _C.first_not_increasing(int32, broken, broken.size) == 2
+    assert _C.first_not_increasing(int32, broken.ctypes.data, broken.size) == 2
+    assert _C.first_not_increasing(int32, None, 0) == 0
+    assert _C.first_not_increasing(int32, broken[2:], 2) == 0  # a slice: its own first item
+    with pytest.raises(TypeError):
+        _C.first_not_increasing(int32, np.arange(8, dtype=np.int32)[::2], 4)
+    with pytest.raises(TypeError):
+        _C.first_not_increasing(int32, -1, 0)
