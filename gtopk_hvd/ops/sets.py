@@ -54,7 +54,7 @@ def merge_topk(index_a: Any, value_a: Any, index_b: Any, value_b: Any, k: int,
     k = check_count(k)
     if _plain_numpy(index_a, value_a, index_b, value_b, *(out or ())):  # the reduction's case
         return _host_merge_topk(index_a, value_a, index_b, value_b, k, out,
-                                _FAST_VALUE_TYPES.get(value_a.dtype.char, value_a.dtype.name))
+                                _FAST_VALUE_TYPES.get(value_a.dtype.char) or value_a.dtype.name)
     if is_cuda(value_a):
         return _cuda_merge_topk(index_a, value_a, index_b, value_b, k, out)
     ia, va = as_numpy(index_a, "index_a", values=False), as_numpy(value_a, "value_a")
