@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from gtopk_hvd.torch import fsdp
+from gtopk_hvd.torch.ddp import end_process_group
 
 RESIDUAL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -115,7 +116,6 @@ def main() -> None:
             f"dense_bytes_per_step={dense_bytes(model, workers)} params={params}")
     digits_common.emit(digits_common.checksum_line(
         rank, digits_common.sha256_hex(tensor.numpy() for tensor in whole.values())))
-    dist.destroy_process_group()
 
 
 def min_over_workers(count: int) -> int:
@@ -138,3 +138,4 @@ def dense_bytes(model: nn.Module, workers: int) -> int:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # with the FSDP model out of scope: every rank, then the group

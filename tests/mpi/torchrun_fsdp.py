@@ -47,6 +47,7 @@ from torch.distributed.fsdp import fully_shard
 from gtopk_hvd import fsdp_plan
 from gtopk_hvd.density import shard_budget
 from gtopk_hvd.torch import fsdp
+from gtopk_hvd.torch.ddp import end_process_group
 from gtopk_hvd.torch.sparse_reduce_scatter import SparseReduceScatter
 
 
@@ -653,7 +654,7 @@ def main() -> None:
         rank, size)
     dist.barrier()
     print(f"FSDP {mode} ok rank={rank}", flush=True)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 from stdlib_corpus import load_corpus  # noqa: E402
 
 from gtopk_hvd.compression import Compression  # noqa: E402
-from gtopk_hvd.torch.ddp import GTopkHookState  # noqa: E402
+from gtopk_hvd.torch.ddp import GTopkHookState, end_process_group  # noqa: E402
 from gtopk_hvd.torch.hf import STATE_FILE, register_on_accelerator, register_on_trainer  # noqa: E402,I001
 
 CONTEXT = 32
@@ -176,8 +176,7 @@ def main() -> None:
                       os.path.join(args.out, "accelerate", "checkpoint"))
             files = sorted(name for name in os.listdir(folder) if name.startswith("gtopk_hook"))
             print(f"HOOK_FILES {' '.join(files)} expected {STATE_FILE}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":
