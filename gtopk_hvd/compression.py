@@ -108,21 +108,69 @@ NONFINITE_RULES = ("propagate", "raise")
 
 @dataclass(frozen=True)
 class DenseCompression:
-    """Dense gradients through Horovod's own allreduce (`name`: "none" or "fp16")."""
+    """Dense gradients through Horovod's own allreduce: `Compression.none` and `.fp16`.
+
+    The adapters run it through Horovod (its own wrappers, or an allreduce of each gradient);
+    `compress` and `decompress` are those of Horovod's compressor for the tensor's framework,
+    so this choice needs Horovod only when it is used.
+
+    Attributes:
+        name: "none" (each gradient as it is) or "fp16" (floating-point gradients cast to
+            float16 for the allreduce and back to their dtype after it): the name of the
+            compressor in Horovod's `Compression` namespace.
+    """
 
     name: str
 
     def horovod_compressor(self, framework: str) -> Any:
-        """Horovod's own compressor class of this choice for "torch" or "tensorflow"."""
+        """Horovod's own compressor class of this choice for one framework.
+
+        Args:
+            framework: "torch" or "tensorflow": the Horovod module
+                (`horovod.<framework>.compression`) whose compressor is returned.
+
+        Returns:
+            `horovod.<framework>.compression.Compression.<name>`: Horovod's NoneCompressor or
+            FP16Compressor class, whose static `compress` / `decompress` the methods below call.
+
+        Raises:
+            ImportError: Horovod, or its module for that framework, is not installed.
+        """
         module = importlib.import_module(f"horovod.{framework}.compression")
         return getattr(module.Compression, self.name)
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
-        """Horovod's Compressor.compress for this choice: (tensor to send, context)."""
+        """Horovod's Compressor.compress for this choice, of the tensor's framework.
+
+        Args:
+            tensor: a torch or TensorFlow tensor (a Keras variable's value included).
+
+        Returns:
+            (tensor to send, context): for "none" the tensor itself and None; for "fp16" the
+            tensor cast to float16 if it is floating-point (else as it is) and its original
+            dtype.
+
+        Raises:
+            TypeError: the tensor is neither torch's nor TensorFlow's.
+            ImportError: Horovod for that framework is not installed.
+        """
         return self.horovod_compressor(_framework_of(tensor)).compress(tensor)
 
     def decompress(self, tensor: Any, ctx: Any) -> Any:
-        """Horovod's Compressor.decompress for this choice."""
+        """Horovod's Compressor.decompress for this choice: the inverse of `compress`.
+
+        Args:
+            tensor: the reduced tensor, torch or TensorFlow, as `compress` sent it.
+            ctx: the context `compress` returned with it (None, or the original dtype).
+
+        Returns:
+            The tensor in its original dtype: for "none" itself, for "fp16" cast back to ctx
+            if that is a floating-point dtype.
+
+        Raises:
+            TypeError: the tensor is neither torch's nor TensorFlow's.
+            ImportError: Horovod for that framework is not installed.
+        """
         return self.horovod_compressor(_framework_of(tensor)).decompress(tensor, ctx)
 
 
@@ -143,9 +191,49 @@ _ALREADY_EXACT = {"topk": "Top-k's all-gather already sums every worker's values
 
 @dataclass(frozen=True, repr=False)
 class SparseCompression:
-    """A sparse choice's hyper-parameters (module docstring), every one checked when it is
-    made: the types and ranges here, the names and what the scheme can do against the
-    registries (`gtopk_hvd.schemes.check_config`). Errors: `gtopk_hvd.options`."""
+    """A sparse choice's hyper-parameters, immutable, every one checked when it is made.
+
+    The types and ranges are checked here, the names and what the scheme can do against the
+    registries (`gtopk_hvd.schemes.check_config`). Users make one through `Compression`'s
+    methods (`Compression.gtopk(density)`, `.scheme(name, density, **options)`, ...), which
+    also refuse the options a scheme fixes; the module docstring says what each field does.
+
+    Attributes:
+        reduction: the reduction, a name in `gtopk_hvd.reductions.REDUCTIONS`; given as None,
+            the sparsifier's `default_reduction` is filled in when it is made (scheme
+            "select-reduce"; another scheme keeps None).
+        density: k / d, in (0, 1]: k = ceil(density x d) of the d gradient entries are sent
+            each step (after the warm-up).
+        wire_dtype: the values' dtype on the wire, "float32", "float16" or "bfloat16", one
+            the reduction supports (gTop-k all three, the others float32).
+        warmup_densities: the densities of the warm-up stages, each in (0, 1] (e.g.
+            `DGC_WARMUP`); a list is stored as a tuple.
+        warmup_steps: optimizer steps per warm-up stage, an integer >= 0 (0: no warm-up).
+        momentum_correction: DGC's momentum correction: u = m u + g is accumulated into the
+            residual instead of g; for an optimizer without momentum of its own.
+        momentum: m of the momentum correction, in [0, 1).
+        momentum_masking: True: u is cleared where entries are sent (DGC's masking); False
+            keeps u, and needs momentum_correction=True.
+        granularity: "model" (one selection over every parameter fused) or "bucket" (each
+            parameter keeps its own share, ceil(density x size)).
+        sparsifier: the selection rule, a name in `gtopk_hvd.sparsifiers.SPARSIFIERS`.
+        seed: an integer >= 0 seeding the sparsifiers that draw at random; the same on
+            every worker.
+        nonfinite: what a NaN or Inf gradient on any worker does, one of `NONFINITE_RULES`:
+            "propagate" (the step is skipped on every worker, its update all NaN) or "raise"
+            (every worker raises FloatingPointError at that step).
+        exact: gTop-k only: after the reduction found the global index set, one more sum
+            all-reduce of every worker's accumulated values there replaces the reduction's
+            sums.
+        scheme: the registered implementation, a name in `gtopk_hvd.schemes.SCHEMES`
+            ("select-reduce": the sparsifier, then the reduction).
+        options: the scheme's own options as sorted (name, value) pairs, each a field of
+            the scheme's `Options`; a list of pairs is stored as a tuple of tuples.
+
+    Raises:
+        OptionError, OptionTypeError (`gtopk_hvd.options`): when made, a field out of range,
+            of the wrong type, an unknown name, or a combination the scheme cannot run.
+    """
 
     reduction: str | None  # None: the sparsifier's default_reduction (filled in when made)
     density: float
@@ -204,11 +292,33 @@ class SparseCompression:
     # wrapper where gtopk_hvd.horovod_swap could not reach fails here with the fix, at the first
     # gradient, instead of with an AttributeError deep inside Horovod. gtopk_hvd never calls it.
     def compress(self, tensor: Any) -> Any:
-        """Raises TypeError: Horovod's own wrappers cannot run a sparse compression."""
+        """Horovod's Compressor.compress, only to refuse it: a sparse choice is not a per-tensor
+        transform, so Horovod's own wrappers cannot run it.
+
+        Args:
+            tensor: the gradient Horovod's wrapper would compress (not read).
+
+        Returns:
+            Nothing: it always raises.
+
+        Raises:
+            TypeError: always, naming the gtopk_hvd wrappers that run a sparse compression.
+        """
         raise TypeError(self._not_for_horovod())
 
     def decompress(self, tensor: Any, ctx: Any = None) -> Any:
-        """Raises TypeError: Horovod's own wrappers cannot run a sparse compression."""
+        """Horovod's Compressor.decompress, only to refuse it (as `compress`).
+
+        Args:
+            tensor: the tensor Horovod's wrapper would decompress (not read).
+            ctx: its context (not read).
+
+        Returns:
+            Nothing: it always raises.
+
+        Raises:
+            TypeError: always, naming the gtopk_hvd wrappers that run a sparse compression.
+        """
         raise TypeError(self._not_for_horovod())
 
     def _not_for_horovod(self) -> str:

@@ -27,6 +27,31 @@ class StepStats:
     and transfer_seconds holds the whole communication, waits included (Top-k's all-gather
     splits either way: its all-gather of set sizes is the probe). A registered reduction that
     does not fill the split reports both as 0. merge_seconds (gTop-k's merges) is in neither.
+
+    Attributes:
+        step: the step count when the step ran (0-based; skipped steps not counted).
+        density: the density of the step's budget (the warm-up's, or the configuration's);
+            1.0 for a dense step.
+        k: the number of entries this worker selects in the step (the budget; d for a dense
+            step).
+        global_entries: the entries of the global set applied (identical on every worker; 0
+            for a skipped step, d for a dense one).
+        bytes_sent: the data bytes this worker sent (the probes not counted; a dense step: a
+            ring all-reduce's 2 (P - 1) / P x 4 d).
+        bytes_received: the data bytes this worker received, counted as bytes_sent.
+        select_seconds: this worker's local work before its first exchange: predivision,
+            momentum correction, accumulation into the residual and selection.
+        communicate_seconds: wait_seconds + transfer_seconds.
+        merge_seconds: gTop-k's merges of received sets (0 for the other reductions).
+        write_seconds: the write of the global set into the caller's buffer as the dense
+            update (zeros, then the scatter); 0 where the set is returned instead.
+        wait_seconds: time until the partners (or the slowest worker) were ready, the
+            step's opening count of workers (non-finite, joined) included.
+        transfer_seconds: time of the data exchanges themselves.
+        check_seconds: with nonfinite="propagate", the read of this worker's gradient for
+            NaN / Inf (the count that follows it is a wait).
+        skipped: True when a worker's gradient was not finite: no exchange, the update all
+            NaN, the state unchanged.
     """
 
     step: int

@@ -89,19 +89,37 @@ from gtopk_hvd.transports import Transport, resolve_transport
 class SparseStep:
     """Residual, velocity, step count and scheme of one distributed optimizer's sparse steps.
 
-    config: a sparse configuration (`gtopk_hvd.compression.SparseCompression`, what
-    `Compression.gtopk(...)` and the others return); checked against the registries here.
-    sizes: the number of values of each source, in the fused order (the same on every worker).
-    transport: a Transport, a registered name, or None (`gtopk_hvd.transports`: MPI over
-    COMM_WORLD); adapters that know Horovod resolve theirs and pass it.
-    average / predivide: the result's scale (module docstring).
-    device: None for numpy arrays on the host, or a torch device whose tensors the residual,
-    the velocity and the gradients are (`gtopk_hvd.backend`).
-    layout: what else every worker must agree on (the sources' names, shapes and dtypes) and
-    options: the adapter's own options that change the exchange (e.g. backward passes); both go
-    into the agreement signature. what: what the sources are called in errors.
-    A density below the warm-up threshold without a warm-up or momentum correction warns once
-    per process (`gtopk_hvd.core.warmup_warning`).
+    An adapter fuses its gradients into one flat float32 vector of d = sum(sizes) values, runs
+    `update` (or `phases`) once per optimizer step on every worker, and splits the result back
+    (module docstring). A density below the warm-up threshold without a warm-up or momentum
+    correction warns once per process (`gtopk_hvd.core.warmup_warning`).
+
+    Args:
+        config: a sparse configuration (`gtopk_hvd.compression.SparseCompression`, what
+            `Compression.gtopk(...)` and the others return); checked against the registries
+            here.
+        sizes: the number of values of each source, in the fused order, the same on every
+            worker; their sum d must be > 0.
+        transport: a Transport, a registered name, or None (`gtopk_hvd.transports`: MPI over
+            COMM_WORLD); adapters that know Horovod resolve theirs and pass it.
+        average: True: the update is the workers' sum / P (Horovod's Average); False: their
+            sum (Sum).
+        predivide: f > 0: each gradient is divided by f before the exchange and the result
+            multiplied by f after (Horovod's gradient_predivide_factor; 1.0: no division).
+        device: None for numpy arrays on the host, or a torch device whose tensors the
+            residual, the velocity and the gradients are (`gtopk_hvd.backend`).
+        layout: what else every worker must agree on (the sources' names, shapes and dtypes),
+            as a string that goes into the agreement signature.
+        options: the adapter's own options that change the exchange (e.g. backward passes),
+            also in the agreement signature; None: none.
+        what: what the sources are called in errors ("parameter", "source", ...).
+
+    Raises:
+        ValueError: sizes is empty or sums to 0, predivide <= 0, or transport is an unknown
+            name.
+        TypeError: transport is neither a Transport, a name nor None.
+        OptionError (`gtopk_hvd.options`): config names an unregistered part, or asks what
+            its scheme cannot do.
     """
 
     def __init__(self, config: Any, sizes: Sequence[int],
@@ -398,15 +416,19 @@ class SparseStep:
 
     def join(self) -> int:
         """Takes part in the other workers' steps with an empty contribution until every worker
-        has called join (Horovod's `hvd.join()` semantics; module docstring); returns the rank
-        that joined last (the highest rank among those that joined at the same step).
+        has called join (Horovod's `hvd.join()` semantics; module docstring).
 
         Each of the others' steps runs here as theirs does, on an all-zero gradient with a
         scratch residual: this worker sends entries of value zero (so every message has the
         shape the schedule expects), its residual and velocity stay as they were, its step count
         follows the others' (so the density schedule agrees), and the update is dropped: this
         worker's model does not move, as under Horovod. The others' average still divides by
-        P. Only for steps that count their workers (`Skip.COUNT`)."""
+        P. Only for steps that count their workers (`Skip.COUNT`).
+
+        Returns:
+            The rank that joined last (the highest rank among those that joined at the same
+            step), the same on every worker: the one to broadcast the weights from.
+        """
         self._check_agreement()
         joined_at = self.step_count
         zeros = self.backend.zeros(self.d)
@@ -471,8 +493,14 @@ class SparseStep:
     # -- checkpoint ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """residual (and velocity) as host numpy copies, the step count, and the scheme's own
-        state (under "scheme", when it keeps any)."""
+        """This worker's state, for a checkpoint and `load_state_dict`.
+
+        Returns:
+            A dict: "residual" (and "velocity", with momentum correction) as host numpy
+            float32 copies of d values, "step" the step count (an int), and "scheme" the
+            scheme's own state (`Scheme.state_dict`) when it keeps any. The count of skipped
+            steps is not saved.
+        """
         to_host = self.backend.to_host
         state = {"residual": to_host(self.residual).copy(), "step": self.step_count}
         if self.velocity is not None:
@@ -483,11 +511,20 @@ class SparseStep:
         return state
 
     def moved_to(self, transport: Transport | str | None) -> SparseStep:
-        """This step over other workers (an Elastic Horovod reset changed the rank or the
-        size): a new SparseStep made as this one was, on `transport`, holding this worker's
-        residual, velocity and step count. The scheme's own state (partitions, thresholds) was
-        made for the old workers and starts again; the new step checks agreement at its first
-        step, as every step does."""
+        """This step over other workers (an Elastic Horovod reset changed the rank or the size).
+
+        The scheme's own state (partitions, thresholds) was made for the old workers and starts
+        again; the new step checks agreement at its first step, as every step does. This step
+        is left as it was.
+
+        Args:
+            transport: the new workers' transport: a Transport, a registered name, or None (as
+                the constructor's).
+
+        Returns:
+            A new SparseStep made as this one was, on `transport`, holding this worker's
+            residual, velocity, step count and count of skipped steps.
+        """
         moved = SparseStep(**{**self._made_with, "transport": transport})
         state = self.state_dict()
         state.pop("scheme", None)
@@ -496,15 +533,32 @@ class SparseStep:
         return moved
 
     def restarted(self, step_count: int = 0) -> SparseStep:
-        """A SparseStep made as this one was, on the same transport, with zero residual and
-        velocity, a fresh scheme state, and `step_count` steps taken (e.g. Elastic Horovod's
-        restore of a commit made before this worker's first step)."""
+        """A fresh copy of this step, e.g. for Elastic Horovod's restore of a commit made
+        before this worker's first step.
+
+        Args:
+            step_count: the steps it counts as taken (what sets k in the density warm-up).
+
+        Returns:
+            A new SparseStep made as this one was, on the same transport, with zero residual
+            and velocity, a fresh scheme state, and `step_count` steps taken.
+        """
         fresh = SparseStep(**{**self._made_with, "transport": self.transport})
         fresh.step_count = int(step_count)
         return fresh
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores what `state_dict` returned (numpy arrays or CPU tensors)."""
+        """Restores what `state_dict` returned, into this step's arrays.
+
+        Args:
+            state: `state_dict()`'s dict, its arrays numpy arrays or CPU torch tensors:
+                "residual" of d values, "step", and "velocity" where this step has momentum
+                correction; its "scheme" entry (absent: {}) goes to `Scheme.load_state_dict`.
+
+        Raises:
+            ValueError: the residual does not have d values, or the state has no velocity for
+                a step with momentum correction.
+        """
         residual = _host_float32(state["residual"])
         if residual.size != self.d:
             raise ValueError(f"checkpoint residual has {residual.size} values, model has {self.d}")

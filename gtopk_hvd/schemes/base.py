@@ -51,7 +51,21 @@ if TYPE_CHECKING:
 
 @dataclass
 class Exchange:
-    """What one scheme step returns to the step."""
+    """What one scheme step returns to the step (`Scheme.exchange`'s result).
+
+    Attributes:
+        indices: the global set's indices, identical on every worker (host numpy, or the
+            backend's tensors where the exchange ran on the device).
+        values: float32, one per index: the sum over workers of what they contributed there,
+            not yet scaled (the step scales them: f / P for Average, f for Sum, f the
+            predivide factor).
+        taken: this worker's indices whose residual was taken (a backend array; an index may
+            appear more than once), where the step clears the momentum-correction velocity;
+            None: nothing to clear.
+        stats: what the exchange cost this worker (`ReductionStats`: bytes, messages, the
+            wait / transfer split of the communication, merges).
+        select_seconds: seconds of the local work before the first exchange.
+    """
 
     indices: np.ndarray  # the global set's indices (host), identical on every worker
     values: np.ndarray  # float32 sums over workers (host), not yet scaled
@@ -62,7 +76,13 @@ class Exchange:
 
 
 class Wire(NamedTuple):
-    """What one worker sends in one step: messages (each costs the link's latency) and bytes."""
+    """What one worker sends in one step, as the planner and `bench schemes` price it.
+
+    Attributes:
+        messages: the messages sent, each costing the link's latency once (a float: a
+            collective's count is its ring's).
+        bytes: the bytes sent.
+    """
 
     messages: float
     bytes: float
@@ -76,10 +96,24 @@ class NoOptions:
 class Scheme(ABC):
     """One worker's scheme for one fused layout.
 
-    Made once per step object with the configuration (`config`: a SparseCompression, whose
-    `options` hold the scheme's own, by name, among `option_names`), the resolved transport, the
-    array backend, the layout's sizes and the index dtype of d; `self.options` is the scheme's
-    `Options` made from them.
+    Made once per step object (`gtopk_hvd.schemes.build_scheme`, after `check`); the
+    constructor stores its arguments as attributes of the same names, and `self.options` is
+    the scheme's `Options` made from `config.options`. A subclass that keeps state of its own
+    extends it and calls this one.
+
+    Args:
+        config: the sparse configuration (`gtopk_hvd.compression.SparseCompression`), whose
+            `options` hold the scheme's own, by name, among `option_names`.
+        transport: the resolved transport of this worker (`gtopk_hvd.transports.Transport`).
+        backend: the array backend the gradient and the residual are in (numpy on the host,
+            or torch tensors on a device: `gtopk_hvd.backend`).
+        sizes: the number of values of each source of the fused layout; d = sum(sizes).
+        index_dtype: the index dtype of d (int32 where every index fits, else int64:
+            `gtopk_hvd.ops.index_dtype_for`), the dtype of the indices the scheme sends.
+
+    Raises:
+        OptionError, TypeError: `config.options` has a value its `Options` refuses, or a name
+            it has no field for (`options_of`).
     """
 
     name: ClassVar[str] = ""
@@ -110,34 +144,86 @@ class Scheme(ABC):
 
     @classmethod
     def options_of(cls, config: Any) -> Any:
-        """`config`'s own options as `Options`: the defaults filled in, every value checked."""
+        """`config`'s own options as this scheme's `Options`.
+
+        Args:
+            config: a sparse configuration whose `options` are (name, value) pairs.
+
+        Returns:
+            An instance of `Options`: the pairs as fields, the defaults filled in, every value
+            checked by its `__post_init__`.
+
+        Raises:
+            TypeError: a name that is not a field of `Options`.
+            OptionError (a ValueError; `gtopk_hvd.options`): a value `Options` refuses.
+        """
         return cls.Options(**dict(config.options))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
-        """Each own option's default, by name."""
+        """Each own option's default, by name.
+
+        Returns:
+            A dict from each field name of `Options` to its default ({} for `NoOptions`).
+        """
         return {f.name: f.default for f in dataclasses.fields(cls.Options)}
 
     @classmethod
     def check(cls, config: Any) -> None:
-        """Raises ValueError naming what `config` asks that this scheme cannot do (its own
-        options first: `options_of`). Called where a step is built (and by adapters that build
-        it late, when they are made); a subclass adds its own rules and calls this one."""
+        """Refuses what `config` asks that this scheme cannot do.
+
+        Called where a step is built (and by adapters that build it late, when they are
+        made), after the registries' checks (`gtopk_hvd.schemes.check_config`); a subclass adds
+        its own rules and calls this one, which checks the own options (`options_of`).
+
+        Args:
+            config: the sparse configuration that names this scheme.
+
+        Raises:
+            ValueError (an OptionError, `gtopk_hvd.options`, naming the option, the value and
+                the fix): a value or a combination this scheme cannot run.
+            TypeError: an own option that `Options` has no field for.
+        """
         cls.options_of(config)
 
     @classmethod
     def wire(cls, config: Any, workers: int, d: int, k: int, union: float | None = None
              ) -> Wire:
-        """What one worker sends in one step at P = workers, for the planner and `bench
-        schemes`: a step with k entries selected and a global set of `union` entries (None: k).
-        Rings for the collectives; the leading terms, not a count of every header."""
+        """What one worker sends in one step, for the planner and `bench schemes`.
+
+        Collectives are counted as rings (an all-reduce of n bytes over P workers: 2 (P - 1)
+        messages and 2 n (P - 1) / P bytes sent); the leading terms, not a count of every
+        header. A scheme overrides it; this base method raises.
+
+        Args:
+            config: the sparse configuration (its wire dtype, its own options).
+            workers: P, the number of workers (>= 1).
+            d: the number of gradient entries.
+            k: the entries each worker selects in the step.
+            union: the size of the global set, for schemes whose later messages carry it
+                (a union of the workers' sets: at most P k); None: k.
+
+        Returns:
+            The `Wire` (messages, bytes) one worker sends in one step.
+
+        Raises:
+            NotImplementedError: the scheme states no wire cost (this base method).
+        """
         raise NotImplementedError(f"scheme {cls.name!r} states no wire cost; give its class a "
                                   "wire() (docs/extending.md)")
 
     @classmethod
     def state_values(cls, config: Any, d: int) -> float:
-        """Values each worker keeps between steps for d gradient entries: the residual, and
-        with momentum correction its velocity (a scheme with more state adds it)."""
+        """Values each worker keeps between steps, for `bench memory`.
+
+        Args:
+            config: the sparse configuration (momentum correction, the scheme's own options).
+            d: the number of gradient entries.
+
+        Returns:
+            The count of float32 values: d for the residual, and d more for the velocity with
+            momentum correction (a scheme with more state overrides it and adds its own).
+        """
         return float(d) * (2 if config.momentum_correction else 1)
 
     @abstractmethod
@@ -167,24 +253,54 @@ class Scheme(ABC):
         """
 
     def skips_on_device(self) -> bool:
-        """Whether `exchange` takes skip=flag (above) for this configuration: a step decided on
-        the device without a host read. Asked once, when the step is built. False unless a
-        scheme says so."""
+        """Whether `exchange` takes skip=flag (above) for this configuration.
+
+        Asked once, when the step is built; a scheme that can leave a step's skip decision on
+        the device (no host read) overrides it.
+
+        Returns:
+            True when `exchange` honours a device skip flag; this base method: False.
+        """
         return False
 
     def state_dict(self) -> dict:
-        """What the scheme keeps between steps besides the residual (thresholds, partition
-        boundaries, ...), as host numpy values; saved and restored with the step's."""
+        """What the scheme keeps between steps besides the residual, for a checkpoint.
+
+        Saved and restored with the step's state (under its "scheme" key; an empty dict is not
+        saved).
+
+        Returns:
+            A dict of host numpy values (thresholds, partition boundaries, ...); this base
+            method: {}, a scheme with no state of its own.
+        """
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores what `state_dict` returned."""
+        """Restores what `state_dict` returned.
+
+        Args:
+            state: a dict `state_dict` returned, its values numpy arrays or scalars; {} where
+                the checkpoint holds no scheme state (this base method ignores it).
+        """
         return None
 
 
 def reads_nothing(method: Callable[..., Any]) -> Callable[..., Phases]:
-    """A scheme's `exchange` written as a plain method (no host read of its own) as the
-    generator the step runs: it returns the method's result at once, with no yield."""
+    """Decorator: a scheme's `exchange` written as a plain method, as the generator the step
+    runs.
+
+    For a scheme with no host read of its own to share with other buckets (`gtopk_hvd.lockstep`):
+    the generator runs the method when first advanced and stops at once, with no yield, its
+    value the method's result.
+
+    Args:
+        method: the plain `exchange(self, gradient, residual, budget, step, clear_gradient)`
+            that returns the `Exchange`.
+
+    Returns:
+        A generator function with the method's name, docstring and signature
+        (`functools.wraps`).
+    """
 
     @functools.wraps(method)
     def phases(*args: Any, **kwargs: Any) -> Phases:

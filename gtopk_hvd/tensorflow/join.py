@@ -14,8 +14,18 @@ register = _registry.register
 
 
 def join() -> int:
-    """Horovod's `hvd.join()`, for this process' sparse step; returns the rank that joined
-    last."""
+    """Horovod's `hvd.join()` for the sparse step of this process: this worker takes part in
+    the others' sparse steps with an empty contribution until every worker has joined
+    (`GTopkState.join`, `gtopk_hvd.core.join`). With no GTopkState that has made a step alive,
+    Horovod's own join runs.
+
+    Returns:
+        The rank that joined last (broadcast the weights from it afterwards).
+
+    Raises:
+        ValueError: more than one GTopkState that has made a sparse step is alive in this
+            process.
+    """
     return _registry.join(None)
 
 

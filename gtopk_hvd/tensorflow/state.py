@@ -59,7 +59,26 @@ class GTopkState(trackable_base.Trackable):
 
     def bind(self, layout: FusedLayout, arguments: Arguments,
              transport: Transport | str | None = None) -> None:
-        """Makes the SparseStep on first use; later, checks it is used the same way."""
+        """Makes the SparseStep on first use; later, checks it is used the same way.
+
+        The tape and the Keras optimizer call it at every gradient step, before `step`. A
+        checkpoint read before the first call is loaded into the SparseStep made here.
+
+        Args:
+            layout: the fused layout of the sources (`gtopk_hvd.layout.FusedLayout`: their
+                names, shapes and dtypes, in order).
+            arguments: Horovod's arguments as `gtopk_hvd.arguments.parse_arguments` checked
+                them: the compression, op, gradient_predivide_factor, backward passes.
+            transport: how the sparse step communicates (`gtopk_hvd.transports`: a registered
+                name or a Transport; None: MPI under an MPI launcher, else Horovod's
+                collectives); used at the first call only.
+
+        Raises:
+            ValueError: a later call with other sources or other arguments than the first (one
+                GTopkState per model), or a checkpoint read before the first call that does not
+                fit the sources.
+            RuntimeError: at the first call, a transport whose workers are not Horovod's.
+        """
         options = {"passes": arguments.passes}
         used = signature(layout.signature, compression=arguments.compression,
                          average=arguments.average, predivide=arguments.predivide, **options)
@@ -92,10 +111,29 @@ class GTopkState(trackable_base.Trackable):
              ) -> np.ndarray | None:
         """One sparse step on the fused local gradient `flat` (float32, d values, read only).
 
-        Returns the dense update (d values, zero outside the global set, scaled as
-        `SparseStep.update` scales it), the same on every worker. With passes > 1 the gradients of
-        `passes` calls are summed (averaged if average_passes) locally first: the first
-        passes - 1 calls return None and communicate nothing.
+        With passes > 1 the gradients of `passes` calls are summed (averaged if average_passes)
+        locally first: the first passes - 1 calls return None and communicate nothing.
+
+        Args:
+            flat: this worker's gradients fused into one float32 vector of d values, in the
+                order of the layout given to `bind`; not written.
+            passes: backward_passes_per_step, >= 1: calls summed before each step. Read at the
+                first call, and again after `join`, `load_state_dict` or `restart_at`.
+            average_passes: with passes > 1, the sum is divided by passes (False: summed).
+
+        Returns:
+            The dense update, a new float32 array of d values: zero outside the global set,
+            scaled as `SparseStep.update` scales it (averaged over the workers, or summed), the
+            same on every worker; all NaN for a step skipped for a NaN/Inf on any worker (the
+            compression's nonfinite="propagate"). None for the first passes - 1 calls of each
+            cycle.
+
+        Raises:
+            RuntimeError: called before `bind`.
+            ValueError: at the first step, workers whose sources or compressions differ (on
+                every worker alike).
+            FloatingPointError: a NaN or Inf on any worker with the compression's
+                nonfinite="raise" (on every worker alike).
         """
         if self.sparse is None:
             raise RuntimeError("GTopkState.step before bind")
@@ -115,10 +153,15 @@ class GTopkState(trackable_base.Trackable):
 
     def join(self) -> int:
         """Uneven data: takes part in the other workers' sparse steps with an empty
-        contribution until every worker has joined; returns the rank that joined last
-        (`gtopk_hvd.core.join`; `hvd.join()` calls it once gtopk_hvd.tensorflow is imported).
+        contribution until every worker has joined (`gtopk_hvd.core.join`; `hvd.join()` calls it
+        once gtopk_hvd.tensorflow is imported).
+
         Gradients summed towards a step not yet made are dropped; the model does not move
-        (broadcast from the returned rank afterwards)."""
+        (broadcast from the returned rank afterwards).
+
+        Returns:
+            The rank that joined last, the same on every worker.
+        """
         import horovod.tensorflow as hvd
 
         self._passes = None
@@ -139,13 +182,32 @@ class GTopkState(trackable_base.Trackable):
     # -- checkpoint ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """This worker's residual, velocity (if any) and step count, as numpy copies."""
+        """This worker's residual, velocity (if any) and step count, as numpy copies.
+
+        Returns:
+            {"residual": float32 [d], "step": int}, with "velocity" (float32 [d]) under
+            momentum correction and "scheme" when the scheme keeps a state of its own. Before
+            the first step: what was loaded and is kept for it ({"step": n} after
+            `restart_at`), or {} if nothing was.
+        """
         if self.sparse is None:
             return dict(self._pending) if self._pending is not None else {}
         return self.sparse.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Loads what `state_dict` returned (kept until the first step if not yet bound)."""
+        """Loads what `state_dict` returned (kept until the first step if not yet bound).
+
+        A cycle of backward passes summed before the load is dropped.
+
+        Args:
+            state: what `state_dict` returned on this worker: "residual", "step", and
+                "velocity" where the compression has momentum correction ("scheme" optional);
+                an empty dict leaves the state as it is.
+
+        Raises:
+            ValueError: a residual of another size than the sources', or no velocity where the
+                compression needs one; raised here once bound, else by the first `bind`.
+        """
         if not state:
             return
         self._passes = None  # a cycle of backward passes summed before the load is dropped
@@ -156,7 +218,12 @@ class GTopkState(trackable_base.Trackable):
 
     def restart_at(self, step: int) -> None:
         """Zero residual and velocity, `step` steps taken (Elastic Horovod's restore of a commit
-        made before this worker's first sparse step)."""
+        made before this worker's first sparse step).
+
+        Args:
+            step: the optimizer steps taken, where the step count (and so the density warm-up)
+                goes on from; kept until the first step if not yet bound.
+        """
         self._passes = None
         if self.sparse is None:
             self._pending = {"step": int(step)}

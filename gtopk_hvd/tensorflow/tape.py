@@ -193,15 +193,43 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
 ) -> tf.GradientTape:
     """horovod.tensorflow.DistributedGradientTape with gtopk_hvd's Compression choices.
 
-    compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
-    docstring); Compression.none / .fp16: Horovod's own tape with every argument, also on Keras 3
-    variables (module docstring). With a sparse compression: device_dense / device_sparse are
-    unused (the step runs on the host), sparse_as_dense is implied (IndexedSlices are
-    densified), op may be Average or Sum, num_groups / groups and process sets other than the
-    global one raise NotImplementedError (all gradients are fused into one selection).
-    gtopk_state: where the residual lives (module docstring); None: one kept per list of
-    sources. transport: how the sparse reduction communicates (`gtopk_hvd.transports`; default
-    MPI under an MPI launcher, else Horovod's collectives).
+    Args:
+        gradtape: the tf.GradientTape that recorded the forward pass; the result shares its
+            recording (persistent, watch_accessed_variables).
+        device_dense, device_sparse: Horovod's, for a dense compression; unused with a sparse
+            one (the step runs on the host).
+        compression: a sparse choice (`Compression.gtopk(density)`, `.topk`, `.micro`, ...:
+            the module docstring's sparse choices), or Compression.none / .fp16 (gtopk_hvd's or
+            Horovod's): Horovod's own tape with every argument, also on Keras 3 variables.
+        sparse_as_dense: Horovod's, for a dense compression (a sparse one always densifies
+            IndexedSlices).
+        op: Horovod's Average (None: the default) or Sum; a dense compression takes Horovod's
+            other ops too (Adasum).
+        gradient_predivide_factor: Horovod's, > 0; other than 1.0 with Average only.
+        num_groups, groups: Horovod's; with a sparse compression 0 and None only (every
+            gradient is fused into one selection).
+        process_set: Horovod's; with a sparse compression the global one only.
+        scale_local_gradients: Horovod's: the gradients of sources registered with
+            `register_local_source` are divided by the number of workers (module docstring).
+        gtopk_state: where the residual lives, a `GTopkState` (sparse compression only; module
+            docstring); None: one kept per list of sources, compression and op.
+        transport: how the sparse reduction communicates, resolved at the first step
+            (`gtopk_hvd.transports`: a registered name or a Transport; None: MPI under an MPI
+            launcher, else Horovod's collectives).
+
+    Returns:
+        An instance of a subclass of the tape's class, sharing its recording, whose
+        `gradient(target, sources)` returns the reduced gradients (module docstring), with
+        `gtopk_state`, `last_stats`, `register_local_source` and
+        `get_local_and_global_gradients`; for a dense compression, Horovod's own
+        DistributedGradientTape (also a subclass of the tape's class).
+
+    Raises:
+        NotImplementedError: with a sparse compression, num_groups / groups, a process set
+            other than the global one, or an op other than Average or Sum.
+        ValueError: an argument out of range or of the wrong type (`gtopk_hvd.options`),
+            gradient_predivide_factor other than 1.0 with an op other than Average, a
+            gtopk_state that is not a GTopkState, or one given with a dense compression.
     """
     import horovod.tensorflow as hvd
 

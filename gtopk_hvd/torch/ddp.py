@@ -214,9 +214,12 @@ class GTopkHookState:
             check_matches_process_group(transport, process_group)
 
     def reset_process_state(self, book: HookBuckets | None = None) -> None:
-        """Starts afresh all but the settings and iter: the buckets' bookkeeping (`book`, or
-        a new one), the resolved transport, last_iteration_skipped (`load_state_dict` then
-        sets what a checkpoint holds)."""
+        """Starts afresh all but the settings and iter: the buckets' bookkeeping, the resolved
+        transport, last_iteration_skipped (`load_state_dict` then sets what a checkpoint holds).
+
+        Args:
+            book: the buckets' bookkeeping to start from (a restored state's); None: empty.
+        """
         self.active_transport: Transport | None = None
         self._last_skipped = False
         self._unresolved: Skip | None = None
@@ -254,10 +257,13 @@ class GTopkHookState:
             self._iter -= int(self._last_skipped)
 
     def in_dense_start(self) -> bool:
-        """Whether this iteration is one of the first start_iter (DDP's all-reduce), or of
-        freeze_variance_after's dense start (the optimizer's steps). Needs no flag read: an
-        iteration skipped on the device was a sparse one, so taking it back cannot bring iter
-        below start_iter."""
+        """Whether this iteration is dense. Needs no flag read: an iteration skipped on the
+        device was a sparse one, so taking it back cannot bring iter below start_iter.
+
+        Returns:
+            True in the first start_iter iterations (DDP's all-reduce) and in
+            freeze_variance_after's dense start (the optimizer's steps).
+        """
         return self._iter < self.start_iter or self.optimizer_link.dense
 
     def attach_optimizer(self, optimizer: Any) -> None:
@@ -286,7 +292,12 @@ class GTopkHookState:
 
     def end_iteration(self, skipped: Skip) -> None:
         """Counts the iteration whose last bucket has just been stepped: in iter unless it was
-        skipped; a device decision counts as applied until its flag is read."""
+        skipped; a device decision counts as applied until its flag is read.
+
+        Args:
+            skipped: the iteration's skip decision (`gtopk_hvd.core.Skip`), decided on the host
+                or held on the device.
+        """
         self._resolve()
         if skipped.flag is not None:
             self._iter += 1
@@ -399,8 +410,16 @@ class GTopkHookState:
     # -- the transport --------------------------------------------------------------------
 
     def get_transport(self) -> Transport:
-        """The transport of the sparse steps (`active_transport`): resolved from `transport`
-        on the first call and checked against the process group."""
+        """The transport of the sparse steps, resolved from `transport` on the first call and
+        checked against the process group.
+
+        Returns:
+            `active_transport`: torch.distributed over `process_group` when `transport` is
+            None, else the registered or given Transport.
+
+        Raises:
+            RuntimeError: its workers are not the process group's (rank or size).
+        """
         if self.active_transport is None:
             transport = (TorchDistributedTransport(self.process_group) if self.transport is None
                          else resolve_transport(self.transport))
@@ -412,8 +431,24 @@ class GTopkHookState:
 
     def new_sparse_step(self, index: int, layout: Layout, sizes: list[int],
                         device: torch.device, saved: dict | None) -> SparseStep:
-        """A SparseStep for bucket `index` (from its saved state, if any): `book`'s
-        `MakeStep`."""
+        """A SparseStep for one DDP bucket (`book`'s `MakeStep`).
+
+        Args:
+            index: the bucket's index in DDP's reducer.
+            layout: the (shape, dtype) of each of the bucket's parameters, which the step's
+                messages name.
+            sizes: the parts the selection is split into: each parameter's number of
+                elements (granularity "bucket"), or the bucket's as one part.
+            device: the bucket's device; the step runs there when gtopk_hvd's kernels are
+                built for it, else on the host.
+            saved: the bucket's entry of a checkpoint (`state_dict()["buckets"][index]`), or
+                None. A saved residual is loaded (the scheme's own state only when it was saved
+                with the same number of workers); without one the step count starts at iter,
+                so that the warm-up counts DDP iterations.
+
+        Returns:
+            The bucket's SparseStep.
+        """
         sparse = SparseStep(self.compression, sizes, self.get_transport(),
                             device=_step_device(device),
                             layout=f"DDP bucket {index}: {layout}", what="DDP parameter")

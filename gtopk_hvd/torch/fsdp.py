@@ -82,7 +82,11 @@ class SparseFSDP:
         return sum(comm.dense_bytes for comm in self.comms.values())
 
     def residual_bytes(self) -> int:
-        """Returns the bytes this worker's residuals hold."""
+        """The memory of this worker's residuals.
+
+        Returns:
+            The bytes they hold, every unit's together.
+        """
         return sum(comm.residual.numel() * comm.residual.element_size()
                    for comm in self.comms.values() if comm.residual is not None)
 

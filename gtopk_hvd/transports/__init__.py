@@ -74,8 +74,28 @@ def _local() -> Transport:
 
 
 def resolve_transport(transport: Transport | str | None, horovod: Any = None) -> Transport:
-    """None -> the default (module docstring; `horovod` is the adapter's Horovod module, if
-    any); a registered name -> its process-wide transport; a Transport -> itself."""
+    """The Transport that `transport=` names.
+
+    Args:
+        transport: None: the default, "mpi" under an MPI launcher, else "horovod" when
+            `horovod` is given, else "mpi" (module docstring); a registered name ("mpi",
+            "horovod", "torch", "local", or one added with `@TRANSPORTS.register`); or a
+            Transport, returned as it is.
+        horovod: the adapter's Horovod module (horovod.torch or horovod.tensorflow), or None
+            where there is none; "horovod" (given, or the default) then runs on that module.
+
+    Returns:
+        The Transport: for a name, what its registered factory returns (the process-wide
+        instance; for "local", the calling thread's worker of its `LocalGroup`).
+
+    Raises:
+        ValueError: an unknown name.
+        TypeError: neither None, a str nor a Transport (e.g. an mpi4py communicator: wrap it
+            as `gtopk_hvd.transports.mpi.MPITransport(comm)`).
+        ImportError: "mpi" without mpi4py installed.
+        RuntimeError: "horovod" with no module given before `hvd.init()`, or "local" outside
+            a `LocalGroup.run` thread.
+    """
     if transport is None:
         transport = "horovod" if horovod is not None and not launched_by_mpi() else "mpi"
     if transport == "horovod" and horovod is not None:  # the adapter's own Horovod module

@@ -33,13 +33,25 @@ class Transport(ABC):
     @abstractmethod
     def sendrecv(self, send: np.ndarray, send_bytes: int, dest: int | None,
                  receive: np.ndarray, source: int | None, tag: int) -> int:
-        """Sends send[:send_bytes] to dest while receiving into `receive` from source;
-        returns the number of bytes received. dest or source may be None (send or receive only).
+        """Sends send[:send_bytes] to dest while receiving into `receive` from source.
 
         One phase of a schedule: every worker calls it, in the same order, a worker without a
         partner in the phase with dest=None and source=None (a no-op for point-to-point
         transports; a collective one, e.g. Horovod's alltoall, joins sending nothing).
-        `tag` names the phase; messages of one phase match by (source, tag).
+        Messages of one phase match by (source, tag). Both directions run at once, so two
+        partners that send to each other do not deadlock.
+
+        Args:
+            send: the outgoing bytes, a contiguous host uint8 array of at least send_bytes.
+            send_bytes: how many bytes of send go out (>= 0; 0: an empty message).
+            dest: the rank to send to, or None: receive only.
+            receive: a host uint8 array the incoming message is written into from its start,
+                at least as long as the longest message the schedule sends in this phase.
+            source: the rank to receive from, or None: send only.
+            tag: the phase's number, the same on the sender and the receiver.
+
+        Returns:
+            The number of bytes received into `receive` (0 when source is None).
         """
 
     tensor_device: Any = None
@@ -50,25 +62,52 @@ class Transport(ABC):
 
     def sendrecv_tensors(self, send: Sequence[Any], dest: int | None, receive: Sequence[Any],
                          source: int | None, tag: int) -> None:
-        """`sendrecv` for torch tensors on `tensor_device`, without a host copy: sends the
-        tensors `send` to dest while receiving into the tensors `receive` from source, which
-        match the sender's in number, shape and dtype (the schedule fixes them on both sides).
-        dest or source may be None; a phase without a partner is a no-op. The receive is
-        complete, on the tensors' stream, when it returns (a GPU's host need not wait)."""
+        """`sendrecv` for torch tensors on `tensor_device`, without a host copy.
+
+        The receive is complete, on the tensors' stream, when it returns (a GPU's host need not
+        wait). A phase without a partner (dest and source None) is a no-op.
+
+        Args:
+            send: the tensors to send to dest (ignored when dest is None).
+            dest: the rank to send to, or None: receive only.
+            receive: the tensors written in place with source's `send`, which they match in
+                number, shape and dtype (the schedule fixes them on both sides).
+            source: the rank to receive from, or None: send only.
+            tag: the phase's number, the same on the sender and the receiver.
+
+        Raises:
+            NotImplementedError: a transport that sends host arrays only (this base method).
+        """
         raise NotImplementedError(f"{type(self).__name__} sends host arrays only "
                                   "(tensor_device is None)")
 
     def allgather_tensors(self, local: Sequence[Any], gathered: Sequence[Any]) -> None:
-        """`allgather` for torch tensors on `tensor_device`: gathered[j] (size x the length of
-        local[j], the same on every worker) = every worker's local[j], in rank order."""
+        """`allgather` for torch tensors on `tensor_device`, in place into `gathered`.
+
+        Args:
+            local: this worker's 1-D tensors, each of the same length and dtype on every
+                worker.
+            gathered: one flat tensor per local tensor, of size x its length and its dtype:
+                gathered[j][r n:(r + 1) n] = worker r's local[j] (n its length), in rank order.
+
+        Raises:
+            NotImplementedError: a transport that gathers host arrays only (this base method).
+        """
         raise NotImplementedError(f"{type(self).__name__} gathers host arrays only "
                                   "(tensor_device is None)")
 
     def allreduce_sum_tensors(self, tensors: Sequence[Any]) -> None:
-        """`allreduce_sum` for float32 torch tensors on `tensor_device`, in place: each tensor =
-        its sum over workers. A transport that sends tensors from a device overrides it to sum
-        there (torch.distributed: one all-reduce per tensor, no host copy); this default, for
-        any other, goes through the host: a copy there, `allreduce_sum`, a copy back."""
+        """`allreduce_sum` for torch tensors on `tensor_device`, in place.
+
+        A transport that sends tensors from a device overrides it to sum there
+        (torch.distributed: one all-reduce per tensor, no host copy); this default, for any
+        other, goes through the host: a copy there, `allreduce_sum`, a copy back. Empty tensors
+        are left as they are.
+
+        Args:
+            tensors: float32 tensors, each of the same shape on every worker; each becomes
+                the elementwise sum of every worker's.
+        """
         for tensor in tensors:
             if tensor.numel() == 0:
                 continue
@@ -79,7 +118,15 @@ class Transport(ABC):
             tensor.copy_(torch.from_numpy(array))
 
     def takes_tensors_on(self, device: Any) -> bool:
-        """Whether the tensor operations take tensors on `device` as they are."""
+        """Whether the tensor operations take tensors on `device` as they are.
+
+        Args:
+            device: a torch device, or anything `torch.device` takes ("cuda:0", "cpu").
+
+        Returns:
+            True when `tensor_device` is set and is that device; False otherwise (the caller
+            then goes through host arrays).
+        """
         if self.tensor_device is None:
             return False
         import torch
@@ -88,19 +135,50 @@ class Transport(ABC):
 
     @abstractmethod
     def allgather(self, local: np.ndarray) -> np.ndarray:
-        """Stacks every worker's equal-shaped array: result[r] is worker r's."""
+        """Stacks every worker's array, in rank order.
+
+        Args:
+            local: this worker's host array, of the same shape and dtype on every worker.
+
+        Returns:
+            An array of shape (size, *local.shape) and local's dtype, the same on every
+            worker: result[r] is worker r's local.
+        """
 
     @abstractmethod
     def allgatherv(self, local: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Concatenates every worker's 1-D array in rank order; counts[r] = worker r's length."""
+        """Concatenates every worker's 1-D array, in rank order (lengths may differ).
+
+        Args:
+            local: this worker's 1-D host array, of the same dtype on every worker.
+            counts: an integer array of `size` lengths, the same on every worker:
+                counts[r] = worker r's len(local) (usually from an `allgather` of the lengths).
+
+        Returns:
+            A 1-D array of sum(counts) values and local's dtype, the same on every worker:
+            worker r's local at [sum(counts[:r]), sum(counts[:r + 1])).
+        """
 
     @abstractmethod
     def allreduce_sum(self, array: np.ndarray) -> None:
-        """In place: array = sum over workers (float32 or float64)."""
+        """In place: array = its elementwise sum over every worker's.
+
+        Args:
+            array: a host numpy array of the same shape and dtype on every worker: float32 or
+                float64 values, or int32 counts (the step's count of workers).
+        """
 
     def abort(self, message: str) -> None:
-        """Ends every worker of the job with `message` printed; does not return. Default: exit
-        non-zero, which horovodrun, mpirun and torchrun turn into the end of every worker."""
+        """Ends every worker of the job with `message` printed; does not return.
+
+        Called where a worker finds the others cannot go on (a schedule broken, a wait past its
+        bound) and waiting would hang them. This default prints to stderr and exits the process
+        with status 1, which horovodrun, mpirun and torchrun turn into the end of every worker;
+        MPI's calls MPI_Abort, the local group's raises `LocalGroupBroken` in every thread.
+
+        Args:
+            message: what went wrong, printed with this worker's rank.
+        """
         print(f"gtopk_hvd [rank {self.rank}]: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)

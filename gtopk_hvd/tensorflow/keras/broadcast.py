@@ -1,8 +1,8 @@
 """`BroadcastGlobalVariablesCallback`: replicas start identical and are checked to be, on Keras 3
 and tf-keras, whether or not the model is built when training starts.
 
-When the variables exist (measured on Keras 3.15 and tf-keras 2.21 under `model.fit`): a
-functional model, or one built before fit, has its weights at `on_train_begin`; a model without
+When the variables exist (Keras 3 and tf-keras under `model.fit`): a functional model, or one
+built before fit, has its weights at `on_train_begin`; a model without
 an Input (`Sequential([Conv2D(...), ...])`, a subclassed model whose layers build on first call)
 gets them inside the first batch's traced step, so the first hook that sees them is that batch's
 `on_train_batch_end`, after its update. Optimizer slots appear in the first step on both. So the
@@ -38,16 +38,27 @@ from gtopk_hvd.tensorflow.keras.replicas import (
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
-    """Horovod's callback of that name, for Keras 3 and tf-keras: broadcasts the model's weights
-    (trainable and not) and the optimizer's variables from `root_rank` as soon as they exist
-    on every worker (module docstring), then checks after the first batch that every replica
-    holds the same trainable weights and optimizer variables (RuntimeError on every worker if
-    not). `device` is accepted for Horovod compatibility and not used; `local_variables` (or
-    `register_local_var`) are neither broadcast nor checked, nor are the variables registered
-    with the optimizer's `register_local_var`. `check=False` skips the check.
+    """Horovod's callback of that name, for Keras 3 and tf-keras: broadcasts, then checks.
 
-    The base class is `tf.keras.callbacks.Callback`: Keras 3's by default, tf-keras' under
-    TF_USE_LEGACY_KERAS=1.
+    It broadcasts the model's weights (trainable and not) and the optimizer's variables from
+    `root_rank` as soon as they exist on every worker (module docstring), then checks after the
+    first batch that every replica holds the same trainable weights and optimizer variables.
+    Variables registered as worker-local, here or with the optimizer's `register_local_var`,
+    are neither broadcast nor checked. The base class is `tf.keras.callbacks.Callback`: Keras
+    3's by default, tf-keras' under TF_USE_LEGACY_KERAS=1.
+
+    Args:
+        root_rank: the worker whose values every other one takes.
+        device: Horovod's, accepted and not used (the broadcast runs where horovod.tensorflow
+            puts it).
+        local_variables: a variable or a list, tuple or set of them that are worker-local, as
+            `register_local_var` registers them; None: none.
+        check: False skips the check after the first batch.
+
+    Raises:
+        RuntimeError: at the end of the first batch, on every worker, if the workers hold
+            different numbers of weights or optimizer variables, or (check) if any replica's
+            trainable weights or optimizer variables differ from the root's.
     """
 
     def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None,
@@ -67,7 +78,13 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
                 self.register_local_var(variable)
 
     def register_local_var(self, var: Any) -> None:
-        """Horovod's: `var` is worker-local, neither broadcast nor checked."""
+        """Horovod's: `var` is worker-local, neither broadcast nor checked.
+
+        Args:
+            var: a model variable (Keras 3, tf-keras or tf.Variable), matched by identity;
+                registering one twice is harmless. Register it before fit: the broadcasts
+                and the check happen at its start and at the end of its first batch.
+        """
         if not any(var is known for known in self._local):
             self._local.append(var)
 

@@ -65,14 +65,25 @@ from gtopk_hvd.tensorflow.state import GTopkState
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Horovod's `hvd.elastic.run` (`func(state, ...)` runs again after each reset, state
-    restored and synced first), with failures told apart as they reach Keras: an error of a
-    Horovod operation that found Horovod shut down by a failure, or of an allreduce, allgather
-    or broadcast as Horovod's own `run` counts them (tf.errors.UnknownError; those of the sparse
-    step inside `model.fit`'s traced step included) is a worker failure (HorovodInternalError:
-    restore, reset, go on); any other error propagates. Horovod 0.28's TensorFlow `run` returns
-    None, as if training had finished, on any other UnknownError (e.g. a failed alltoall, which
-    gTop-k's phases use)."""
+    """Horovod's `hvd.elastic.run`, with failures told apart as they reach Keras.
+
+    `func(state, ...)` runs again after each reset, the state restored and synced first. An
+    error of a Horovod operation that found Horovod shut down by a failure, or of an allreduce,
+    allgather or broadcast as Horovod's own `run` counts them (tf.errors.UnknownError; those of
+    the sparse step inside `model.fit`'s traced step included) is a worker failure
+    (HorovodInternalError: restore, reset, go on); any other error propagates. Horovod 0.28's
+    TensorFlow `run` returns None, as if training had finished, on any other UnknownError (e.g.
+    a failed alltoall, which gTop-k's phases use).
+
+    Args:
+        func: the training function, `func(state, *args, **kwargs)`, `state` a `KerasState`
+            (or another Horovod elastic state).
+
+    Returns:
+        The wrapped function, called as `func` is: it syncs the state, runs `func`, and after a
+        worker failure or a change of hosts resets and runs it again; it returns what `func`
+        returns once a run completes.
+    """
 
     def attempt(state: ObjectState, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -91,13 +102,25 @@ _HOROVOD_FAILURE = re.compile(r"Horovod has been shut down|Horovod(Allreduce|All
 
 
 class KerasState(ObjectState):
-    """The state Elastic Horovod commits, restores and syncs: the model's weights, the
-    optimizer's variables, this worker's `GTopkState` (module docstring) and the keyword
-    attributes (`epoch=0, batch=0`: synced from rank 0, like Horovod's).
+    """The state Elastic Horovod commits, restores and syncs (module docstring).
 
-    model: a built Keras model. optimizer: default `model.optimizer`. gtopk_state: default the
-    optimizer's own (`gtopk_hvd.tensorflow.keras.DistributedOptimizer`); give the tape's
-    `GTopkState` with a `DistributedGradientTape`; None with a dense optimizer.
+    It holds the model's weights, the optimizer's variables, this worker's `GTopkState` and the
+    keyword attributes; every worker makes one, which saves what it holds when made.
+
+    Args:
+        model: a Keras model already built (model.build(shape) or an Input layer), the same
+            on every worker.
+        optimizer: the optimizer whose variables are saved and synced; None:
+            `model.optimizer`.
+        gtopk_state: this worker's sparse state, saved and restored, not synced; None: the
+            optimizer's own `gtopk_state` (`gtopk_hvd.tensorflow.keras.DistributedOptimizer`),
+            or none for an optimizer without one (dense). Give the tape's `GTopkState` with a
+            `DistributedGradientTape`.
+        **kwargs: Horovod's keyword attributes (`epoch=0, batch=0`), readable as attributes
+            and synced from rank 0, as Horovod's.
+
+    Raises:
+        ValueError: a model not built yet, or no optimizer (model not compiled and none given).
     """
 
     def __init__(self, model: Any, optimizer: Any = None, gtopk_state: GTopkState | None = None,

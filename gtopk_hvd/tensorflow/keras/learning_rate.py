@@ -19,14 +19,27 @@ from gtopk_hvd.tensorflow.keras.hyperparameters import (
 
 class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """Sets the learning rate to `initial_lr * multiplier(epoch)` from epoch `start_epoch` up to
-    (not including) `end_epoch` (None: no end). A constant `multiplier` m means
-    `m ** (epoch - start_epoch)`. staircase=True: set at the first batch of each epoch, with the
-    integer epoch; staircase=False: set before every batch with
-    `epoch + batch / steps_per_epoch` (steps_per_epoch: detected from fit's `steps` if None).
-    `momentum_correction`: in the steps where the rate changes, the momentum is scaled by
-    new / old rate (`hyperparameters.MomentumCorrection` says how on each optimizer). The
-    learning rate is logged as `lr` at the end of each epoch. Outside [start_epoch, end_epoch)
-    the rate is left as it is.
+    (not including) `end_epoch`.
+
+    Outside [start_epoch, end_epoch) the rate is left as it is. The learning rate is logged as
+    `lr` at the end of each epoch.
+
+    Args:
+        initial_lr: the learning rate that the multiplier scales; required (None raises).
+        multiplier: a function of the epoch (a float with staircase=False), or a constant m,
+            which means `m ** (epoch - start_epoch)`.
+        start_epoch: the first epoch the schedule sets the rate in.
+        end_epoch: the first epoch it no longer does; None: no end.
+        staircase: True: set at the first batch of each epoch, with the integer epoch; False:
+            set before every batch, with `epoch + batch / steps_per_epoch`.
+        momentum_correction: in the steps where the rate changes, the momentum is scaled by
+            new / old rate (`hyperparameters.MomentumCorrection` says how on each optimizer).
+        steps_per_epoch: batches per epoch, for staircase=False; None: detected at the start
+            of training from fit's `steps` (or `samples` // `batch_size`).
+
+    Raises:
+        ValueError: initial_lr None; at the start of training, staircase=False with no
+            steps_per_epoch given and none detectable.
     """
 
     def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
@@ -91,12 +104,25 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Gradual warmup (Goyal et al. 2017) as Horovod's: from `initial_lr / size` at the start to
-    `initial_lr` after `warmup_epochs`, linear in `epoch + (batch + 1) / steps_per_epoch`:
+    `initial_lr` after `warmup_epochs`, linear in `epoch' = epoch + (batch + 1) / steps_per_epoch`:
 
         lr = initial_lr / size * (epoch' * (size - 1) / warmup_epochs + 1)
 
-    set before every batch of the first `warmup_epochs` epochs, with momentum correction
-    (`momentum_correction`). verbose > 0: rank 0 prints when the warmup ends.
+    set before every batch of the first `warmup_epochs` epochs; later epochs keep the rate.
+
+    Args:
+        initial_lr: the learning rate reached at the end of the warmup (usually the base rate
+            times the number of workers); required (None raises).
+        warmup_epochs: the epochs the warmup lasts.
+        momentum_correction: in the steps where the rate changes, the momentum is scaled by
+            new / old rate (`hyperparameters.MomentumCorrection`).
+        steps_per_epoch: batches per epoch; None: detected at the start of training from fit's
+            `steps` (or `samples` // `batch_size`).
+        verbose: > 0: rank 0 prints the rate when the warmup ends.
+
+    Raises:
+        ValueError: initial_lr None; at the start of training, no steps_per_epoch given and
+            none detectable.
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,

@@ -44,11 +44,19 @@ def average_logs(logs: dict[str, Any]) -> None:
 
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):
-    """Horovod's callback of that name: at the end of each epoch, every numeric entry of the
-    logs (loss, metrics, validation metrics) becomes its mean over the workers, in place, so
-    that the callbacks after it (ReduceLROnPlateau, EarlyStopping, TensorBoard, History) see
-    the averages: put it before them. `device` is accepted for Horovod compatibility and not
-    used. Raises RuntimeError on every worker if their logs hold different names.
+    """Horovod's callback of that name: the epoch's logs averaged over the workers.
+
+    At the end of each epoch, every numeric entry of the logs (loss, metrics, validation
+    metrics) becomes its mean over the workers, in place (`average_logs`), so that the callbacks
+    after it (ReduceLROnPlateau, EarlyStopping, TensorBoard, History) see the averages: put it
+    before them.
+
+    Args:
+        device: Horovod's, accepted and not used.
+
+    Raises:
+        RuntimeError: at the end of an epoch, on every worker, if their logs hold different
+            names or shapes.
     """
 
     def __init__(self, device: str = "") -> None:

@@ -313,13 +313,49 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
 ) -> Any:
     """horovod.tensorflow.keras.DistributedOptimizer with gtopk_hvd's Compression choices.
 
-    compression=Compression.gtopk(density) or .topk(density): sparsified gradients (module
-    docstring); Compression.none / .fp16: Horovod's dense allreduce. With a sparse compression:
-    device_dense / device_sparse are unused, IndexedSlices are densified, op may be Average or
-    Sum, num_groups / groups and process sets other than the global one raise
-    NotImplementedError. `name` is accepted for Horovod compatibility and not used. transport:
-    how the sparse reduction communicates (`gtopk_hvd.transports`; default: MPI under an MPI
-    launcher, else Horovod's collectives).
+    Args:
+        optimizer: the Keras optimizer to wrap (Keras 3 or tf-keras; a LossScaleOptimizer for
+            loss scaling); the result is made from its config, its variables are not carried
+            over: wrap it before training. Under the mixed_float16 policy a plain one is put in
+            a LossScaleOptimizer first (sparse compression, or any on Keras 3: module
+            docstring).
+        name, device_dense, device_sparse: Horovod's, accepted and not used (the sparse step
+            runs on the host; the result's name is the optimizer's).
+        compression: a sparse choice (`Compression.gtopk(density)`, `.topk`, `.micro`, ...:
+            the module docstring's sparse choices), or Compression.none / .fp16 (gtopk_hvd's or
+            Horovod's): Horovod's dense allreduce (module docstring, "Dense choices").
+        sparse_as_dense: Horovod's, for a dense compression (a sparse one always densifies
+            IndexedSlices).
+        gradient_predivide_factor: Horovod's, > 0; other than 1.0 with Average only.
+        op: Horovod's Average (None: the default) or Sum; a dense compression takes Horovod's
+            other ops too (Adasum).
+        backward_passes_per_step: calls of apply_gradients whose gradients are summed locally
+            before each step, >= 1; the other calls change no model variable but count in
+            `iterations`. With a dense compression on Keras 3: 1 only.
+        average_aggregated_gradients: with backward_passes_per_step > 1, the summed gradients
+            are divided by backward_passes_per_step (False: summed).
+        num_groups, groups: Horovod's; with a sparse compression 0 and None only (every
+            gradient is fused into one selection).
+        process_set: Horovod's; with a sparse compression the global one only.
+        transport: how the sparse reduction communicates, resolved at the first step
+            (`gtopk_hvd.transports`: a registered name or a Transport; None: MPI under an MPI
+            launcher, else Horovod's collectives).
+
+    Returns:
+        A new instance of a subclass of the optimizer's class (of the LossScaleOptimizer, where
+        one was added), whose apply_gradients (Keras 3: apply) reduces the gradients first
+        (module docstring), with the residual in its `gtopk_state`, `last_stats` and
+        `register_local_var`; on tf-keras with a dense compression, Horovod's own
+        horovod.tensorflow.keras.DistributedOptimizer.
+
+    Raises:
+        NotImplementedError: with a sparse compression, num_groups / groups, a process set
+            other than the global one, or an op other than Average or Sum; on Keras 3, a dense
+            compression with backward_passes_per_step > 1.
+        ValueError: an argument out of range or of the wrong type (`gtopk_hvd.options`: a
+            compression that is not one of the choices, backward_passes_per_step < 1,
+            gradient_predivide_factor <= 0), gradient_predivide_factor other than 1.0 with an
+            op other than Average.
     """
     import horovod.tensorflow as hvd
 

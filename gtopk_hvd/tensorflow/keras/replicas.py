@@ -22,7 +22,14 @@ _SHOWN = 8  # variables named in a disagreement message, at most
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
-    """Sets every variable on every worker to its value on worker `root_rank`."""
+    """Sets every variable on every worker to its value on worker `root_rank`.
+
+    Args:
+        variables: Keras 3, tf-keras or tf.Variables, each given a value by `assign`; every
+            worker passes its own copies of the same variables, in the same order (one
+            broadcast each, named by position).
+        root_rank: the worker whose values every other one takes.
+    """
     import horovod.tensorflow as hvd
 
     for position, variable in enumerate(variables):
@@ -101,10 +108,21 @@ def _disagreement(names: Sequence[str], everyone: list[np.ndarray], what: str,
 
 def check_replicas_agree(variables: Iterable[Any], what: str = "variables",
                          root_rank: int = 0) -> None:
-    """Checks that every worker holds bitwise the same `variables` (dtype, shape, bytes), by an
-    all-gather of SHA-256 digests; if any worker differs, raises RuntimeError on every worker,
-    naming the variables that differ from worker `root_rank` and the ranks where they do. Every
-    worker must call it with its own copies of the same variables, in the same order."""
+    """Checks that every worker holds bitwise the same `variables` (dtype, shape, bytes).
+
+    One all-gather of SHA-256 digests (two collectives), whatever the values.
+
+    Args:
+        variables: variables or arrays (anything with `numpy()`, or that numpy reads); every
+            worker passes its own copies of the same variables, in the same order.
+        what: what they are, the start of the error message.
+        root_rank: the worker the others are compared with.
+
+    Raises:
+        RuntimeError: on every worker, if the workers hold different numbers of variables or
+            any differs from worker `root_rank`'s, naming those that differ (at most 8) and the
+            ranks where they do.
+    """
     variables = list(variables)
     digests = [_digest(variable) for variable in variables]
     combined = hashlib.sha256(b"".join(d.tobytes() for d in digests)).digest()
