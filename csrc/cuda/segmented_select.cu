@@ -214,17 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) segmented_first_pas
         if (gradient != nullptr && clear_gradient) gradient[i] = T(0);
     };
     for_each_chunk_tile<T>(chunk.begin, chunk.end, load, keep, [&](const TileItems<T>& items) {
-        if (!counted) return;
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            if (!items.valid[j]) continue;
-            const u64 key = magnitude_key(items.value[j]);
-            if (key == 0) {
-                ++zeros;
-            } else {
-                atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
-            }
-        }
+        if (counted) count_first_digit(items, first, shared_histogram, zeros);
     });
     if (!counted) return;
     if (zeros != 0) atomicAdd(&shared_histogram[0], zeros);
@@ -280,17 +270,7 @@ __global__ void __launch_bounds__(kThreads) segmented_choose_kernel(Level level,
     const int bins = 1 << level.bits;
     const BinChoice c = find_bin(row, bins, s.rank);
     if (threadIdx.x == 0 && c.bin >= 0) {
-        const u64 bin_mask = ((u64{1} << level.bits) - 1) << level.shift;
-        const u64 bin_bits = static_cast<u64>(c.bin) << level.shift;
-        if (level.on_key) {
-            s.key_prefix |= bin_bits;
-            s.key_mask |= bin_mask;
-        } else {
-            s.inv_prefix |= bin_bits;
-            s.inv_mask |= bin_mask;
-        }
-        s.rank -= c.above;
-        s.done = s.rank == c.in_bin;
+        narrow_to_bin(s, level, c);
         states[blockIdx.x] = s;
     }
     __syncthreads();

@@ -1,11 +1,14 @@
-// Device side: a block's digit histogram in shared memory, its flush to the global histogram,
-// and the bin of a rank in the global histogram (find_bin).
+// Device side: a block's digit histogram in shared memory (the first digit's count of a tile:
+// count_first_digit), its flush to the global histogram, the bin of a rank in the global
+// histogram (find_bin) and the prefix narrowed to that bin (narrow_to_bin).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
 
 #include "gtopk/select_engine.cuh"
 #include "../tuning.cuh"
+#include "digits.cuh"
+#include "tiles.cuh"
 
 namespace gtopk::cuda::detail {
 
@@ -18,6 +21,24 @@ __device__ __forceinline__ void flush_shared(const unsigned* histogram, int bins
     __syncthreads();
     for (int b = threadIdx.x; b < bins; b += blockDim.x) {
         if (histogram[b] != 0) atomicAdd(&global[b], static_cast<u64>(histogram[b]));
+    }
+}
+
+// Adds a thread's valid items of a tile to the block's first-digit histogram in shared memory,
+// except zero keys, counted in `zeros` instead (sparse inputs would otherwise serialise on bin
+// 0's counter): the caller adds that count to bin 0 once per block.
+template <typename T>
+__device__ __forceinline__ void count_first_digit(const TileItems<T>& items, const Level& first,
+                                                  unsigned* histogram, unsigned& zeros) {
+#pragma unroll
+    for (int j = 0; j < kItems<T>; ++j) {
+        if (!items.valid[j]) continue;
+        const u64 key = magnitude_key(items.value[j]);
+        if (key == 0) {
+            ++zeros;
+        } else {
+            atomicAdd(&histogram[digit_of(first, key, 0)], 1u);
+        }
     }
 }
 
@@ -56,6 +77,24 @@ static __device__ BinChoice find_bin(const u64* histogram, int bins, u64 rank) {
     }
     __syncthreads();
     return choice;
+}
+
+// Narrows the prefix of s to bin c (c.bin >= 0) of the level's digit and takes the entries of the
+// bins above it off the rank: the selection is decided (s.done) when the bin holds exactly the
+// entries still wanted.
+__device__ __forceinline__ void narrow_to_bin(SelectState& s, const Level& level,
+                                              const BinChoice& c) {
+    const u64 bin_mask = ((u64{1} << level.bits) - 1) << level.shift;
+    const u64 bin_bits = static_cast<u64>(c.bin) << level.shift;
+    if (level.on_key) {
+        s.key_prefix |= bin_bits;
+        s.key_mask |= bin_mask;
+    } else {
+        s.inv_prefix |= bin_bits;
+        s.inv_mask |= bin_mask;
+    }
+    s.rank -= c.above;
+    s.done = s.rank == c.in_bin;
 }
 
 }  // namespace gtopk::cuda::detail

@@ -28,18 +28,8 @@ static __device__ void choose_bin(const Level& level, bool is_first, u64 all_key
     if (!s.done && !level_fixed(s, level)) {
         const BinChoice c = find_bin(histogram, bins, s.rank);
         if (threadIdx.x == 0 && c.bin >= 0) {
-            const u64 bin_mask = ((u64{1} << level.bits) - 1) << level.shift;
-            const u64 bin_bits = static_cast<u64>(c.bin) << level.shift;
-            if (level.on_key) {
-                s.key_prefix |= bin_bits;
-                s.key_mask |= bin_mask;
-            } else {
-                s.inv_prefix |= bin_bits;
-                s.inv_mask |= bin_mask;
-            }
+            narrow_to_bin(s, level, c);
             if (is_first && c.bin == 0 && c.in_bin == s.zero_count) s.key_mask = all_key_bits;
-            s.rank -= c.above;
-            s.done = s.rank == c.in_bin;
             if (is_first && s.guess_bin >= 0 && c.bin >= s.guess_bin &&
                 s.buffer_count <= capacity) {
                 s.source = kFromBuffer;

@@ -15,6 +15,24 @@
 
 namespace gtopk::cuda::detail {
 
+// The end of a first-digit pass, in every block: the thread's zero keys into bin 0 and the
+// block's zero count, the block's histogram into the global one, the block's zeros into
+// state->zero_count; the last block to arrive chooses the first digit's bin.
+__device__ __forceinline__ void end_first_digit(const Level& first, u64 all_key_bits,
+                                                SelectState* state, u64* histogram,
+                                                u64 capacity, unsigned* shared_histogram,
+                                                unsigned& shared_zeros, unsigned zeros) {
+    if (zeros != 0) {
+        atomicAdd(&shared_histogram[0], zeros);
+        atomicAdd(&shared_zeros, zeros);
+    }
+    flush_shared(shared_histogram, 1 << first.bits, histogram);
+    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(&state->zero_count, u64{shared_zeros});
+    if (arrive_last(&state->arrivals)) {
+        choose_bin(first, true, all_key_bits, histogram, state, capacity);
+    }
+}
+
 // Pass 1: first-digit histogram; entries with first digit >= the guessed bin go to the buffer;
 // the last block chooses the first digit's bin. With a guess (bin g > 0) only the entries of
 // digit >= g are histogrammed (the others need no atomic: most of d lies below g); if those bins
@@ -44,11 +62,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
     const KeyOf<T> guess_key =
         partial ? static_cast<KeyOf<T>>(static_cast<u64>(guess_bin) << first.shift) : KeyOf<T>{};
     for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
-        bool flag[kItems<T>];
         if (partial) {
             // Most entries lie below the guessed bin: one compare each, and the histogram and the
             // buffer only in a warp that holds an entry at or above it (as the general case
             // below does with a guess: zeros lie below it, the rest is counted and buffered).
+            bool flag[kItems<T>];
             bool any = false;
 #pragma unroll
             for (int j = 0; j < kItems<T>; ++j) {
@@ -67,30 +85,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_pass_kernel(
             return;
         }
         // No guess, or bin 0 guessed: every entry is counted, and buffered if bin 0 was guessed.
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            const u64 key = magnitude_key(items.value[j]);
-            if (items.valid[j]) {
-                if (key == 0) {
-                    ++zeros;
-                } else {
-                    atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
-                }
-            }
-            flag[j] = items.valid[j];
-        }
-        if (guess_bin == 0) appender.add(flag, items, entries);
+        count_first_digit(items, first, shared_histogram, zeros);
+        if (guess_bin == 0) appender.add(items.valid, items, entries);
     });
     appender.flush();
-    if (zeros != 0) {
-        atomicAdd(&shared_histogram[0], zeros);
-        atomicAdd(&shared_zeros, zeros);
-    }
-    flush_shared(shared_histogram, bins, histogram);
-    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(&state->zero_count, u64{shared_zeros});
-    if (arrive_last(&state->arrivals)) {
-        choose_bin(first, true, all_key_bits, histogram, state, capacity);
-    }
+    end_first_digit(first, all_key_bits, state, histogram, capacity, shared_histogram,
+                    shared_zeros, zeros);
 }
 
 // After a pass 1 whose guess was too high (state->redo_first): the first-digit histogram of
@@ -110,26 +110,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) first_retry_kernel(
     const InputEntries<T, Later> entries{input};
     unsigned zeros = 0;
     for_each_tile<T>(entries, d, [&](const TileItems<T>& items) {
-#pragma unroll
-        for (int j = 0; j < kItems<T>; ++j) {
-            if (!items.valid[j]) continue;
-            const u64 key = magnitude_key(items.value[j]);
-            if (key == 0) {
-                ++zeros;
-            } else {
-                atomicAdd(&shared_histogram[digit_of(first, key, 0)], 1u);
-            }
-        }
+        count_first_digit(items, first, shared_histogram, zeros);
     });
-    if (zeros != 0) {
-        atomicAdd(&shared_histogram[0], zeros);
-        atomicAdd(&shared_zeros, zeros);
-    }
-    flush_shared(shared_histogram, bins, histogram);
-    if (threadIdx.x == 0 && shared_zeros != 0) atomicAdd(&state->zero_count, u64{shared_zeros});
-    if (arrive_last(&state->arrivals)) {
-        choose_bin(first, true, all_key_bits, histogram, state, capacity);
-    }
+    end_first_digit(first, all_key_bits, state, histogram, capacity, shared_histogram,
+                    shared_zeros, zeros);
 }
 
 }  // namespace gtopk::cuda::detail
