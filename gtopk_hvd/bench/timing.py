@@ -86,4 +86,4 @@ def read_floor(x: np.ndarray) -> int:
     (`_C.read_pass`, its largest magnitude key): the floor of any pass over it."""
     if x.dtype not in (np.float32, np.float64) or not x.flags.c_contiguous:
         raise TypeError("read_floor reads a contiguous float32 / float64 array")
-    return _C.read_pass(_C.ValueType.__members__[x.dtype.name], x.ctypes.data, x.size)
+    return _C.read_pass(_C.ValueType.__members__[x.dtype.name], x, x.size)
